@@ -1,0 +1,167 @@
+"""The one seam between reconcile and the machine: subprocesses, HTTP, atomic file writes.
+
+Probes and actions call these instead of `subprocess`/`http.client` directly, so every command
+we run is bounded by a timeout and every write is atomic. Tests run them for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+class ToolMissing(Exception):
+    """The executable does not exist (a typed 'unavailable', not a crash)."""
+
+
+class CommandTimeout(Exception):
+    """The command ran past its timeout and was killed."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    input: str | None = None,
+    cwd: str | None = None,
+) -> Completed:
+    """Run a command to completion and capture its output (text, errors replaced)."""
+    try:
+        proc = subprocess.run(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            input=input,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            cwd=cwd,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{argv[0]}: not found") from exc
+    except PermissionError as exc:
+        raise ToolMissing(f"{argv[0]}: not executable ({exc.strerror})") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise CommandTimeout(f"{' '.join(argv)}: no answer within {timeout:g}s") from exc
+    return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+
+def which(name: str, path: str | None = None) -> str | None:
+    return shutil.which(name, path=path)
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+    def json(self) -> object:
+        import json
+
+        return json.loads(self.body or b"null")
+
+
+class HttpUnreachable(Exception):
+    """Nothing answered (refused, reset, timed out)."""
+
+
+def http_request(
+    method: str,
+    host: str,
+    port: int,
+    path: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    body: bytes | None = None,
+    timeout: float = 5.0,
+) -> HttpResponse:
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        resp = conn.getresponse()
+        data = resp.read()
+        return HttpResponse(resp.status, data, {k.lower(): v for k, v in resp.getheaders()})
+    except (OSError, http.client.HTTPException) as exc:
+        raise HttpUnreachable(f"http://{host}:{port}{path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(
+    path: str,
+    data: bytes,
+    *,
+    mode: int | None = None,
+    uid: int = -1,
+    gid: int = -1,
+) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a mix.
+
+    Temp file in the same directory, mode and owner set before any byte is written (a secret is
+    never readable by others, even half-written), fsync, rename, fsync the directory.
+    """
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        if mode is None:
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.stat(path).st_mode & 0o7777
+        os.fchmod(fd, mode if mode is not None else 0o644)
+        if uid != -1 or gid != -1:
+            os.fchown(fd, uid, gid)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def atomic_symlink(target: str, link: str) -> None:
+    """Point `link` at `target` atomically: a new link beside it, then rename over the old one."""
+    directory = os.path.dirname(link) or "."
+    tmp = os.path.join(directory, f".{os.path.basename(link)}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
