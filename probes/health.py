@@ -1,0 +1,243 @@
+"""The server's HTTP answers: /health, /version, /v1/models (with the key), and `reconcile check`'s chat.
+
+Read only. probe() is called by reconcile.probing, chat_check() by the CLI's check command. The API key
+is read from its file for the requests and is never kept in a result.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reconcile.host import HttpResponse, HttpUnreachable, http_request
+from reconcile.spec import Spec
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    id: str
+    root: str | None
+    max_model_len: int | None
+
+
+@dataclass(frozen=True)
+class HealthObservation:
+    """`not_listening`: the port refuses (stopped, or still loading the model)."""
+
+    url: str
+    state: Literal["healthy", "unhealthy", "not_listening"]
+    health_status: int | None = None
+    version: str | None = None
+    models_status: int | None = None  # 401: the key was refused (or none was sent)
+    models: tuple[ModelCard, ...] = ()
+    error: str | None = None
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        return tuple(m.id for m in self.models)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.models[0].max_model_len if self.models else None
+
+
+@dataclass(frozen=True)
+class CheckStep:
+    name: str  # "chat", "reasoning", "tool_call"
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    steps: tuple[CheckStep, ...]
+    seconds: float
+
+
+def _target(spec: Spec) -> tuple[str, int]:
+    server = spec.server
+    if server is None:
+        raise ValueError("the spec has no [server]")
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(server.host, server.host)
+    return host, server.port
+
+
+def _headers(spec: Spec) -> dict[str, str]:
+    if spec.api_key is None:
+        return {}
+    try:
+        with open(spec.api_key.file, encoding="utf-8") as f:
+            key = f.read().strip()
+    except OSError:
+        return {}
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _json(resp: HttpResponse) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+def probe(spec: Spec) -> HealthObservation:
+    host, port = _target(spec)
+    url, timeout = f"http://{host}:{port}", spec.health.timeout
+    try:
+        health = http_request("GET", host, port, "/health", timeout=timeout)
+    except HttpUnreachable as exc:
+        return HealthObservation(url, "not_listening", error=str(exc))
+    state: Literal["healthy", "unhealthy"] = "healthy" if health.status == 200 else "unhealthy"
+    version: str | None = None
+    try:
+        body = _json(http_request("GET", host, port, "/version", timeout=timeout))
+        version = body.get("version") if isinstance(body, dict) else None
+        models = http_request("GET", host, port, "/v1/models", headers=_headers(spec), timeout=timeout)
+    except HttpUnreachable as exc:
+        return HealthObservation(url, state, health.status, version, error=str(exc))
+    cards: list[ModelCard] = []
+    error = None
+    data = _json(models)
+    if models.status == 200 and isinstance(data, dict) and isinstance(data.get("data"), list):
+        for card in data["data"]:
+            if isinstance(card, dict) and isinstance(card.get("id"), str):
+                mml = card.get("max_model_len")
+                cards.append(ModelCard(card["id"], card.get("root"), mml if isinstance(mml, int) else None))
+    elif models.status == 401:
+        error = "/v1/models answered 401: the server refused the key" + (
+            "" if spec.api_key else " (the spec has no [api_key])"
+        )
+    else:
+        error = f"/v1/models answered {models.status}: {models.body[:200].decode(errors='replace')}"
+    return HealthObservation(url, state, health.status, version, models.status, tuple(cards), error)
+
+
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    nums = re.findall(r"\d+", version or "")
+    return tuple(int(n) for n in nums[:3]) if len(nums) >= 2 else None
+
+
+def reasoning_field(version: str | None) -> str:
+    """Where vLLM puts the reasoning text: `reasoning_content` up to 0.11.0, `reasoning` from 0.11.1."""
+    v = _version_tuple(version)
+    return "reasoning_content" if v is not None and v <= (0, 11, 0) else "reasoning"
+
+
+_WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string", "description": "City name"}},
+            "required": ["location"],
+        },
+    },
+}
+
+
+def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
+    host, port = _target(spec)
+    headers = {**_headers(spec), "Content-Type": "application/json"}
+    resp = http_request(
+        "POST",
+        host,
+        port,
+        "/v1/chat/completions",
+        headers=headers,
+        body=json.dumps(body).encode(),
+        timeout=timeout,
+    )
+    return resp.status, _json(resp)
+
+
+def _message(data: Any) -> dict[str, Any]:
+    try:
+        message = data["choices"][0]["message"]
+        return message if isinstance(message, dict) else {}
+    except (KeyError, IndexError, TypeError):
+        return {}
+
+
+def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
+    """One chat completion; its reasoning text when a reasoning parser is set; a forced tool call when
+    the server enables auto tool choice."""
+    server = spec.server
+    if server is None:
+        raise ValueError("the spec has no [server]")
+    started = time.monotonic()
+    timeout = timeout or max(spec.health.timeout, 120.0)
+    model = server.served_model_name or server.model or (spec.model.dir if spec.model else "")
+    steps: list[CheckStep] = []
+    try:
+        version = probe(spec).version
+        status, data = _chat(
+            spec,
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": spec.health.smoke_prompt}],
+                "max_tokens": 512,
+                "temperature": 0,
+            },
+            timeout,
+        )
+        message = _message(data)
+        content = message.get("content")
+        answer = content.strip() if isinstance(content, str) else ""
+        if status == 200 and answer:
+            steps.append(CheckStep("chat", True, f"answered: {answer[:120]}"))
+        else:
+            shown = json.dumps(data)[:200] if data is not None else "no JSON body"
+            steps.append(CheckStep("chat", False, f"status {status}: {shown}"))
+        if server.args.get("reasoning-parser"):
+            field = reasoning_field(version)
+            text = message.get(field)
+            good = isinstance(text, str) and bool(text.strip())
+            steps.append(
+                CheckStep(
+                    "reasoning",
+                    good,
+                    f"message.{field} "
+                    + (
+                        f"holds {len(text)} characters"
+                        if good and isinstance(text, str)
+                        else "is empty: is the reasoning parser (and its plugin) loaded?"
+                    ),
+                )
+            )
+        if server.args.get("enable-auto-tool-choice") is True:
+            steps.append(_tool_step(spec, model, timeout))
+    except HttpUnreachable as exc:
+        steps.append(CheckStep("chat", False, str(exc)))
+    return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
+
+
+def _tool_step(spec: Spec, model: str, timeout: float) -> CheckStep:
+    status, data = _chat(
+        spec,
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
+            "tools": [_WEATHER_TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 256,
+            "temperature": 0,
+        },
+        timeout,
+    )
+    calls = _message(data).get("tool_calls") or []
+    try:
+        fn = calls[0]["function"]
+        arguments = json.loads(fn["arguments"])
+    except (IndexError, KeyError, TypeError, ValueError):
+        return CheckStep(
+            "tool_call", False, f"status {status}: no tool call with JSON arguments in the answer"
+        )
+    if fn.get("name") != "get_weather" or not isinstance(arguments, dict):
+        return CheckStep("tool_call", False, f"unexpected tool call {fn.get('name')}({fn.get('arguments')})")
+    return CheckStep("tool_call", True, f"get_weather({json.dumps(arguments)})")

@@ -1,0 +1,195 @@
+"""venv probe: pyvenv.cfg, the interpreter link, and every installed distribution, without running Python.
+
+Called by reconcile.probing. Distributions come from one scan of site-packages reading each
+`*.dist-info/METADATA` header (no `pip list`: starting the venv's interpreter costs seconds).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from probes.common import Absent, Invalid
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name normalisation: "Flash_Attn.X" -> "flash-attn-x"."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str  # as METADATA spells it
+    version: str
+    path: str  # the .dist-info (or .egg-info) directory
+
+
+@dataclass(frozen=True)
+class PthEntry:
+    """A path line of a .pth file in site-packages: Python adds it to sys.path at start-up."""
+
+    file: str
+    path: str  # absolute (relative lines are resolved against site-packages)
+    exists: bool
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: str  # <venv>/bin/python
+    link_target: str | None  # readlink when a symlink
+    resolved: str | None  # realpath when it exists; None: the base interpreter is gone
+
+
+@dataclass(frozen=True)
+class VenvObservation:
+    path: str
+    config: Mapping[str, str]  # pyvenv.cfg as key -> value
+    version: str | None  # "3.10.12" from pyvenv.cfg's version / version_info; None when it has neither
+    interpreter: Interpreter | Absent
+    include_system_site_packages: bool
+    site_packages: tuple[str, ...]  # lib/python3.*/site-packages directories
+    distributions: Mapping[str, Distribution]  # by PEP 503 normalised name
+    pth_paths: tuple[PthEntry, ...]
+    unreadable: tuple[Invalid, ...]  # .dist-info directories whose METADATA lacks Name/Version
+    has_ninja: bool  # bin/ninja exists, or the ninja distribution is installed
+
+    def version_of(self, name: str) -> str | None:
+        dist = self.distributions.get(normalize(name))
+        return dist.version if dist else None
+
+    @property
+    def vllm_version(self) -> str | None:
+        return self.version_of("vllm")
+
+
+def probe(spec: Spec) -> VenvObservation | Absent | Invalid | None:
+    if spec.venv is None:
+        return None
+    return read_venv(spec.venv.path)
+
+
+def read_venv(path: str) -> VenvObservation | Absent | Invalid:
+    """The venv at `path`; Absent when nothing is there, Invalid when it is a directory without pyvenv.cfg."""
+    cfg_path = os.path.join(path, "pyvenv.cfg")
+    try:
+        with open(cfg_path, encoding="utf-8", errors="replace") as f:
+            config = parse_pyvenv_cfg(f.read())
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            return Invalid(path, f"{cfg_path} is missing: {path} is not a virtual environment")
+        return Absent(path)
+    except NotADirectoryError:
+        return Invalid(path, f"{path} is not a directory")
+    site_dirs = tuple(sorted(glob.glob(os.path.join(glob.escape(path), "lib", "python3.*", "site-packages"))))
+    distributions: dict[str, Distribution] = {}
+    pth: list[PthEntry] = []
+    unreadable: list[Invalid] = []
+    for site in site_dirs:
+        dists, entries, bad = scan_site_packages(site)
+        distributions.update(dists)
+        pth += entries
+        unreadable += bad
+    ninja = os.path.join(path, "bin", "ninja")
+    return VenvObservation(
+        path=path,
+        config=config,
+        version=pyvenv_version(config),
+        interpreter=_interpreter(os.path.join(path, "bin", "python")),
+        include_system_site_packages=config.get("include-system-site-packages", "false").lower() == "true",
+        site_packages=site_dirs,
+        distributions=distributions,
+        pth_paths=tuple(pth),
+        unreadable=tuple(unreadable),
+        has_ninja=(os.path.isfile(ninja) and os.access(ninja, os.X_OK)) or "ninja" in distributions,
+    )
+
+
+def parse_pyvenv_cfg(text: str) -> dict[str, str]:
+    """`key = value` lines (what venv, virtualenv and uv write); other lines are ignored like site.py does."""
+    config = {}
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if eq:
+            config[key.strip().lower()] = value.strip()
+    return config
+
+
+def pyvenv_version(config: Mapping[str, str]) -> str | None:
+    # venv writes `version = 3.10.12`; uv and virtualenv write `version_info = 3.12.3[.final.0]`.
+    raw = config.get("version") or config.get("version_info")
+    if not raw:
+        return None
+    return ".".join(raw.split(".")[:3])
+
+
+def _interpreter(path: str) -> Interpreter | Absent:
+    if not os.path.lexists(path):
+        return Absent(path)
+    target = os.readlink(path) if os.path.islink(path) else None
+    resolved = os.path.realpath(path)
+    return Interpreter(path, target, resolved if os.path.exists(resolved) else None)
+
+
+def scan_site_packages(
+    site: str,
+) -> tuple[dict[str, Distribution], list[PthEntry], list[Invalid]]:
+    """One directory scan: distributions from *.dist-info/METADATA (and *.egg-info/PKG-INFO), .pth paths."""
+    dists: dict[str, Distribution] = {}
+    pth: list[PthEntry] = []
+    bad: list[Invalid] = []
+    try:
+        entries = list(os.scandir(site))
+    except OSError:
+        return dists, pth, bad
+    for entry in entries:
+        if entry.name.endswith((".dist-info", ".egg-info")):
+            meta = os.path.join(entry.path, "METADATA" if entry.name.endswith(".dist-info") else "PKG-INFO")
+            if not os.path.isfile(meta):
+                continue  # a flat .egg-info file or an unfinished install: nothing to read yet
+            found = read_metadata_header(meta)
+            if isinstance(found, Invalid):
+                bad.append(found)
+            else:
+                dists[normalize(found[0])] = Distribution(found[0], found[1], entry.path)
+        elif entry.name.endswith(".pth") and entry.is_file():
+            pth += _pth_paths(entry.path, site)
+    return dists, pth, bad
+
+
+def read_metadata_header(path: str) -> tuple[str, str] | Invalid:
+    """Name and Version from a core-metadata file's header (read up to the first blank line)."""
+    name = version = None
+    lines = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                break
+            lines.append(line)
+            key, _, value = line.partition(":")
+            if key == "Name":
+                name = value.strip()
+            elif key == "Version":
+                version = value.strip()
+            if name and version:
+                return name, version
+    return Invalid(path, "METADATA has no Name or no Version header", "".join(lines))
+
+
+def _pth_paths(pth_file: str, site: str) -> list[PthEntry]:
+    entries = []
+    with open(pth_file, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n\r")
+            # site.py executes lines starting with "import" and skips comments and blanks.
+            if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
+                continue
+            path = os.path.normpath(os.path.join(site, line))
+            entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
+    return entries
