@@ -1,0 +1,201 @@
+"""The model's config.json patch: deep-merge `[model].config` onto the original, kept as config.json.bak.
+
+`patch_config` is the action for the `model.config` Change; `desired_config` and `deep_merge` are pure
+helpers the planner and the model probe may call. Merge rules: dicts merge recursively, any other value
+replaces. There is no delete: TOML has no null, so a key leaves the patch by being dropped from it, and
+the backed-up original value comes back. (A Python caller's None is written as JSON null, like any value.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reconcile.errors import ActionError
+from reconcile.host import atomic_write, fsync_dir
+from reconcile.plan import ActionResult
+
+CONFIG = "config.json"
+BACKUP = "config.json.bak"
+
+
+def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """A new dict: `base`'s keys in their order, then the patch's new keys; dicts merge recursively."""
+    out = dict(base)
+    for key, value in patch.items():
+        old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            out[key] = deep_merge(old, value)
+        else:
+            out[key] = _plain(value)
+    return out
+
+
+def desired_config(model_dir: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """What config.json must hold: the original (the backup once one exists) with `patch` merged in."""
+    return deep_merge(_load(_original_path(model_dir)), patch)
+
+
+def patch_config(model_dir: str, patch: Mapping[str, Any]) -> ActionResult:
+    """Make config.json = deep_merge(original, patch); back the original up once before the first write."""
+    path, backup = os.path.join(model_dir, CONFIG), os.path.join(model_dir, BACKUP)
+    _remove_stale_temps(model_dir)
+    if not os.path.exists(path) and not os.path.exists(backup):
+        raise ActionError(f"{path}: missing; the model's files must be in place before it is patched")
+    original_bytes = _read(_original_path(model_dir))
+    original = _parse(original_bytes, _original_path(model_dir))
+    desired = deep_merge(original, patch)
+    # A patch that changes nothing (empty, or equal to the original) restores the original's exact bytes.
+    want = original_bytes if desired == original else render(desired, detect_style(original_bytes))
+    current = _read(path) if os.path.exists(path) else None
+    if current == want:
+        if desired == original:
+            return ActionResult(False, f"{path}: already the original (nothing to patch)")
+        return ActionResult(False, f"{path}: already has the patch ({_keys(patch)})")
+    mode = os.stat(_original_path(model_dir)).st_mode & 0o7777
+    made_backup = False
+    if not os.path.exists(backup):
+        # Only config.json itself can be the original here (no backup yet): keep its bytes before touching it.
+        atomic_write(backup, original_bytes, mode=mode)
+        made_backup = True
+    atomic_write(path, want, mode=mode)
+    if desired == original:
+        return ActionResult(True, f"{path}: restored the original from {BACKUP}")
+    note = f"; original kept as {BACKUP}" if made_backup else ""
+    return ActionResult(True, f"{path}: merged {_keys(patch)}{note}")
+
+
+@dataclass(frozen=True)
+class JsonStyle:
+    """How a JSON file is laid out, so that a rewrite keeps it: indent unit, final newline, ASCII escapes."""
+
+    indent: str | None  # None: one line
+    trailing_newline: bool
+    ensure_ascii: bool
+
+
+def detect_style(raw: bytes) -> JsonStyle:
+    text = raw.decode("utf-8", errors="replace")
+    m = re.search(r"[\[{][ \t]*\r?\n([ \t]+)\S", text)
+    indent = None
+    if m:
+        lead = m.group(1)
+        indent = "\t" if lead.startswith("\t") else lead
+    elif "\n" in text.strip():
+        indent = ""  # newline-separated, no indentation
+    return JsonStyle(indent, text.endswith("\n"), ensure_ascii=text.isascii())
+
+
+def render(obj: Mapping[str, Any], style: JsonStyle) -> bytes:
+    if style.indent is None:
+        text = json.dumps(obj, ensure_ascii=style.ensure_ascii)
+    else:
+        text = json.dumps(obj, indent=style.indent, ensure_ascii=style.ensure_ascii)
+    return (text + ("\n" if style.trailing_newline else "")).encode("utf-8")
+
+
+def _original_path(model_dir: str) -> str:
+    backup = os.path.join(model_dir, BACKUP)
+    return backup if os.path.exists(backup) else os.path.join(model_dir, CONFIG)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _load(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        raise ActionError(f"{path}: missing; the model's files must be in place before it is patched")
+    return _parse(_read(path), path)
+
+
+def _parse(raw: bytes, path: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        fix = "restore it from the hub (delete it and apply again)"
+        raise ActionError(f"{path}: not valid JSON ({exc}); {fix}") from None
+    if not isinstance(obj, dict):
+        raise ActionError(f"{path}: a JSON {type(obj).__name__}, not an object; restore it from the hub")
+    return obj
+
+
+def _plain(value: Any) -> Any:
+    """Patch values come from frozen spec models: turn mappings/tuples into JSON-ready dicts/lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _keys(patch: Mapping[str, Any]) -> str:
+    return ", ".join(sorted(patch)) or "(empty patch)"
+
+
+def _remove_stale_temps(model_dir: str) -> None:
+    # atomic_write's temp files survive a SIGKILL; they are ours (the apply lock rules out a live writer).
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(model_dir):
+            if re.fullmatch(r"\.config\.json(\.bak)?\..+\.tmp", name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(model_dir, name))
+
+
+# -- config.json among the model's files (used by actions.model's download and copy) ---------------------
+
+
+def original_path(model_dir: str, name: str) -> str:
+    """Where a model file's pristine bytes are: config.json.bak once config.json has been patched."""
+    if name == CONFIG and os.path.exists(os.path.join(model_dir, BACKUP)):
+        return os.path.join(model_dir, BACKUP)
+    return os.path.join(model_dir, name)
+
+
+def git_blob_sha1(path: str) -> str:
+    """The git object id of a file: what the hub lists as a regular file's blobId and ETag."""
+    digest = hashlib.sha1(b"blob %d\x00" % os.stat(path).st_size)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def drop_stale_backup(model_dir: str, hub_blob_id: str | None) -> None:
+    """After a download: a new original config.json (written over the patched one) makes the backup stale.
+
+    Dropping it lets the config patch back up, and merge onto, the new original.
+    """
+    path, backup = os.path.join(model_dir, CONFIG), os.path.join(model_dir, BACKUP)
+    if hub_blob_id is None or not os.path.exists(backup) or not os.path.exists(path):
+        return
+    if git_blob_sha1(path) == hub_blob_id and git_blob_sha1(backup) != hub_blob_id:
+        os.unlink(backup)
+        fsync_dir(model_dir)
+
+
+def place_source_config(src: str, model_dir: str) -> bool | None:
+    """Copy mode, config.json once patched: compare the source with the backup, not the patched file.
+
+    None: not patched (copy it like any file). False: the original is unchanged. True: a new original was
+    written and the stale backup dropped (the config patch then runs on the new original).
+    """
+    backup = os.path.join(model_dir, BACKUP)
+    if not os.path.exists(backup):
+        return None
+    new = _read(src)
+    if new == _read(backup):
+        return False
+    st = os.stat(src)
+    atomic_write(os.path.join(model_dir, CONFIG), new, mode=st.st_mode & 0o7777)
+    os.utime(os.path.join(model_dir, CONFIG), ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.unlink(backup)
+    fsync_dir(model_dir)
+    return True
