@@ -1,0 +1,286 @@
+"""GPU memory math for a vLLM deployment: weights, KV cache and Mamba state per GPU, against the budget.
+
+The formulas are vLLM's own (vllm-facts.md, "Memory math"). Called by the preflight's
+`memory.fit` rule, which prints `memory_table()` the way the reference article works it by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconcile.engine.shape import ModelShape, model_shape
+
+GiB = 1024**3
+MiB = 1024**2
+DTYPE_BYTES: Mapping[str, int] = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1, "uint8": 1,
+}  # fmt: skip
+_WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)$")
+
+# Overhead estimate (per GPU, inside the gpu-memory-utilization budget): the terms vLLM's memory
+# profile reports besides weights. Calibration: vLLM's profile of Llama-3.1-8B (hidden 4096) on an
+# 80 GB H100 logs "non_torch_memory takes 0.12GiB; PyTorch activation peak memory takes 1.19GiB;
+# ... KV Cache is 54.93GiB"; at 8,192 batched tokens, 36 bytes per hidden unit per batched token
+# gives 1.13 GiB of activations and 54.74 GiB of cache (tests/test_engine_memory.py).
+NON_TORCH_BYTES = GiB // 4  # cuBLAS/NCCL workspaces, allocator slack
+NON_TORCH_TP_BYTES = GiB // 4  # tensor parallel: NCCL and custom all-reduce buffers
+ACTIVATION_BYTES_PER_HIDDEN_TOKEN = 36
+LOGITS_BYTES = 4  # the sampler's dummy run: fp32 logits for max-num-seqs rows
+CUDA_GRAPH_BYTES = GiB // 2  # captured graphs' pools; 0 with --enforce-eager
+BLOCK_TOKENS = 16
+
+
+def model_dtype(dtype_arg: str | None, shape: ModelShape) -> str:
+    """The dtype vLLM runs the model in: --dtype, else the config's (float32 is served as bfloat16)."""
+    if dtype_arg and dtype_arg.lower() != "auto":
+        return dtype_arg.lower()
+    return "bfloat16" if shape.dtype in ("float32", "float") else shape.dtype
+
+
+def _fp8(value: object) -> bool:
+    return isinstance(value, str) and value.lower().startswith("fp8")
+
+
+def kv_cache_dtype(
+    kv_arg: str | None,
+    hf_quant_config: Mapping[str, Any] | None,
+    config: Mapping[str, Any],
+    serve_dtype: str,
+) -> tuple[str, int, str]:
+    """(dtype, bytes per element, where it came from) of the KV cache."""
+    arg = (kv_arg or "auto").lower()
+    if arg != "auto":
+        return arg, DTYPE_BYTES.get(arg, 2), "--kv-cache-dtype"
+    quant = (hf_quant_config or {}).get("quantization")
+    if isinstance(quant, Mapping) and _fp8(quant.get("kv_cache_quant_algo")):
+        return "fp8", 1, "hf_quant_config.json kv_cache_quant_algo"
+    qc = config.get("quantization_config")
+    if isinstance(qc, Mapping):
+        scheme = qc.get("kv_cache_scheme")
+        if _fp8(qc.get("kv_cache_quant_algo")) or (
+            isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
+        ):
+            return "fp8", 1, "config.json quantization_config"
+    return serve_dtype, DTYPE_BYTES.get(serve_dtype, 2), "model dtype"
+
+
+def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
+    return max(1, shape.num_kv_heads // tp)
+
+
+def kv_bytes_per_token(shape: ModelShape, tp: int, dtype_bytes: int) -> int:
+    """KV cache bytes one token takes on one GPU: only attention layers hold it."""
+    if shape.mla_dim is not None:  # one latent vector per layer, replicated on every GPU
+        return shape.mla_dim * dtype_bytes * shape.attention_layers
+    return 2 * kv_heads_per_gpu(shape, tp) * shape.head_dim * dtype_bytes * shape.attention_layers
+
+
+def mamba_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int, ssm_bytes: int) -> int:
+    """Mamba-2 state of one sequence on one GPU, all Mamba layers (fixed, whatever the context)."""
+    m = shape.mamba
+    if m is None:
+        return 0
+    inner = m.num_heads * m.head_dim
+    conv = (m.conv_kernel - 1) * ((inner + 2 * m.n_groups * m.state_size) // tp)
+    ssm = (m.num_heads // tp) * m.head_dim * m.state_size
+    return (conv * conv_bytes + ssm * ssm_bytes) * m.layers
+
+
+def ssm_dtype(arg: str | None, shape: ModelShape, serve_dtype: str) -> str:
+    """--mamba-ssm-cache-dtype, else the config's, else float32 for NemotronH, else the model dtype."""
+    if arg and arg.lower() != "auto":
+        return arg.lower()
+    if shape.mamba and shape.mamba.ssm_dtype:
+        return str(shape.mamba.ssm_dtype)
+    return "float32" if shape.model_type.startswith("nemotron_h") else serve_dtype
+
+
+def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
+    """The files vLLM loads weights from: safetensors when any, else .bin/.pt; Mistral's duplicate
+    consolidated.safetensors is left out when sharded model-*.safetensors are there."""
+    found = {n: s for n, s in file_sizes.items() if _WEIGHTS.search(n)}
+    st = {n: s for n, s in found.items() if n.endswith(".safetensors")}
+    if st:
+        sharded = {n: s for n, s in st.items() if not n.rsplit("/", 1)[-1].startswith("consolidated")}
+        return sharded or st
+    return {n: s for n, s in found.items() if not n.endswith(("training_args.bin", "optimizer.pt"))}
+
+
+def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
+    """vLLM's `vllm serve` defaults (max-num-batched-tokens, max-num-seqs) for a GPU (get_batch_defaults)."""
+    if total_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+@dataclass(frozen=True)
+class Overhead:
+    non_torch: int
+    activation: int
+    logits: int
+    cuda_graphs: int
+
+    @property
+    def total(self) -> int:
+        return self.non_torch + self.activation + self.logits + self.cuda_graphs
+
+
+def overhead(shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int, eager: bool) -> Overhead:
+    return Overhead(
+        non_torch=NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
+        activation=batched_tokens * shape.hidden_size * ACTIVATION_BYTES_PER_HIDDEN_TOKEN,
+        logits=shape.vocab_size * max_num_seqs * LOGITS_BYTES,
+        cuda_graphs=0 if eager else CUDA_GRAPH_BYTES,
+    )
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Everything the memory table shows, per GPU."""
+
+    gpu: str  # "NVIDIA GeForce RTX 5090" or "spec [gpu] memory_gib"
+    total: int
+    utilization: float
+    tp: int
+    weights_total: int
+    weight_files: int
+    kv_dtype: str
+    kv_dtype_source: str
+    kv_dtype_bytes: int
+    kv_heads: int
+    shape: ModelShape
+    kv_per_token: int
+    max_model_len: int | None  # None: "auto" (vLLM fits it to memory)
+    mamba_per_seq: int
+    ssm_dtype: str
+    max_num_seqs: int
+    max_num_seqs_source: str  # "--max-num-seqs" or "vLLM default"
+    overhead: Overhead
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def budget(self) -> int:
+        return int(self.total * self.utilization)
+
+    @property
+    def weights_per_gpu(self) -> int:
+        return self.weights_total // self.tp
+
+    @property
+    def kv_at_max_len(self) -> int:
+        return self.kv_per_token * (self.max_model_len or 0)
+
+    @property
+    def mamba_total(self) -> int:
+        return self.mamba_per_seq * self.max_num_seqs
+
+    @property
+    def available_for_cache(self) -> int:
+        """What vLLM would report as "Available KV cache memory" (estimate)."""
+        return self.budget - self.weights_per_gpu - self.overhead.total
+
+    @property
+    def one_request(self) -> int:
+        """Cache one request of max-model-len needs: its KV plus one sequence's Mamba state."""
+        return self.kv_at_max_len + self.mamba_per_seq
+
+    @property
+    def fits(self) -> bool:
+        return self.one_request <= self.available_for_cache
+
+    @property
+    def headroom(self) -> int:
+        return self.available_for_cache - self.kv_at_max_len - self.mamba_total
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Predicted "GPU KV cache size: N tokens": the cache left after max-num-seqs Mamba states,
+        in whole 16-token blocks. For hybrid models vLLM pages both kinds of state from one pool,
+        so its number can differ by the Mamba share."""
+        free = max(0, self.available_for_cache - self.mamba_total)
+        if not self.kv_per_token:
+            return 0
+        return free // self.kv_per_token // BLOCK_TOKENS * BLOCK_TOKENS
+
+    @property
+    def max_len_that_fits(self) -> int:
+        """The longest max-model-len one request can have (vLLM's "estimated maximum model length")."""
+        free = max(0, self.available_for_cache - self.mamba_per_seq)
+        return free // self.kv_per_token // BLOCK_TOKENS * BLOCK_TOKENS if self.kv_per_token else 0
+
+
+def estimate(
+    config: Mapping[str, Any],
+    hf_quant_config: Mapping[str, Any] | None,
+    file_sizes: Mapping[str, int],
+    *,
+    tp: int,
+    total_bytes: int,
+    gpu: str,
+    utilization: float,
+    max_model_len: int | None,
+    args: Mapping[str, Any],
+) -> MemoryEstimate:
+    """The memory table's numbers from config.json, the weight files and the server's flags
+    (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
+    mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager)."""
+    shape = model_shape(config)
+    serve = model_dtype(_str(args.get("dtype")), shape)
+    kv_name, kv_bytes, kv_source = kv_cache_dtype(
+        _str(args.get("kv-cache-dtype")), hf_quant_config, config, serve
+    )
+    ssm = ssm_dtype(_str(args.get("mamba-ssm-cache-dtype")), shape, serve)
+    conv_arg = _str(args.get("mamba-cache-dtype"))
+    conv = conv_arg if conv_arg and conv_arg != "auto" else serve
+    batched, seqs = default_batch(total_bytes, gpu)
+    seqs_arg = args.get("max-num-seqs")
+    batched_arg = args.get("max-num-batched-tokens")
+    files = weight_files(file_sizes)
+    notes = []
+    if not files:
+        notes.append("no weight files seen (model not downloaded yet?): weights counted as 0")
+    return MemoryEstimate(
+        gpu=gpu,
+        total=total_bytes,
+        utilization=utilization,
+        tp=tp,
+        weights_total=sum(files.values()),
+        weight_files=len(files),
+        kv_dtype=kv_name,
+        kv_dtype_source=kv_source,
+        kv_dtype_bytes=kv_bytes,
+        kv_heads=kv_heads_per_gpu(shape, tp),
+        shape=shape,
+        kv_per_token=kv_bytes_per_token(shape, tp, kv_bytes),
+        max_model_len=max_model_len,
+        mamba_per_seq=mamba_bytes_per_seq(shape, tp, DTYPE_BYTES.get(conv, 2), DTYPE_BYTES.get(ssm, 4)),
+        ssm_dtype=ssm,
+        max_num_seqs=int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
+        max_num_seqs_source="--max-num-seqs" if isinstance(seqs_arg, int) else "vLLM default",
+        overhead=overhead(
+            shape,
+            tp,
+            int(batched_arg) if isinstance(batched_arg, int) else batched,
+            int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
+            args.get("enforce-eager") is True,
+        ),
+        notes=tuple(notes),
+    )
+
+
+def _str(value: object) -> str | None:
+    return value.lower() if isinstance(value, str) else None
+
+
+def size(n: int) -> str:
+    """3,072 B / 24.5 MiB / 1.50 GiB."""
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    if abs(n) >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n:,} B"

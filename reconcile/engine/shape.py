@@ -1,0 +1,111 @@
+"""The shape of a model as far as memory goes: attention vs Mamba layers, KV heads, head_dim, Mamba dims.
+
+Read from config.json (NemotronH `hybrid_override_pattern`, `layers_block_type`/`layer_types`,
+dense models, multimodal `text_config`). Used by `reconcile.engine.memory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reconcile.engine.limits import text_config
+
+_ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention"}
+_MAMBA = {"m", "mamba", "mamba2", "linear_attention"}
+
+
+class ShapeError(ValueError):
+    """config.json lacks what the memory math needs (names the key)."""
+
+
+@dataclass(frozen=True)
+class MambaShape:
+    layers: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    ssm_dtype: str | None  # config's mamba_ssm_cache_dtype
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The few numbers of a config.json that size the KV cache and the Mamba state."""
+
+    model_type: str
+    hidden_size: int
+    layers: int
+    attention_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    vocab_size: int
+    layer_source: str  # where the attention/Mamba split came from
+    mla_dim: int | None = None  # kv_lora_rank + qk_rope_head_dim (DeepSeek-style latent attention)
+    mamba: MambaShape | None = None
+
+
+def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+    if default is None:
+        raise ShapeError(f"config.json has none of {', '.join(keys)}")
+    return default
+
+
+def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> tuple[int, int, str]:
+    """(attention layers, Mamba layers, source) from NemotronH's pattern or a per-layer type list."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return pattern.count("*"), pattern.count("M"), "hybrid_override_pattern"
+    for key in ("layers_block_type", "layer_types"):
+        kinds = cfg.get(key)
+        if isinstance(kinds, list) and kinds:
+            names = [str(k).lower() for k in kinds]
+            return sum(n in _ATTENTION for n in names), sum(n in _MAMBA for n in names), key
+    return layers, 0, "num_hidden_layers"
+
+
+def model_shape(config: Mapping[str, Any]) -> ModelShape:
+    cfg = text_config(config)
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(cfg, "num_attention_heads", "n_head")
+    hidden = _int(cfg, "hidden_size", "d_model", "n_embd")
+    attention, mamba_layers, source = _layer_kinds(cfg, layers)
+    mla = None
+    if isinstance(cfg.get("kv_lora_rank"), int):
+        mla = int(cfg["kv_lora_rank"]) + _int(cfg, "qk_rope_head_dim", default=0)
+    mamba = None
+    if mamba_layers:
+        num_heads = _int(cfg, "mamba_num_heads", "num_heads")
+        head_dim = _int(cfg, "mamba_head_dim", "head_dim")
+        mamba = MambaShape(
+            layers=mamba_layers,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            state_size=_int(cfg, "ssm_state_size", "state_size", "mamba_d_state"),
+            n_groups=_int(cfg, "n_groups", "mamba_n_groups", default=1),
+            conv_kernel=_int(cfg, "conv_kernel", "mamba_d_conv", "mamba_conv_kernel"),
+            ssm_dtype=cfg.get("mamba_ssm_cache_dtype"),
+        )
+    return ModelShape(
+        model_type=str(cfg.get("model_type", "")),
+        hidden_size=hidden,
+        layers=layers,
+        attention_layers=attention,
+        num_attention_heads=heads,
+        num_kv_heads=_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads),
+        # NemotronH: head_dim 128 while hidden_size / heads = 84; the explicit key wins.
+        head_dim=_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads),
+        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        vocab_size=_int(cfg, "vocab_size", default=0),
+        layer_source=source,
+        mla_dim=mla,
+        mamba=mamba,
+    )
