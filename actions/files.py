@@ -1,0 +1,118 @@
+"""Action for the server's API key file: generate it once, then only keep its mode and owner right.
+
+Called by the executor for the `api_key` Change. The key itself never leaves the file: it is not
+returned, logged, nor put in any message.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from reconcile.errors import ActionError
+from reconcile.host import atomic_write
+from reconcile.plan import ActionResult
+from reconcile.spec import ApiKey
+
+
+def _resolve_owner(api_key: ApiKey) -> tuple[int, int]:
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwnam(api_key.owner)
+    except KeyError:
+        raise ActionError(
+            f"[api_key].owner: user {api_key.owner!r} does not exist on this machine: "
+            f"create it (useradd --system {api_key.owner}) or set owner to an existing user"
+        ) from None
+    if api_key.group is None:
+        return user.pw_uid, user.pw_gid
+    try:
+        return user.pw_uid, grp.getgrnam(api_key.group).gr_gid
+    except KeyError:
+        raise ActionError(
+            f"[api_key].group: group {api_key.group!r} does not exist on this machine: "
+            f"create it (groupadd --system {api_key.group}) or leave group unset (the owner's group)"
+        ) from None
+
+
+def _names(uid: int, gid: int) -> str:
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    try:
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = str(gid)
+    return f"{user}:{group}"
+
+
+def _make_parent(directory: str, uid: int, gid: int) -> bool:
+    """Create the key's directory 0700 and owned like the key (else its owner could not reach it)."""
+    if os.path.isdir(directory):
+        return False
+    os.makedirs(directory, mode=0o700)
+    os.chmod(directory, 0o700)  # makedirs' mode is filtered by the umask
+    os.chown(directory, uid, gid)
+    return True
+
+
+def _generate(api_key: ApiKey, mode: int, uid: int, gid: int, why: str) -> ActionResult:
+    import secrets
+
+    made_dir = _make_parent(os.path.dirname(api_key.file), uid, gid)
+    # A trailing newline, like `print(token) > file`: readers strip() it.
+    atomic_write(api_key.file, (secrets.token_urlsafe(32) + "\n").encode(), mode=mode, uid=uid, gid=gid)
+    where = f" (created {os.path.dirname(api_key.file)} 0700)" if made_dir else ""
+    return ActionResult(
+        True, f"{why}: generated a new key in {api_key.file}, mode {mode:04o}, {_names(uid, gid)}{where}"
+    )
+
+
+def ensure_key(api_key: ApiKey) -> ActionResult:
+    """Make the key file exist with the spec's mode and owner; an existing key is never replaced."""
+    uid, gid = _resolve_owner(api_key)
+    mode = int(api_key.mode, 8)
+    try:
+        # O_NOFOLLOW: a symlink planted at the key's path must not make us chmod/chown its target.
+        fd = os.open(api_key.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _generate(api_key, mode, uid, gid, "no key file")
+    except OSError as exc:
+        if os.path.islink(api_key.file):
+            raise ActionError(
+                f"{api_key.file} is a symlink: the key must be a regular file; remove the link "
+                f"(rm {api_key.file}) and re-run to generate a key there"
+            ) from None
+        raise ActionError(f"{api_key.file}: cannot open ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ActionError(
+                f"{api_key.file} is not a regular file: move it aside and re-run to generate a key there"
+            )
+        if st.st_size == 0:
+            # An empty file holds no key to preserve; serving with an empty key would be open to all.
+            return _generate(api_key, mode, uid, gid, "key file was empty")
+        fixed: list[str] = []
+        old_mode = stat.S_IMODE(st.st_mode)
+        if old_mode != mode:  # tighten the mode before handing the file to another owner
+            os.fchmod(fd, mode)
+            fixed.append(f"mode {old_mode:04o} -> {mode:04o}")
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.fchown(fd, uid, gid)
+            if stat.S_IMODE(os.fstat(fd).st_mode) != mode:  # chown may clear set-id bits
+                os.fchmod(fd, mode)
+            fixed.append(f"owner {_names(st.st_uid, st.st_gid)} -> {_names(uid, gid)}")
+    finally:
+        os.close(fd)
+    if fixed:
+        return ActionResult(True, f"{api_key.file}: " + ", ".join(fixed) + " (key kept)")
+    return ActionResult(
+        False, f"{api_key.file} already holds a key, mode {mode:04o}, owner {_names(uid, gid)}"
+    )
