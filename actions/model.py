@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -25,13 +22,13 @@ from actions.model_config import (
     deep_merge,
     desired_config,
     drop_stale_backup,
-    git_blob_sha1,
     original_path,
     patch_config,
-    place_source_config,
 )
+from actions.model_copying import copy_files, source_files
+from actions.model_resuming import resume_partials
 from reconcile.errors import ActionError
-from reconcile.host import atomic_write, fsync_dir
+from reconcile.host import atomic_write
 from reconcile.plan import ActionResult
 from reconcile.spec import Model
 
@@ -88,7 +85,8 @@ def download(model: Model, *, progress: bool) -> ActionResult:
             if name != "config.json" and os.path.isfile(path) and os.path.getsize(path) != size:
                 os.unlink(path)
         quiet = None if progress else _quiet_tqdm()
-        _retrying(lambda: _resume_partials(repo, commit, model.dir, wanted, endpoint, quiet), repo, commit)
+        etags = {n: f.etag for n, f in wanted.items()}
+        _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
         _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)
     problems = _size_problems(model.dir, sizes)
@@ -229,63 +227,6 @@ def _quiet_tqdm() -> Any:
     return Quiet
 
 
-def _resume_partials(
-    repo: str, commit: str, model_dir: str, wanted: Mapping[str, RemoteFile], endpoint: str | None, quiet: Any
-) -> None:
-    """Finish what a killed download left, with a Range request from where each partial file stops.
-
-    huggingface_hub (2.x) downloads into a per-process `<hash>.<etag>.<uuid>.incomplete` and the next
-    process starts from zero: a 20 GB shard killed at 90 % would be fetched whole again.
-    """
-    try:
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
-        from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
-        from huggingface_hub.file_download import http_get
-        from huggingface_hub.utils._headers import build_hf_headers
-    except ImportError:  # another layout: snapshot_download does what it does
-        return
-    for name, remote in wanted.items():
-        paths = get_local_download_paths(Path(model_dir), name)
-        if remote.etag is None or paths.file_path.exists():
-            continue
-        stem = paths.incomplete_path(remote.etag).name[: -len("incomplete")]
-        folder = paths.metadata_path.parent
-        found = (folder / n for n in os.listdir(folder) if n.startswith(stem) and n.endswith(".incomplete"))
-        parts = sorted(found, key=lambda p: p.stat().st_size, reverse=True)
-        for extra in parts[1:]:
-            extra.unlink(missing_ok=True)
-        if not parts:
-            continue
-        part, have = parts[0], parts[0].stat().st_size
-        url = hf_hub_url(repo, name, revision=commit, endpoint=endpoint)
-        meta = get_hf_file_metadata(url, endpoint=endpoint)
-        if have == 0 or meta.etag != remote.etag or meta.size is None or have >= meta.size:
-            part.unlink(missing_ok=True)
-            continue
-        headers = build_hf_headers()
-        if meta.location != url:
-            headers.pop("authorization", None)  # a CDN gets no token
-        with open(part, "ab") as f:
-            http_get(meta.location, f, resume_size=have, headers=headers, expected_size=meta.size,
-                     tqdm_class=quiet)
-        if not _matches_etag(str(part), remote.etag):
-            part.unlink(missing_ok=True)  # the bytes before the kill were bad: snapshot starts afresh
-            continue
-        os.chmod(part, 0o644)
-        os.replace(part, paths.file_path)
-        write_download_metadata(Path(model_dir), name, commit, remote.etag)
-
-
-def _matches_etag(path: str, etag: str) -> bool:
-    if len(etag) == 64:  # LFS: the sha256 of the content
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest() == etag
-    return len(etag) != 40 or git_blob_sha1(path) == etag
-
-
 def _size_problems(model_dir: str, sizes: Mapping[str, int]) -> list[str]:
     problems = []
     for name, size in sizes.items():
@@ -324,18 +265,11 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     """Copy `source` into `dir` (allow_patterns apply), skipping files whose size and mtime match."""
     if not os.path.isdir(source):
         raise ActionError(f"[model].source {source}: not a directory (point it at the model's files)")
-    names = sorted(
-        os.path.relpath(os.path.join(root, f), source).replace(os.sep, "/")
-        for root, dirs, files in os.walk(source)
-        if os.path.relpath(root, source).split(os.sep)[0] != ".cache"  # huggingface_hub's bookkeeping
-        for f in files
-    )
+    names = source_files(source)
     names = [n for n in names if n not in (MANIFEST, BACKUP) and selected(n, model.allow_patterns)]
     if not names:
         raise ActionError(f"[model].source {source}: no file matches allow_patterns {model.allow_patterns}")
-    copied = [n for n in names if _copy_one(os.path.join(source, n), model.dir, n)]
-    if copied:
-        fsync_dir(model.dir)
+    copied = copy_files(source, model.dir, names)
     sizes = {n: os.stat(os.path.join(source, n)).st_size for n in names}
     manifest = {"repo": model.repo, "revision": model.revision, "commit": None, "files": sizes}
     manifest["source"] = source
@@ -343,30 +277,6 @@ def _copy_source(model: Model, source: str) -> ActionResult:
         return ActionResult(False, f"{model.dir}: all {len(names)} files match {source}")
     _write_manifest(model.dir, manifest)
     return ActionResult(True, f"{model.dir}: copied {len(copied)} of {len(names)} files from {source}")
-
-
-def _copy_one(src: str, model_dir: str, name: str) -> bool:
-    dst = os.path.join(model_dir, name)
-    if name == "config.json" and (placed := place_source_config(src, model_dir)) is not None:
-        return placed
-    with contextlib.suppress(FileNotFoundError):
-        s, d = os.stat(src), os.stat(dst)
-        if s.st_size == d.st_size and int(s.st_mtime) == int(d.st_mtime):  # rsync's rule, 1 s granularity
-            return False
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=os.path.dirname(dst))
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        shutil.copystat(src, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return True
 
 
 def _read_manifest(model_dir: str) -> dict[str, Any] | None:
