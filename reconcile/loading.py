@@ -12,12 +12,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import tomlkit
 from pydantic import BaseModel, ValidationError
-from tomlkit.exceptions import TOMLKitError
 
 from reconcile.errors import ReconcileError, SpecError
-from reconcile.spec import Spec
+from reconcile.spec import LoadedSpec, Spec
 from reconcile.spec_errors import describe, schema_text, show, unwrap
 from reconcile.tomllines import Part, dotted, syntax_error
 from reconcile.tomllines import Scan as _Scan  # tests reach the scanner here too
@@ -27,16 +25,6 @@ __all__ = ["LoadedSpec", "dotted", "find_spec", "load_spec", "schema_text", "spe
 _PATH = r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*"
 _REF = re.compile(rf"\{{\{{({_PATH})\}}\}}|\{{({_PATH})\}}")  # {{escaped.path}} | {section.key}
 _MISSING = object()
-
-
-@dataclass(frozen=True)
-class LoadedSpec:
-    spec: Spec
-    path: str  # as the user gave it
-    text: str  # the main file's own text
-    sha256: str  # of `resolved` as canonical JSON: a change in a base file changes it
-    files: tuple[str, ...]  # the spec, then every base it extends, absolute
-    resolved: dict[str, Any]  # the merged, reference-resolved document that `spec` validates
 
 
 @dataclass(frozen=True)
@@ -59,6 +47,10 @@ def _read(display: str, abspath: str) -> _File:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise SpecError(display, line, "", "not UTF-8 text (a TOML file is UTF-8)") from None
+    # tomlkit is pure Python and slow to import: only a spec-cache miss pays for it.
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
     try:
         doc = tomlkit.parse(text).unwrap()
     except (TOMLKitError, ValueError) as e:

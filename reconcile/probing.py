@@ -112,3 +112,14 @@ def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observ
             futures = {n: pool.submit(run_guarded, n, table[n], spec) for n in names}
             results.update({n: f.result() for n, f in futures.items()})
     return Observed(**results)  # type: ignore[arg-type]
+
+
+def probe_some(spec: Spec, names: tuple[str, ...]) -> Observed:
+    """Run only `names` (concurrently); every other probe's field is None."""
+    todo = [n for n in names if wanted(spec, n)]
+    results: dict[str, object] = dict.fromkeys(PROBE_NAMES)
+    if todo:
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            futures = {n: pool.submit(run_guarded, n, _table(None)[n], spec) for n in todo}
+            results.update({n: f.result() for n, f in futures.items()})
+    return Observed(**results)  # type: ignore[arg-type]

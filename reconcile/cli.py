@@ -1,0 +1,106 @@
+"""The `reconcile` command line. Parses arguments, calls the core, maps outcomes to exit codes.
+
+argparse (stdlib) rather than click/typer: it adds nothing to start-up time, and a converged
+`reconcile plan` must feel instant. Every user-facing error is one line on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from reconcile import __version__
+from reconcile.errors import ReconcileError
+
+EXIT_DOC = """exit codes:
+  plan:  0 converged, 2 changes pending, 1 error (bad spec, preflight error)
+  apply: 0 nothing to do, 2 changes made and converged, 1 error before any change
+         (bad spec, preflight error, lock timeout), 4 a change failed or not converged"""
+
+
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec", metavar="PATH", help="spec file (default: specs/<hostname>.toml)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reconcile",
+        description="Keep a vLLM GPU machine in the state its TOML spec describes.",
+        epilog=EXIT_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"reconcile {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="show the drift between the spec and the machine")
+    _add_spec(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--out", metavar="FILE", help="also save the plan for `reconcile apply FILE`")
+    p.add_argument("--quiet", action="store_true", help="one line when converged")
+
+    p = sub.add_parser("apply", help="converge the machine to the spec")
+    _add_spec(p)
+    p.add_argument("planfile", nargs="?", help="run exactly this saved plan (from plan --out)")
+    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="one line when nothing changed")
+
+    p = sub.add_parser("status", help="conditions per resource, the server's health and GPU use")
+    _add_spec(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("check", help="one chat completion (and reasoning / tool call) through the key")
+    _add_spec(p)
+
+    p = sub.add_parser("history", help="list generations")
+    _add_spec(p)
+    p = sub.add_parser("diff", help="compare two generations")
+    _add_spec(p)
+    p.add_argument("a", type=int)
+    p.add_argument("b", type=int)
+    p = sub.add_parser("rollback", help="apply generation N's spec (default: the one before the last)")
+    _add_spec(p)
+    p.add_argument("generation", type=int, nargs="?")
+    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
+
+    sub.add_parser("schema", help="every spec key with its type, default and meaning")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        from reconcile import commands
+
+        handler = getattr(commands, "cmd_" + args.command)
+        code: int = handler(args)
+        return code
+    except ReconcileError as exc:
+        print(f"reconcile: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("reconcile: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        import os
+        import traceback
+
+        if os.environ.get("RECONCILE_DEBUG"):
+            traceback.print_exc()
+        print(
+            f"reconcile: internal error: {type(exc).__name__}: {exc} "
+            "(this is a bug; RECONCILE_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Turns what the probes saw into the plain facts the preflight rules read, then runs them.
+
+Called by the planner. The config the rules judge is the one the server will read: the original
+(the backup, or the local source's) merged with the spec's patch, as apply will write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from probes.common import Absent
+from reconcile.plan import Finding
+from reconcile.preflight import GpuFact, GpuProcess, PortHolder, PreflightInputs, run_preflight
+from reconcile.probing import Observed
+from reconcile.spec import Spec
+
+
+def _read_json(path: str) -> Mapping[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _vllm_version(spec: Spec, obs: Observed) -> tuple[str | None, str]:
+    from probes.venv import VenvObservation
+
+    if isinstance(obs.venv, VenvObservation) and obs.venv.vllm_version:
+        return obs.venv.vllm_version, "installed"
+    if spec.venv is not None and "vllm" in spec.venv.packages:
+        from reconcile.engine.flags import version_from_pin
+
+        pinned = version_from_pin(spec.venv.packages["vllm"])
+        if pinned:
+            return pinned, "spec pin"
+    return None, "unknown"
+
+
+def _gpus(
+    obs: Observed, own: set[int]
+) -> tuple[tuple[GpuFact, ...] | None, list[GpuProcess], list[GpuProcess]]:
+    from probes.gpu import GpuInventory
+
+    inv = obs.gpu
+    if not isinstance(inv, GpuInventory):
+        return None, [], []
+    facts, foreign, ours = [], [], []
+    for g in inv.gpus:
+        facts.append(GpuFact(g.index, g.name, g.compute_capability, g.memory_total, g.memory_free))
+        if isinstance(g.processes, tuple):
+            for p in g.processes:
+                proc = GpuProcess(p.pid, g.index, p.used_memory or 0, p.name or "?")
+                (ours if p.pid in own else foreign).append(proc)
+    return tuple(facts), foreign, ours
+
+
+def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
+    from probes.model import JsonDoc, ModelObservation
+
+    from actions.model_config import deep_merge
+
+    out: dict[str, Any] = {}
+    m, want = obs.model, spec.model
+    if want is None:
+        return out
+    base: Mapping[str, Any] | None = None
+    quant: Mapping[str, Any] | None = None
+    files: Mapping[str, int] = {}
+    root = want.dir
+    if isinstance(m, ModelObservation):
+        doc = m.config_backup if isinstance(m.config_backup, JsonDoc) else m.config
+        base = doc.data if isinstance(doc, JsonDoc) else None
+        quant = m.quant_config.data if isinstance(m.quant_config, JsonDoc) else None
+        files = m.files
+    elif want.source:  # not copied yet: judge the source's files, as apply will lay them out
+        root = want.source
+        base = _read_json(os.path.join(root, "config.json"))
+        quant = _read_json(os.path.join(root, "hf_quant_config.json"))
+        files = _sizes(root)
+    if base is not None:
+        out["model_config"] = deep_merge(base, want.config)
+    out["hf_quant_config"] = quant
+    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"))
+    out["model_file_sizes"] = dict(files)
+    out["model_files"] = frozenset(files)
+    return out
+
+
+def _sizes(root: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".cache"]
+        for n in names:
+            full = os.path.join(dirpath, n)
+            try:
+                out[os.path.relpath(full, root)] = os.path.getsize(full)
+            except OSError:
+                continue
+    return out
+
+
+def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
+    from probes.cuda import CudaToolkit, Nvcc
+    from probes.server import ServerObservation
+    from probes.venv import VenvObservation
+
+    own = {p.pid for p in obs.server.processes} if isinstance(obs.server, ServerObservation) else set()
+    gpus, foreign, ours = _gpus(obs, own)
+    version, source = _vllm_version(spec, obs)
+    kw: dict[str, Any] = {
+        "vllm_version": version,
+        "vllm_version_source": source,
+        "gpus": gpus,
+        "foreign_gpu_processes": tuple(foreign),
+        "own_gpu_processes": tuple(ours),
+        "api_key_configured": spec.api_key is not None,
+    }
+    if isinstance(obs.cuda, CudaToolkit):
+        kw["headers_missing"] = tuple(h.name for h in obs.cuda.headers if not h.paths)
+        if isinstance(obs.cuda.nvcc, Nvcc):
+            kw["nvcc_path"] = obs.cuda.nvcc.path
+            kw["nvcc_version"] = obs.cuda.nvcc.release
+            kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
+    if isinstance(obs.venv, VenvObservation):
+        kw["venv_has_ninja"] = obs.venv.has_ninja
+    elif isinstance(obs.venv, Absent):
+        kw["venv_has_ninja"] = None
+    kw.update(_model_facts(spec, obs))
+    if isinstance(obs.server, ServerObservation):
+        listener = obs.server.listener
+        kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
+        if listener.state == "foreign":
+            kw["port_holder"] = PortHolder(listener.pid, listener.name or "?")
+    return PreflightInputs(**kw)
+
+
+def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:
+    return run_preflight(spec, inputs_from(spec, obs))
