@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from reconcile.errors import ActionError
-from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run, which
+from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, checkpoint, run, which
 from reconcile.plan import ActionResult
 from reconcile.spec import Venv
 
@@ -62,7 +62,10 @@ def _tail(out: Completed, lines: int = 10) -> str:
 
 def _run(argv: Sequence[str], timeout: float, what: str) -> Completed:
     try:
-        return run(argv, env={**os.environ, "PIP_NO_INPUT": "1", "NO_COLOR": "1"}, timeout=timeout)
+        # Our own PYTHONPATH/PYTHONHOME must not leak in: pip would count what it finds there as
+        # installed in the venv and skip it (reconcile itself may run from a --target dir).
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        return run(argv, env={**env, "PIP_NO_INPUT": "1", "NO_COLOR": "1"}, timeout=timeout)
     except ToolMissing as exc:
         raise ActionError(f"{what}: {exc}") from None
     except CommandTimeout as exc:
@@ -153,8 +156,10 @@ def create(venv: Venv) -> ActionResult:
         if (changed := _sync_system_site(venv)) is not None:
             done.append(changed)
     else:
-        if os.path.isdir(venv.path) and os.listdir(venv.path) and not os.path.exists(
-            os.path.join(venv.path, "pyvenv.cfg")
+        if (
+            os.path.isdir(venv.path)
+            and os.listdir(venv.path)
+            and not os.path.exists(os.path.join(venv.path, "pyvenv.cfg"))
         ):
             raise ActionError(
                 f"{venv.path} exists and is not a venv: move it aside (mv {venv.path} {venv.path}.old) "
@@ -172,6 +177,7 @@ def create(venv: Venv) -> ActionResult:
             raise ActionError(str(exc)) from None
         if not out.ok:
             raise ActionError(f"{' '.join(argv)} {venv.path} failed:\n{_tail(out)}")
+        checkpoint("venv.created")
         done.append(f"created {venv.path} with {venv.python}")
     if (pth := _sync_pth(venv)) is not None:
         done.append(pth)
@@ -217,7 +223,7 @@ def _install_argv(venv: Venv, installer: str, requirements: Sequence[str]) -> li
     if installer == "uv":
         uv = which("uv")
         if uv is None:
-            raise ActionError("[venv].installer = \"uv\" but uv is not on PATH: install uv or set installer")
+            raise ActionError('[venv].installer = "uv" but uv is not on PATH: install uv or set installer')
         argv = [uv, "pip", "install", "--python", _python(venv), "--no-progress"]
     else:
         argv = [_python(venv), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
@@ -255,8 +261,10 @@ def install(venv: Venv, wanted: Mapping[str, str]) -> ActionResult:
     installer = installer_for(venv)
     requirements = [name if spec == "*" else f"{name}{spec}" for name, spec in todo.items()]
     if installer == "pip" and run([python, "-c", "import pip"], timeout=60).returncode != 0:
-        raise ActionError(f"{venv.path} has no pip: set [venv].installer = \"uv\" or re-create the venv")
+        raise ActionError(f'{venv.path} has no pip: set [venv].installer = "uv" or re-create the venv')
+    checkpoint("venv.pip.before")
     out = _run(_install_argv(venv, installer, requirements), INSTALL_TIMEOUT_S, f"{installer} install")
+    checkpoint("venv.pip.after")
     if not out.ok:
         raise ActionError(f"{installer} install {' '.join(requirements)} failed:\n{_tail(out)}")
     log.info("%s install %s: %s", installer, " ".join(requirements), _summary(out))

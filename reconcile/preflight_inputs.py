@@ -13,6 +13,7 @@ from typing import Any
 
 from probes.common import Absent
 from reconcile.plan import Finding
+from reconcile.engine.catalogue import known_model
 from reconcile.preflight import GpuFact, GpuProcess, PortHolder, PreflightInputs, run_preflight
 from reconcile.probing import Observed
 from reconcile.spec import Spec
@@ -82,12 +83,16 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         base = _read_json(os.path.join(root, "config.json"))
         quant = _read_json(os.path.join(root, "hf_quant_config.json"))
         files = _sizes(root)
+    elif (known := known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
+        base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
+        out["model_facts_from"] = f"reconcile's packaged copy of {want.repo}'s config (not downloaded yet)"
+        out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
     out["hf_quant_config"] = quant
     out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"))
     out["model_file_sizes"] = dict(files)
-    out["model_files"] = frozenset(files)
+    out.setdefault("model_files", frozenset(files))
     return out
 
 
@@ -130,7 +135,9 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         kw["venv_has_ninja"] = obs.venv.has_ninja
     elif isinstance(obs.venv, Absent):
         kw["venv_has_ninja"] = None
-    kw.update(_model_facts(spec, obs))
+    facts = _model_facts(spec, obs)
+    facts.pop("model_facts_from", None)
+    kw.update(facts)
     if isinstance(obs.server, ServerObservation):
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
