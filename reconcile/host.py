@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -140,9 +141,13 @@ def atomic_write(
         if uid != -1 or gid != -1:
             os.fchown(fd, uid, gid)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(data[: len(data) // 2])
+            f.flush()
+            checkpoint(f"atomic_write.partial:{os.path.basename(path)}")
+            f.write(data[len(data) // 2 :])
             f.flush()
             os.fsync(f.fileno())
+        checkpoint(f"atomic_write.rename:{os.path.basename(path)}")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -165,3 +170,13 @@ def atomic_symlink(target: str, link: str) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(directory)
+
+
+KILL_AT = "RECONCILE_TEST_KILL_AT"
+
+
+def checkpoint(label: str) -> None:
+    """A named point where the crash-safety tests kill us: SIGKILL to ourselves when the environment
+    variable RECONCILE_TEST_KILL_AT equals `label`; a no-op otherwise (one dict lookup)."""
+    if os.environ.get(KILL_AT) == label:
+        os.kill(os.getpid(), signal.SIGKILL)
