@@ -6,8 +6,11 @@ Called only by `reconcile.cli`; kept apart so that `reconcile --help` imports no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import time
 from typing import Any
 
 from reconcile.errors import ReconcileError
@@ -16,17 +19,28 @@ from reconcile.spec import LoadedSpec
 
 def _load(args: argparse.Namespace) -> LoadedSpec:
     from reconcile.loading import find_spec
+    from reconcile.pinning import apply_lock_pins
     from reconcile.spec_cache import load
 
-    return load(find_spec(getattr(args, "spec", None)))
+    # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read.
+    return apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from reconcile.planning import make_plan
     from reconcile.rendering import render_json, render_text, summary_line
 
-    loaded = _load(args)
+    scheduled, textfile = getattr(args, "scheduled", False), getattr(args, "textfile", None)
+    started, reported = time.time(), scheduled or textfile
+    try:
+        loaded = _load(args)
+    except ReconcileError as exc:
+        if reported:
+            _report_failure(args, "plan", started, None, exc)
+        raise
     plan = make_plan(loaded)
+    if reported:
+        _report(args, "plan", started, plan.exit_code, loaded, plan=plan)
     if args.out:
         from reconcile.executing import save_plan
 
@@ -43,12 +57,47 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_apply(args: argparse.Namespace) -> int:
     from reconcile.executing import apply_plan_file, apply_spec, render_report
 
-    if args.planfile:
-        report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
-    else:
-        report = apply_spec(_load(args), lock_timeout=args.lock_timeout)
+    started = time.time()
+    loaded: LoadedSpec | None = None
+    try:
+        if args.planfile:
+            report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
+        else:
+            loaded = _load(args)
+            report = apply_spec(loaded, lock_timeout=args.lock_timeout,
+                                scheduled=getattr(args, "scheduled", False))
+    except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
+        _report_failure(args, "apply", started, loaded, exc)
+        raise
     render_report(report, sys.stdout, as_json=args.json, quiet=args.quiet)
+    if loaded is None:  # a plan file names its spec
+        with contextlib.suppress(ReconcileError, OSError):
+            loaded = _load(argparse.Namespace(spec=report.spec_path))
+    _report(args, "apply", started, report.exit_code, loaded, report=report, first_plan=report.first_plan,
+            plan=report.final_plan, paused=report.paused)
     return report.exit_code
+
+
+def _report_failure(args: argparse.Namespace, command: str, started: float, loaded: LoadedSpec | None,
+                    exc: ReconcileError) -> None:
+    with contextlib.suppress(ReconcileError, OSError):
+        _report(args, command, started, 1, loaded, error=str(exc))
+
+
+def _report(args: argparse.Namespace, command: str, started: float, exit_code: int,
+            loaded: LoadedSpec | None, **facts: Any) -> None:
+    """last-run.json under the spec's state_dir (every apply; a plan when --scheduled or --textfile)
+    and the Prometheus textfile when --textfile is given."""
+    from reconcile.reporting import RunFacts, report_run
+
+    path = loaded.path if loaded is not None else (getattr(args, "spec", None) or "")
+    server = loaded is not None and loaded.spec.server is not None
+    run = RunFacts(command, bool(getattr(args, "scheduled", False)), started, time.time(), exit_code, path,
+                   loaded=loaded, server_wanted=server, **facts)
+    try:
+        report_run(run, getattr(args, "textfile", None))
+    except OSError as exc:  # the run's own outcome stands; a stale report is what monitoring alerts on
+        print(f"reconcile: warning: could not write the run report: {exc}", file=sys.stderr)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -135,3 +184,103 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     print(schema_text())
     return 0
+
+
+def cmd_timer(args: argparse.Namespace) -> int:
+    from reconcile import scheduling
+
+    if args.timer_command == "remove":
+        gone = scheduling.remove(args.name, args.unit_dir)
+        said = (f"removed {', '.join(gone.paths)}" if gone.paths
+                else f"no {args.name} units in {args.unit_dir}")
+        print("\n".join(filter(None, (said, gone.next_steps))))
+        return 0
+    from reconcile.loading import find_spec, load_spec
+    from reconcile.spec import parse_duration
+
+    path = os.path.abspath(find_spec(args.spec))
+    loaded = load_spec(path)  # a timer for a spec that does not load would only fail every tick
+    every = scheduling.parse_every(args.every)
+    try:
+        given = args.randomized_delay
+        delay = None if given is None else 0 if given.strip() in ("0", "0s") else round(parse_duration(given))
+    except ValueError as exc:
+        raise ReconcileError(f"--randomized-delay: {exc}") from None
+    schedule = scheduling.Schedule(
+        path, loaded.spec.machine.state_dir, every,
+        scheduling.default_delay(every) if delay is None else delay,
+        lock_timeout=args.lock_timeout,
+        textfile=os.path.abspath(args.textfile) if args.textfile else None, name=args.name,
+    )
+    if args.timer_command == "cron":
+        sys.stdout.write(scheduling.render_cron(schedule))
+        return 0
+    done = scheduling.install(schedule, args.unit_dir)
+    print(f"{'wrote' if done.changed else 'unchanged'}: {', '.join(done.paths)}")
+    print(f"enabled and started {schedule.timer_name}" if done.activated else done.next_steps)
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    from reconcile.pausing import pause
+    from reconcile.spec import parse_duration
+
+    try:
+        duration = parse_duration(args.duration) if args.duration else None
+    except ValueError as exc:
+        raise ReconcileError(f"--for: {exc}") from None
+    new, old = pause(_state_dir(args), args.reason, duration=duration)
+    if old is not None:
+        print(f"replaces: {old.describe()}")
+    print(f"{new.describe()}\nscheduled applies only plan until `reconcile resume`"
+          + (" or the pause ends" if duration else ""))
+    return 0
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    """The spec's state_dir, without the lock: a damaged lock must not keep a person from pausing."""
+    from reconcile.loading import find_spec
+    from reconcile.spec_cache import load
+
+    return load(find_spec(args.spec)).spec.machine.state_dir
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from reconcile.pausing import resume
+
+    held = resume(_state_dir(args))
+    print(f"resumed; it was {held.describe()}" if held else "not paused: nothing to resume")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from reconcile.drafting import render_spec
+    from reconcile.initing import default_path, probe_machine, write_spec
+
+    facts = probe_machine(pid=args.pid)
+    text = render_spec(facts, state_dir=args.state_dir, manage_server=args.manage_server)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    out = args.out or default_path(facts.hostname)
+    write_spec(out, text, force=args.force)
+    found = [s for s in ("gpu", "cuda", "apt", "venv", "server") if f"\n[{s}]" in text]
+    print(f"wrote {out}: {', '.join(found) or 'only [machine]'}"
+          + (f"; a running server (pid {facts.server.pid}) is written commented out" if facts.server
+             and not args.manage_server else ""))
+    print(f"next: reconcile plan --spec {out}")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from reconcile.loading import find_spec
+    from reconcile.locking import make_lock
+    from reconcile.spec_cache import load
+
+    result = make_lock(load(find_spec(args.spec)))  # the spec as written: what floats there
+    for line in result.lines:
+        print(f"  {line}")
+    if not result.lines:
+        print("nothing floats: every package is ==pinned and the model revision is a commit")
+    print(f"{'wrote' if result.changed else 'unchanged'}: {result.path}")
+    return 2 if result.changed else 0
