@@ -1,0 +1,315 @@
+"""How a vLLM server is launched: its command line, its environment, its launch identity, and the
+record of its starts (<state_dir>/server-<name>.json) that the crash-loop guard reads.
+
+Used by actions.server and actions.systemd_unit to start it, and by the planner (desired_identity)
+to know the identity a launch would have without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from actions.supervising import ProgressFn, ReadinessProgress
+from reconcile.errors import ActionError
+from reconcile.host import atomic_write
+from reconcile.identity import IDENTITY, MARKER, Identity, launch_identity, state_file_path
+from reconcile.plan import ActionResult
+from reconcile.spec import ArgValue, Server, Spec
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+KEY_ENV = "VLLM_API_KEY"
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
+# Flags declared with action="append" in vLLM: repeated per value; every other list is nargs="+".
+_REPEATED = frozenset({"middleware"})
+# Set from their own [server] fields; also in `args` they would be given twice.
+_DEDICATED = {"host": "host", "port": "port", "served-model-name": "served_model_name", "model": "model"}
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    """What the identity covers besides argv and env, as the probes saw it before the launch."""
+
+    packages: Mapping[str, str] = field(default_factory=dict)  # distribution -> version in the venv
+    model_revision: str | None = None  # the resolved commit
+    config_json: bytes | None = None  # the model's config.json as it will be read at start
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """A ready-to-run launch. `env` holds the API key: it is never printed (repr=False)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(repr=False)
+    identity: Identity
+    secret_keys: frozenset[str] = field(repr=False, default=frozenset())
+
+
+def render_args(args: Mapping[str, ArgValue]) -> list[str]:
+    """`args` as vLLM flags, sorted by name: true -> --x, false -> --no-x, dict -> JSON, list -> values."""
+    out: list[str] = []
+    for name in sorted(args):
+        value = args[name]
+        flag = f"--{name}"
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append(f"--no-{name}")
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
+        elif isinstance(value, list):
+            values = [_scalar(v) for v in value]
+            if name in _REPEATED:
+                for v in values:
+                    out += [flag, v]
+            elif values:
+                out += [flag, *values]
+        else:
+            out += [flag, _scalar(value)]
+    return out
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def executable(spec: Spec) -> str:
+    server = _server(spec)
+    if server.executable:
+        return server.executable
+    assert spec.venv is not None  # the spec validator requires executable or [venv]
+    return f"{spec.venv.path.rstrip('/')}/bin/vllm"
+
+
+def build_argv(spec: Spec) -> list[str]:
+    """[vllm, serve, MODEL, --host H, --port P, (--served-model-name N), ...args]; never --api-key."""
+    server = _server(spec)
+    twice = sorted(a for a in server.args if a in _DEDICATED)
+    if twice:
+        raise ActionError(
+            f"[server].args.{twice[0]} repeats a [server] field: set [server] {_DEDICATED[twice[0]]} instead"
+        )
+    model = server.model or (spec.model.dir if spec.model else None)
+    assert model is not None  # the spec validator requires [server] model or [model]
+    argv = [executable(spec), "serve", model, "--host", server.host, "--port", str(server.port)]
+    if server.served_model_name:
+        argv += ["--served-model-name", server.served_model_name]
+    return argv + render_args(server.args)
+
+
+def read_api_key(spec: Spec, *, required: bool = True) -> str | None:
+    """The key from [api_key] file, stripped; None without [api_key] (or its file, when not required)."""
+    if spec.api_key is None:
+        return None
+    try:
+        with open(spec.api_key.file, encoding="utf-8") as f:
+            key = f.read().strip()
+    except FileNotFoundError:
+        if not required:
+            return None
+        raise ActionError(
+            f"API key file {spec.api_key.file} does not exist: apply the api_key resource first"
+        ) from None
+    except OSError as exc:
+        raise ActionError(f"API key file {spec.api_key.file}: cannot read it ({exc.strerror})") from None
+    if not key:
+        raise ActionError(f"API key file {spec.api_key.file} is empty: remove it so apply generates a key")
+    return key
+
+
+def read_config_json(spec: Spec) -> bytes | None:
+    """The model's config.json as vLLM will read it (None when there is none)."""
+    if spec.model is None:
+        return None
+    try:
+        with open(os.path.join(spec.model.dir, "config.json"), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def launch_command(
+    spec: Spec,
+    inputs: LaunchInputs,
+    *,
+    base_env: Mapping[str, str] | None = None,
+    key_required: bool = True,
+) -> LaunchCommand:
+    """argv, env and identity of a launch; the env is clean: PATH, HOME, LANG from ours, then the spec's.
+
+    The identity's env writes our inherited PATH as `$PATH` and leaves HOME/LANG out: a timer and
+    a root shell run apply with different ones, and that alone must not restart the server.
+    """
+    server = _server(spec)
+    base = os.environ if base_env is None else base_env
+    prefix = []
+    if spec.venv is not None:
+        prefix.append(f"{spec.venv.path.rstrip('/')}/bin")
+    if spec.cuda is not None:
+        prefix.append(f"{spec.cuda.home.rstrip('/')}/bin")
+    declared: dict[str, str] = {"PATH": ":".join([*prefix, "$PATH"])}
+    if spec.cuda is not None:
+        declared["CUDA_HOME"] = spec.cuda.home
+    declared.update(server.env)
+    key = read_api_key(spec, required=key_required)
+    if key is not None:
+        declared[KEY_ENV] = key
+    for marker in (MARKER, IDENTITY):
+        declared.pop(marker, None)
+    secret = frozenset(k for k in declared if k == KEY_ENV or _SECRET_NAME.search(k))
+    argv = build_argv(spec)
+    identity = launch_identity(
+        argv, declared, secret, inputs.packages, inputs.model_revision, inputs.config_json
+    )
+    env = {"HOME": base.get("HOME") or "/root", "LANG": base.get("LANG") or "C.UTF-8", **declared}
+    env["PATH"] = declared["PATH"].replace("$PATH", base.get("PATH") or DEFAULT_PATH)
+    env[MARKER] = server.name
+    env[IDENTITY] = identity.digest
+    return LaunchCommand(tuple(argv), env, identity, secret)
+
+
+def desired_identity(spec: Spec, inputs: LaunchInputs) -> Identity:
+    """The identity a launch would have now (for the planner; a missing key file is not an error)."""
+    return launch_command(spec, inputs, key_required=False).identity
+
+
+def connect_host(spec: Spec) -> str:
+    """Where to reach the server from this machine: a wildcard bind is reached on loopback."""
+    host = _server(spec).host
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+@dataclass(frozen=True)
+class ReadinessFailure:
+    """Why the server never became healthy: the reason, the log's last lines, the known causes found."""
+
+    reason: str
+    log_path: str
+    log_tail: tuple[str, ...]
+    diagnoses: tuple[str, ...]
+
+    def render(self) -> str:
+        lines = [self.reason]
+        lines += [f"  known cause: {d}" for d in self.diagnoses]
+        lines.append(f"  last {len(self.log_tail)} line(s) of {self.log_path}:")
+        lines += [f"    {line}" for line in self.log_tail]
+        return "\n".join(lines)
+
+
+def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int = 2_000_000) -> list[str]:
+    """The log's lines written since `offset` (at most the last `limit` bytes), secrets masked."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - limit))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    for secret in mask:
+        text = text.replace(secret, "(secret)")
+    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+
+
+def diagnoses(lines: list[str]) -> tuple[str, ...]:
+    """Known start-up failures among `lines`, each with its fix (reconcile.engine.failures)."""
+    try:
+        from reconcile.engine.failures import diagnose
+    except ImportError:
+        return ()
+    return tuple(f"{d.explanation}; fix: {d.fix} (log: {d.line})" for d in diagnose(lines))
+
+
+def wait_ready(
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    exit_status: Callable[[], int | None],
+    log_path: str,
+    log_offset: int,
+    mask: Collection[str] = (),
+    progress: ProgressFn | None = None,
+    poll: float = 0.25,
+) -> ReadinessFailure | None:
+    """Poll GET /health until 200 (None), the process exits, or `timeout` passes (a failure report)."""
+    from reconcile.host import HttpUnreachable, http_request
+
+    started = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - started
+        code = exit_status()
+        if code is not None:
+            reason = f"the server exited with status {code} after {elapsed:.1f}s"
+            break
+        try:
+            if http_request("GET", host, port, "/health", timeout=min(2.0, poll * 8)).status == 200:
+                return None
+        except HttpUnreachable:
+            pass  # the port refuses until the model is loaded
+        if elapsed >= timeout:
+            reason = f"/health did not answer 200 within {timeout:g}s"
+            break
+        if progress is not None:
+            tail = read_log(log_path, log_offset, mask=mask, limit=4096)
+            progress(ReadinessProgress(elapsed, tail[-1] if tail else ""))
+        time.sleep(poll)
+    lines = read_log(log_path, log_offset, mask=mask)
+    return ReadinessFailure(reason, log_path, tuple(lines[-40:]), diagnoses(lines))
+
+
+def read_record(spec: Spec) -> dict[str, Any]:
+    """The server's record: identity components, log offset of the last start, start history."""
+    try:
+        with open(state_file_path(spec), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_record(spec: Spec, record: Mapping[str, Any]) -> None:
+    path = state_file_path(spec)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
+
+
+def reset_crash_loop(spec: Spec) -> ActionResult:
+    """Forget failed starts (`reconcile apply --reset-crash-loop`)."""
+    record = read_record(spec)
+    failed = [h for h in record.get("history", []) if h.get("outcome") == "failed"]
+    if not failed:
+        return ActionResult(False, "no failed starts recorded")
+    record["history"] = [h for h in record.get("history", []) if h.get("outcome") != "failed"]
+    write_record(spec, record)
+    return ActionResult(True, f"forgot {len(failed)} failed start(s)")
+
+
+def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> None:
+    guard = _server(spec).crash_loop
+    now = time.time() if now is None else now
+    recent: list[Mapping[str, Any]] = []
+    for entry in record.get("history", []):
+        if entry.get("outcome") == "ok":
+            recent = []
+        elif entry.get("outcome") == "failed" and entry.get("at", 0) > now - guard.window:
+            recent.append(entry)
+    if len(recent) >= guard.max_starts:
+        until = time.strftime("%H:%M:%S", time.localtime(recent[-guard.max_starts]["at"] + guard.window))
+        raise ActionError(
+            f"server {_server(spec).name} failed to start {len(recent)} times within {guard.window:g}s "
+            f"(last: {recent[-1].get('reason', '?')}); not starting it again before {until}. Fix the cause, "
+            "then run `reconcile apply --reset-crash-loop`"
+        )
+
+
+def _server(spec: Spec) -> Server:
+    if spec.server is None:
+        raise ActionError("the spec has no [server] section")
+    return spec.server

@@ -1,0 +1,311 @@
+"""Action for the `server` resource: start vLLM, restart it only when its launch identity changed, stop it.
+
+Called by the executor (through reconcile.dispatch) with the server Change and the launch inputs the
+probes saw (LaunchInputs). Strays of an earlier server are stopped before a start; a crash-loop
+guard refuses to start again after repeated failed starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from actions import supervising, systemd_unit
+from actions.launching import (
+    LaunchCommand,
+    LaunchInputs,
+    ReadinessFailure,
+    connect_host,
+    launch_command,
+    read_record,
+    refuse_crash_loop,
+    wait_ready,
+    write_record,
+)
+from actions.supervising import ProgressFn
+from reconcile.errors import ActionError
+from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
+from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
+from reconcile.plan import ActionResult, Change
+from reconcile.spec import Server, Spec
+
+_HISTORY = 20
+
+
+class ServerStartError(ActionError):
+    """The server did not become healthy; `failure` holds the log tail and the known causes."""
+
+    def __init__(self, name: str, failure: ReadinessFailure) -> None:
+        super().__init__(f"server {name} did not become healthy: {failure.render()}")
+        self.failure = failure
+
+
+def apply(
+    change: Change, spec: Spec, inputs: LaunchInputs, *, progress: ProgressFn | None = None
+) -> ActionResult:
+    """Make the server Change true. The spec's `running` decides, not the Change's kind: a `-` Change
+    while running = true removes strays only, which ensure_running does without touching the server."""
+    del change  # re-planned by the executor right before; the spec says what must be true
+    if not _server(spec).running:
+        return ensure_stopped(spec)
+    return ensure_running(spec, inputs, progress=progress)
+
+
+def ensure_running(
+    spec: Spec,
+    inputs: LaunchInputs,
+    *,
+    progress: ProgressFn | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> ActionResult:
+    """Leave a healthy server of the same identity alone (its strays aside); otherwise (re)start it."""
+    server = _server(spec)
+    command = launch_command(spec, inputs, base_env=base_env)
+    record = read_record(spec)
+    pid = current_pid(spec)
+    reason = "not running"
+    if pid is not None and supervising.environ_value(pid, IDENTITY) == command.identity.digest:
+        kept = _keep(spec, command, pid, record, progress)
+        if kept is not None:
+            if _adopt(spec, command, pid, record):
+                return ActionResult(True, f"{kept.message}; pidfile and record rewritten for pid {pid}")
+            return kept
+        reason = _unhealthy_reason(spec, pid)
+    elif pid is not None:
+        reason = explain_change(record.get("components") or {}, command.identity.components)
+    refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
+    stopped = supervising.stop_marked(server.name, timeout=server.stop_timeout)
+    holder = _port_holder(server.port)
+    if holder is not None:
+        raise ActionError(
+            f"port {server.port} is held by pid {holder[0]} ({holder[1]}), which is not deployment "
+            f"{server.name}: stop it or change [server] port (reconcile never signals other processes)"
+        )
+    started = time.monotonic()
+    new_pid = _start(spec, command, record, reason, progress)
+    note = f"; before it: {stopped.describe()}" if stopped.terminated else ""
+    return ActionResult(
+        True,
+        f"started {server.name} (pid {new_pid}), healthy after {time.monotonic() - started:.1f}s "
+        f"({reason}){note}",
+    )
+
+
+def _keep(
+    spec: Spec, command: LaunchCommand, pid: int, record: Mapping[str, Any], progress: ProgressFn | None
+) -> ActionResult | None:
+    """The server already has the wanted identity: stop its strays, wait if it is still loading.
+    None when it must be restarted after all (unhealthy, or not listening past startup_timeout)."""
+    server = _server(spec)
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+    strays = supervising.stop_marked(server.name, timeout=server.stop_timeout, spare_pgid=pgid)
+    note = f"; stray(s) {strays.describe()}" if strays.terminated else ""
+    health = _health_status(spec)
+    if health == 200:
+        return ActionResult(
+            bool(strays.terminated), f"{server.name} runs as pid {pid} with the same launch identity{note}"
+        )
+    left = server.startup_timeout - supervising.process_age(pid)
+    if health is not None or left <= 0:
+        return None
+    # Still loading (the port refuses until the model is in memory): wait for it rather than restart.
+    failure = _wait(spec, command, pid, None, int(record.get("log_offset", 0)), progress, timeout=left)
+    if failure is not None:
+        raise ServerStartError(server.name, failure)
+    return ActionResult(True, f"{server.name} (pid {pid}) finished starting{note}")
+
+
+def _unhealthy_reason(spec: Spec, pid: int) -> str:
+    health = _health_status(spec)
+    if health is None:
+        age = supervising.process_age(pid)
+        limit = _server(spec).startup_timeout
+        return f"no answer on /health {age:.0f}s after its start (startup_timeout {limit:g}s)"
+    return f"unhealthy: /health answered {health}"
+
+
+def ensure_stopped(spec: Spec) -> ActionResult:
+    """Stop every process of the deployment (server, engine, workers, strays) and drop the pidfile."""
+    server = _server(spec)
+    if server.supervisor == "systemd":
+        systemd_unit.stop_unit(spec)
+    outcome = supervising.stop_marked(server.name, timeout=server.stop_timeout)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pidfile_path(spec))
+    if not outcome.terminated:
+        return ActionResult(False, f"{server.name} is not running (no process carries its marker)")
+    return ActionResult(True, f"{server.name}: {outcome.describe()}")
+
+
+def current_pid(spec: Spec) -> int | None:
+    """The live server: the pidfile's process when alive and marked (a reused pid is not ours), else a
+    marked session leader (a start whose pidfile was never written, or a systemd main process)."""
+    marked = supervising.marked_pids(_server(spec).name)
+    try:
+        with open(pidfile_path(spec), encoding="ascii") as f:
+            pid = int(f.read().split()[0])
+        if pid in marked and supervising.is_alive(pid):
+            return pid
+    except (OSError, ValueError, IndexError):
+        pass
+    return next((p for p in marked if _sid(p) == p), None)
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _adopt(spec: Spec, command: LaunchCommand, pid: int, record: dict[str, Any]) -> bool:
+    """Point the pidfile and the record at `pid` when they do not already (True when rewritten)."""
+    try:
+        with open(pidfile_path(spec), encoding="ascii") as f:
+            if f.read().split()[:1] == [str(pid)] and record.get("pid") == pid:
+                return False
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(pidfile_path(spec)), exist_ok=True)
+    atomic_write(pidfile_path(spec), f"{pid}\n".encode(), mode=0o644)
+    record.update(identity=command.identity.digest, components=dict(command.identity.components), pid=pid)
+    write_record(spec, record)
+    return True
+
+
+def _start(
+    spec: Spec, command: LaunchCommand, record: dict[str, Any], reason: str, progress: ProgressFn | None
+) -> int:
+    server = _server(spec)
+    try:
+        for path in (server.log, pidfile_path(spec), state_file_path(spec)):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        log = open(server.log, "ab")  # noqa: SIM115 - closed below, once the child holds its own copy
+    except OSError as exc:
+        raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
+    with log:
+        offset = log.tell()
+        shown = " ".join(redact_argv(command.argv))
+        log.write(
+            f"--- reconcile {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: starting {server.name} "
+            f"(identity {command.identity.digest}; {reason}): {shown}\n".encode()
+        )
+        log.flush()
+        proc: subprocess.Popen[bytes] | None = None
+        if server.supervisor == "systemd":
+            systemd_unit.install_unit(spec, command)
+            pid = systemd_unit.start_unit(spec)
+        else:
+            try:
+                proc = subprocess.Popen(
+                    list(command.argv),
+                    env=dict(command.env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    cwd="/",
+                )
+            except OSError as exc:
+                raise ActionError(
+                    f"cannot run {command.argv[0]}: {exc.strerror} (is vLLM installed?)"
+                ) from None
+            pid = proc.pid
+    checkpoint("server.spawned")  # running, and no pidfile names it yet
+    atomic_write(pidfile_path(spec), f"{pid}\n".encode(), mode=0o644)
+    history = [
+        *record.get("history", []),
+        {
+            "at": time.time(),
+            "pid": pid,
+            "identity": command.identity.digest,
+            "outcome": "starting",
+            "reason": reason,
+        },
+    ][-_HISTORY:]
+    record.update(
+        name=server.name,
+        identity=command.identity.digest,
+        components=dict(command.identity.components),
+        pid=pid,
+        log_offset=offset,
+        history=history,
+    )
+    write_record(spec, record)
+    failure = _wait(spec, command, pid, proc, offset, progress)
+    history[-1]["outcome"] = "failed" if failure else "ok"
+    if failure:
+        history[-1]["reason"] = failure.reason
+        supervising.stop_marked(server.name, timeout=server.stop_timeout)
+    write_record(spec, record)
+    if failure:
+        raise ServerStartError(server.name, failure)
+    return pid
+
+
+def _wait(
+    spec: Spec,
+    command: LaunchCommand,
+    pid: int,
+    proc: subprocess.Popen[bytes] | None,
+    offset: int,
+    progress: ProgressFn | None,
+    *,
+    timeout: float | None = None,
+) -> ReadinessFailure | None:
+    server = _server(spec)
+
+    def exit_status() -> int | None:
+        if proc is not None:
+            return proc.poll()
+        if server.supervisor == "systemd":
+            return systemd_unit.unit_exit_status(spec)
+        return None if supervising.is_alive(pid) else -1
+
+    mask = [command.env[k] for k in command.secret_keys if command.env.get(k)]
+    return wait_ready(
+        connect_host(spec),
+        server.port,
+        timeout=server.startup_timeout if timeout is None else timeout,
+        exit_status=exit_status,
+        log_path=server.log,
+        log_offset=offset,
+        mask=mask,
+        progress=progress,
+    )
+
+
+def _port_holder(port: int) -> tuple[int, str] | None:
+    """(pid, name) of a process listening on TCP `port`, or None when nobody does."""
+    import psutil
+
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            if conn.pid is None:
+                return 0, "(unknown)"
+            try:
+                return conn.pid, psutil.Process(conn.pid).name()
+            except psutil.Error:
+                return conn.pid, "(gone)"
+    return None
+
+
+def _health_status(spec: Spec) -> int | None:
+    try:
+        return http_request("GET", connect_host(spec), _server(spec).port, "/health", timeout=5.0).status
+    except HttpUnreachable:
+        return None
+
+
+def _server(spec: Spec) -> Server:
+    if spec.server is None:
+        raise ActionError("the spec has no [server] section")
+    return spec.server

@@ -1,0 +1,226 @@
+"""A vLLM server's launch identity: one digest over every input whose change needs a restart.
+
+Pure. actions.server stamps the digest into the server's environment (with the deployment marker)
+and records the components; the planner compares them and explain_change() words the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
+
+MARKER = "RECONCILE_DEPLOYMENT"  # inherited by every child: how a deployment's processes are found
+IDENTITY = "RECONCILE_IDENTITY"
+SECRET = "(secret)"
+INPUTS = ("argv", "env", "packages", "model_revision", "config_json")
+_WHAT = {
+    "argv": "args",
+    "env": "env",
+    "packages": "packages",
+    "model_revision": "model revision",
+    "config_json": "config.json",
+}
+_SHOWN_MAX = 5
+
+
+@dataclass(frozen=True)
+class Identity:
+    """`digest` is stamped as RECONCILE_IDENTITY; `components` holds a short hash per input plus a
+    non-secret rendering (`<input>.shown`) so a plan can say exactly what changed."""
+
+    digest: str
+    components: Mapping[str, str]
+
+
+def _hash(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+
+
+def _canonical_package(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line fit to show: the value of any `--api-key` replaced by (secret)."""
+    out: list[str] = []
+    hide = False
+    for token in argv:
+        if hide and not token.startswith("--"):
+            out.append(SECRET)
+            continue
+        hide = token == "--api-key"
+        out.append(f"--api-key={SECRET}" if token.startswith("--api-key=") else token)
+    return out
+
+
+def launch_identity(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    secret_env_keys: Collection[str],
+    packages: Mapping[str, str],
+    model_revision: str | None,
+    config_json: bytes | None,
+) -> Identity:
+    """The identity of a launch. Secret env values count in the hash but are never stored."""
+    try:
+        config_key: bytes | None = (
+            json.dumps(json.loads(config_json), sort_keys=True).encode() if config_json is not None else None
+        )
+    except ValueError:
+        config_key = config_json  # unparseable: its bytes are the identity
+    pkgs = {_canonical_package(k): v for k, v in packages.items()}
+    hashes = {
+        "argv": _hash(json.dumps(list(argv))),
+        "env": _hash(json.dumps(sorted(env.items()))),
+        "packages": _hash(json.dumps(sorted(pkgs.items()))),
+        "model_revision": _hash(json.dumps(model_revision)),
+        "config_json": _hash(b"absent" if config_key is None else b"json:" + config_key),
+    }
+    secrets = sorted(k for k in env if k in secret_env_keys)
+    shown = {
+        "argv.shown": json.dumps(redact_argv(argv)),
+        "env.shown": json.dumps({k: SECRET if k in secret_env_keys else v for k, v in sorted(env.items())}),
+        "env.secrets": json.dumps(secrets),
+        "packages.shown": json.dumps(dict(sorted(pkgs.items()))),
+        "model_revision.shown": model_revision or "",
+    }
+    digest = hashlib.sha256(json.dumps([hashes[k] for k in INPUTS]).encode()).hexdigest()[:32]
+    return Identity(digest=digest, components={**hashes, **shown})
+
+
+def changed_inputs(old: Mapping[str, str], new: Mapping[str, str]) -> tuple[str, ...]:
+    """Which of INPUTS differ (all of them when `old` holds no record)."""
+    return tuple(k for k in INPUTS if old.get(k) != new.get(k))
+
+
+def explain_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """One line for the plan: "config.json changed; args changed: --max-model-len 1024 -> 2048"."""
+    if not any(k in old for k in INPUTS):
+        return "no recorded launch identity"
+    parts = []
+    for key in changed_inputs(old, new):
+        detail = _DETAIL[key](old, new) if key in _DETAIL else ""
+        parts.append(f"{_WHAT[key]} changed" + (f": {detail}" if detail else ""))
+    return "; ".join(parts) or "launch identity unchanged"
+
+
+def _loads(components: Mapping[str, str], key: str) -> object:
+    try:
+        return json.loads(components[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def _limit(items: list[str]) -> str:
+    more = len(items) - _SHOWN_MAX
+    return ", ".join(items[:_SHOWN_MAX]) + (f", and {more} more" if more > 0 else "")
+
+
+def _split_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """([executable, "serve", model], {"--flag": [values]}); `--no-x` is filed under `--x`."""
+    head: list[str] = []
+    flags: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for token in argv:
+        if token.startswith("--") or token == "-tp":
+            name, eq, value = token.partition("=")
+            key = "--" + name[5:] if name.startswith("--no-") else name
+            current = flags.setdefault(key, [])
+            current.append(name)
+            if eq:
+                current.append(value)
+        elif current is None:
+            head.append(token)
+        else:
+            current.append(token)
+    return head, flags
+
+
+def _argv_detail(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    a, b = _loads(old, "argv.shown"), _loads(new, "argv.shown")
+    if not isinstance(a, list) or not isinstance(b, list):
+        return ""
+    (head_a, flags_a), (head_b, flags_b) = _split_argv(a), _split_argv(b)
+    items = []
+    for label, i in (("executable", 0), ("model", 2)):
+        was, now = (head_a[i : i + 1] or [""])[0], (head_b[i : i + 1] or [""])[0]
+        if was != now:
+            items.append(f"{label} {was} -> {now}")
+    for flag in [*flags_b, *(f for f in flags_a if f not in flags_b)]:
+        x, y = flags_a.get(flag), flags_b.get(flag)
+        if x == y:
+            continue
+        if x is None:
+            items.append(" ".join(y or []) + " added")
+        elif y is None:
+            items.append(" ".join(x) + " removed")
+        elif x[0] == y[0]:
+            items.append(f"{x[0]} {' '.join(x[1:])} -> {' '.join(y[1:])}")
+        else:
+            items.append(f"{' '.join(x)} -> {' '.join(y)}")
+    return _limit(items)
+
+
+def _mapping_detail(old: Mapping[str, str], new: Mapping[str, str], key: str, sep: str) -> list[str]:
+    a, b = _loads(old, key), _loads(new, key)
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return []
+    items = []
+    for name in sorted(set(a) | set(b)):
+        x, y = a.get(name), b.get(name)
+        if x == y:
+            continue
+        if x is None:
+            items.append(f"{name}{sep}{y} added" if y != SECRET else f"{name} added")
+        elif y is None:
+            items.append(f"{name} removed")
+        else:
+            items.append(f"{name} {x} -> {y}")
+    return items
+
+
+def _env_detail(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    items = _mapping_detail(old, new, "env.shown", "=")
+    if not items:
+        secrets = _loads(new, "env.secrets")
+        names = ", ".join(secrets) if isinstance(secrets, list) and secrets else "a secret"
+        items = [f"{names} {SECRET} changed"]
+    return _limit(items)
+
+
+def _packages_detail(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    return _limit(_mapping_detail(old, new, "packages.shown", " "))
+
+
+def _revision_detail(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    a, b = old.get("model_revision.shown"), new.get("model_revision.shown")
+    return f"{a or '(none)'} -> {b or '(none)'}" if a is not None and b is not None else ""
+
+
+_DETAIL = {
+    "argv": _argv_detail,
+    "env": _env_detail,
+    "packages": _packages_detail,
+    "model_revision": _revision_detail,
+}
+
+
+def pidfile_path(spec: Spec) -> str:
+    """Where the server's pid is kept: [server] pidfile, else <state_dir>/<name>.pid."""
+    if spec.server is None:
+        raise ValueError("the spec has no [server]")
+    return spec.server.pidfile or f"{spec.machine.state_dir.rstrip('/')}/{spec.server.name}.pid"
+
+
+def state_file_path(spec: Spec) -> str:
+    """The server's record (identity components, start history): <state_dir>/server-<name>.json."""
+    if spec.server is None:
+        raise ValueError("the spec has no [server]")
+    return f"{spec.machine.state_dir.rstrip('/')}/server-{spec.server.name}.json"

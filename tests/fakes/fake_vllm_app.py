@@ -1,0 +1,297 @@
+"""The fake vLLM's processes (the API server, its EngineCore/worker children) and its chat completion.
+
+Imported by tests/fakes/vllm (the API server) and by the children it spawns through
+`python3 -c "from multiprocessing.spawn import spawn_main; ..."`, as vLLM does without setproctitle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import ThreadingHTTPServer
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+CHILD_CODE = (
+    "from multiprocessing.spawn import spawn_main; import sys; sys.path.insert(0, sys.argv[1]); "
+    "import fake_vllm_app; fake_vllm_app.child_main(sys.argv[2:])"
+)
+
+
+def log(level: str, src: str, msg: str, who: str = "APIServer", pid: int = 0) -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"({who} pid={pid or os.getpid()}) {level} {stamp} [{src}] {msg}", flush=True)
+
+
+def uvicorn(msg: str, level: str = "INFO") -> None:
+    print(f"(APIServer pid={os.getpid()}) {level + ':':<9} {msg}", flush=True)
+
+
+def set_comm(title: str) -> None:
+    """What setproctitle does to `comm` (cut to 15 bytes by the kernel)."""
+    if os.environ.get("FAKE_VLLM_SETPROCTITLE", "1") == "0":
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def hold_dir(port: str) -> str:
+    """Where the "GPU memory" locks live: FAKE_VLLM_HOLD, else one directory per API port (so
+    unrelated fakes on one machine do not share a GPU, while a server and its stray do)."""
+    import tempfile
+
+    path = os.environ.get("FAKE_VLLM_HOLD") or os.path.join(tempfile.gettempdir(), f"fake-vllm-gpus-{port}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def spawn(title: str, extra: list) -> tuple:
+    """Start a child like multiprocessing's spawn: same session, group, env, stdout; wait for its word."""
+    r, w = os.pipe()
+    argv = [sys.executable, "-c", CHILD_CODE, HERE, title, "--ready-fd", str(w), *extra]
+    proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r) as f:
+        word = f.readline().strip()
+    return proc, word == "ready"
+
+
+def stop_children(procs: list, grace: float = 1.0) -> None:
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def on_stop(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT end the process; FAKE_VLLM_TERM_HANG=1 ignores them (a server stuck in shutdown)."""
+    if os.environ.get("FAKE_VLLM_TERM_HANG") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+
+def child_main(argv: list) -> None:
+    """EngineCore (holds cuda:0 at TP 1, else starts Worker_TP<i>) or a worker holding cuda:<rank>."""
+    title, ready_fd = argv[0], int(argv[2])
+    opts = {argv[i]: argv[i + 1] for i in range(3, len(argv) - 1, 2)}
+    tp, rank, port = int(opts.get("--tp", "1")), int(opts.get("--rank", "0")), opts.get("--port", "0")
+    who = "EngineCore_DP0" if title == "VLLM::EngineCore" else f"Worker_TP{rank}"
+    set_comm(title)
+    stop = threading.Event()
+    on_stop(stop)
+    workers: list = []
+    locks = []
+    ok = True
+    if title == "VLLM::EngineCore" and tp > 1:
+        for i in range(tp):
+            proc, ready = spawn(f"VLLM::Worker_TP{i}", ["--tp", str(tp), "--rank", str(i), "--port", port])
+            workers.append(proc)
+            ok = ok and ready
+    else:
+        path = os.path.join(hold_dir(port), f"cuda{rank}.lock")
+        f = open(path, "a+")  # noqa: SIM115 - held for the life of the process, like GPU memory
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            f.truncate(0)
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            locks.append(f)
+        except BlockingIOError:
+            log("ERROR", "core.py:708", "EngineCore failed to start.", who)
+            print(
+                f"ValueError: Free memory on device cuda:{rank} (1.2/139.8 GiB) on startup is less than "
+                "desired GPU memory utilization (0.9, 125.8 GiB). Decrease GPU memory utilization or "
+                "reduce GPU memory used by other processes.", flush=True,
+            )
+            ok = False
+    child_port = os.environ.get("FAKE_VLLM_CHILD_PORT")  # an engine-side socket, like its ZMQ ports
+    if ok and child_port and title == "VLLM::EngineCore":
+        import socket
+
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", int(child_port)))
+        sock.listen()
+        locks.append(sock)
+    with os.fdopen(ready_fd, "w") as f:
+        f.write("ready\n" if ok else "failed\n")
+    if not ok:
+        stop_children(workers)
+        sys.exit(1)
+    lifetime = float(os.environ.get("FAKE_VLLM_MAX_LIFETIME", "0")) or None
+    stop.wait(lifetime)  # a dead parent does not end us: only a signal (or the test leak guard) does
+    stop_children(workers)
+    sys.exit(0)
+
+
+def serve(args: object, state: object, handler: type, *, exit_on_engine_death: bool) -> int:
+    """The API server: engine children first, then the port after the load delay, until a signal."""
+    set_comm("vllm")
+    stop = threading.Event()
+    on_stop(stop)
+    version, model, names = state.version, state.model, state.names  # type: ignore[attr-defined]
+    max_model_len = state.max_model_len  # type: ignore[attr-defined]
+    tp = getattr(args, "tensor_parallel_size", None) or 1
+    host, port = getattr(args, "host", None) or "0.0.0.0", getattr(args, "port", None) or 8000
+    log("INFO", "api_server.py:1885", f"vLLM API server version {version}")
+    shown = {k: v for k, v in sorted(vars(args).items()) if v is not None and k != "subparser"}
+    if "api_key" in shown:
+        shown["api_key"] = "(secret)"
+    log("INFO", "utils.py:253", f"non-default args: {shown}")
+    log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
+    engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port)])
+    log("INFO", "core.py:93", f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', "
+        f"tensor_parallel_size={tp}, served_model_name={names[0]}", "EngineCore_DP0", engine.pid)
+    if not ready:
+        print("RuntimeError: Engine core initialization failed. See root cause above. "
+              f"Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}", flush=True)
+        return 1
+    if stop.wait(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "1.0"))):
+        stop_children([engine])
+        return 0
+    failure = os.environ.get("FAKE_VLLM_FAIL_WITH")
+    if failure:
+        print(f"(EngineCore_DP0 pid={engine.pid}) {failure}", flush=True)
+        print("RuntimeError: Engine core initialization failed. See root cause above. "
+              "Failed core proc(s): {}", flush=True)
+        stop_children([engine])
+        return 1
+    kv_tokens = int(os.environ.get("FAKE_VLLM_KV_TOKENS", "4194304"))
+    log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {kv_tokens:,} tokens", "EngineCore_DP0",
+        engine.pid)
+    if max_model_len > kv_tokens:
+        print(f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
+              f"({max_model_len * 3072 / 2**30:.2f} GiB KV cache is needed, which is larger than the "
+              "available KV cache memory (1.00 GiB). Based on the available memory, the estimated maximum "
+              f"model length is {kv_tokens}.", flush=True)
+        stop_children([engine])
+        return 1
+    bound = type("Handler", (handler,), {"state": state})
+    ThreadingHTTPServer.allow_reuse_address = True
+    ThreadingHTTPServer.daemon_threads = True
+    try:
+        httpd = ThreadingHTTPServer((host, port), bound)
+    except OSError as exc:
+        uvicorn(f"[Errno {exc.errno}] error while attempting to bind on address ('{host}', {port}): "
+                f"{exc.strerror.lower() if exc.strerror else exc}", "ERROR")
+        stop_children([engine])
+        return 1
+    log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on http://{host}:{port}")
+    uvicorn(f"Started server process [{os.getpid()}]")
+    uvicorn("Waiting for application startup.")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    uvicorn("Application startup complete.")
+    watch_engine(engine, state, stop, exit_on_engine_death)
+    lifetime = float(os.environ.get("FAKE_VLLM_MAX_LIFETIME", "0")) or None
+    stop.wait(lifetime)
+    uvicorn("Shutting down")
+    httpd.shutdown()
+    stop_children([engine])
+    uvicorn(f"Finished server process [{os.getpid()}]")
+    return 0
+
+
+def watch_engine(engine: subprocess.Popen, state: object, stop: threading.Event, exit_on_death: bool) -> None:
+    """Engine death: /health turns 503 (0.11+); 0.10.x answers 500 and the server exits."""
+    def run() -> None:
+        while engine.poll() is None and not stop.is_set():
+            time.sleep(0.1)
+        if stop.is_set():
+            return
+        log("ERROR", "core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
+            "client.")
+        state.engine_dead = True  # type: ignore[attr-defined]
+        if exit_on_death:
+            time.sleep(0.5)
+            stop.set()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def error(code: int, kind: str, message: str) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def example_value(schema: dict, prompt: str) -> object:
+    kind = schema.get("type", "string")
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "string":
+        words = [w.strip("?.,!") for w in prompt.split() if w[:1].isupper()]
+        return words[-1] if words else "example"
+    return {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}.get(kind, "example")
+
+
+def chat(st: object, req: dict, v: tuple) -> tuple:
+    """A deterministic chat completion: reasoning fields by version, forced tool calls as JSON strings."""
+    if req.get("model") is not None and req["model"] not in st.names:
+        return 404, error(404, "NotFoundError", f"The model `{req['model']}` does not exist.")
+    prompt = ""
+    for m in req.get("messages") or []:
+        content = m.get("content")
+        if m.get("role") == "user":
+            parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+            prompt = " ".join(parts)
+    tools, choice, args = req.get("tools") or [], req.get("tool_choice"), st.args
+    if choice == "auto" and tools and not (getattr(args, "enable_auto_tool_choice", None)
+                                           and getattr(args, "tool_call_parser", None)):
+        return 400, error(400, "BadRequestError", '"auto" tool choice requires --enable-auto-tool-choice '
+                          "and --tool-call-parser to be set")
+    forced = None
+    if isinstance(choice, dict):
+        wanted = (choice.get("function") or {}).get("name")
+        forced = next((t for t in tools if t.get("function", {}).get("name") == wanted), None)
+        if forced is None:
+            return 400, error(400, "BadRequestError", f"Tool '{wanted}' has not been passed in `tools`.")
+    elif choice == "required" and tools:
+        forced = tools[0]
+    answer = ("The capital of France is Paris." if "France" in prompt
+              else f"This is the fake vLLM's answer to: {prompt[:60]}")
+    message: dict = {"role": "assistant", "content": answer, "tool_calls": []}
+    if forced is not None:
+        fn = forced["function"]
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        arguments = {k: example_value(props.get(k, {}), prompt)
+                     for k in (fn.get("parameters") or {}).get("required") or []}
+        message["content"] = None
+        message["tool_calls"] = [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
+                                  "function": {"name": fn["name"], "arguments": json.dumps(arguments)}}]
+    thought = None
+    if getattr(args, "reasoning_parser", None):
+        thought = f"The user asks: {prompt[:80]}. Answer briefly."
+    if v < (0, 16, 0):
+        message["reasoning_content"] = thought
+    if v >= (0, 11, 1):
+        message["reasoning"] = thought
+    prompt_tokens, completion_tokens = len(prompt.split()) + 8, len((answer or "").split())
+    with st.lock:
+        st.counts["success"] += 1
+        st.counts["prompt"] += prompt_tokens
+        st.counts["generation"] += completion_tokens
+    return 200, {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": st.names[0],
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": "tool_calls" if forced is not None else "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
