@@ -29,7 +29,14 @@ from actions.launching import (
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
-from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
+from reconcile.identity import (
+    IDENTITY,
+    explain_change,
+    launched_sessions,
+    pidfile_path,
+    redact_argv,
+    state_file_path,
+)
 from reconcile.plan import ActionResult, Change
 from reconcile.spec import Server, Spec
 
@@ -78,7 +85,7 @@ def ensure_running(
     elif pid is not None:
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
-    stopped = supervising.stop_marked(server.name, timeout=server.stop_timeout)
+    stopped = supervising.stop_marked(server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec))
     holder = _port_holder(server.port)
     if holder is not None:
         raise ActionError(
@@ -105,7 +112,9 @@ def _keep(
         pgid = os.getpgid(pid)
     except ProcessLookupError:
         return None
-    strays = supervising.stop_marked(server.name, timeout=server.stop_timeout, spare_pgid=pgid)
+    strays = supervising.stop_marked(
+        server.name, timeout=server.stop_timeout, spare_pgid=pgid, sessions=launched_sessions(spec)
+    )
     note = f"; stray(s) {strays.describe()}" if strays.terminated else ""
     health = _health_status(spec)
     if health == 200:
@@ -136,7 +145,7 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     server = _server(spec)
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
-    outcome = supervising.stop_marked(server.name, timeout=server.stop_timeout)
+    outcome = supervising.stop_marked(server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
     if not outcome.terminated:
@@ -147,7 +156,7 @@ def ensure_stopped(spec: Spec) -> ActionResult:
 def current_pid(spec: Spec) -> int | None:
     """The live server: the pidfile's process when alive and marked (a reused pid is not ours), else a
     marked session leader (a start whose pidfile was never written, or a systemd main process)."""
-    marked = supervising.marked_pids(_server(spec).name)
+    marked = supervising.marked_pids(_server(spec).name, sessions=launched_sessions(spec))
     try:
         with open(pidfile_path(spec), encoding="ascii") as f:
             pid = int(f.read().split()[0])
@@ -244,7 +253,7 @@ def _start(
     history[-1]["outcome"] = "failed" if failure else "ok"
     if failure:
         history[-1]["reason"] = failure.reason
-        supervising.stop_marked(server.name, timeout=server.stop_timeout)
+        supervising.stop_marked(server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec))
     write_record(spec, record)
     if failure:
         raise ServerStartError(server.name, failure)

@@ -11,12 +11,12 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TextIO
 
 from reconcile.errors import RetryableError
-from reconcile.identity import MARKER
+from reconcile.identity import MARKER, deployment_members, is_member
 
 
 def _environ_has(pid: int, needle: bytes) -> bool:
@@ -48,19 +48,13 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def marked_pids(name: str, *, spare_pgid: int | None = None) -> list[int]:
-    """Live processes carrying the marker of deployment `name` (ourselves excluded), by pid.
-
-    Reading every process's environ is the whole cost; kernel threads answer with an empty one.
-    """
-    needle = f"\0{MARKER}={name}\0".encode()
-    me = os.getpid()
+def marked_pids(name: str, *, spare_pgid: int | None = None, sessions: Collection[int] = ()) -> list[int]:
+    """Live processes of deployment `name` (ourselves excluded), by pid: those carrying its marker,
+    and members of our launches' `sessions` (reconcile.identity.deployment_members says why)."""
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me or not _environ_has(int(entry), needle):
-            continue
-        if spare_pgid is None or _pgid(int(entry)) != spare_pgid:
-            out.append(int(entry))
+    for pid in deployment_members(name, sessions):
+        if spare_pgid is None or _pgid(pid) != spare_pgid:
+            out.append(pid)
     return sorted(out)
 
 
@@ -71,14 +65,14 @@ class _Held:
         self.pid, self.fd = pid, fd
 
     @classmethod
-    def take(cls, pid: int, name: str) -> _Held | None:
+    def take(cls, pid: int, name: str, sessions: Collection[int] = ()) -> _Held | None:
         try:
             fd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:
             return None
         except (OSError, AttributeError):  # a kernel before 5.3: fall back to the pid
             fd = None
-        if _environ_has(pid, f"\0{MARKER}={name}\0".encode()):  # checked after pinning
+        if is_member(pid, name, sessions):  # checked after pinning
             return cls(pid, fd)
         if fd is not None:
             os.close(fd)
@@ -108,9 +102,9 @@ class _Held:
             os.close(self.fd)
 
 
-def signal_marked(pid: int, name: str, sig: int) -> bool:
-    """Send `sig` to `pid` only if it carries our marker (checked after pinning it with a pidfd)."""
-    held = _Held.take(pid, name)
+def signal_marked(pid: int, name: str, sig: int, sessions: Collection[int] = ()) -> bool:
+    """Send `sig` to `pid` only if it is ours (checked after pinning it with a pidfd)."""
+    held = _Held.take(pid, name, sessions)
     if held is None:
         return False
     try:
@@ -142,6 +136,7 @@ def stop_marked(
     timeout: float,
     spare_pgid: int | None = None,
     gpu_budget: float = 10.0,
+    sessions: Collection[int] = (),
 ) -> StopOutcome:
     """SIGTERM every marked process (all members of the server's group and any stray), wait up to
     `timeout`, SIGKILL what is left, then confirm with NVML that none of them holds GPU memory.
@@ -152,8 +147,8 @@ def stop_marked(
     held: dict[int, _Held] = {}
 
     def sweep(sig: int) -> None:  # catches children spawned while we wait, too
-        for pid in marked_pids(name, spare_pgid=spare_pgid):
-            if pid not in held and (h := _Held.take(pid, name)) is not None:
+        for pid in marked_pids(name, spare_pgid=spare_pgid, sessions=sessions):
+            if pid not in held and (h := _Held.take(pid, name, sessions)) is not None:
                 held[pid] = h
                 h.send(sig)
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from probes.common import Absent, Invalid
-from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, state_file_path
+from reconcile.identity import (
+    IDENTITY,
+    MARKER,
+    deployment_members,
+    launched_sessions,
+    pidfile_path,
+    redact_argv,
+    state_file_path,
+)
 from reconcile.spec import Spec
 
 Role = Literal["server", "member", "stray"]
@@ -124,15 +132,9 @@ def _environ(raw: bytes) -> dict[str, str]:
     return out
 
 
-def _marked(name: str) -> list[tuple[int, dict[str, str]]]:
-    needle = f"\0{MARKER}={name}\0".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            raw = _read(f"/proc/{entry}/environ")
-            if raw and needle in b"\0" + raw:
-                out.append((int(entry), _environ(raw)))
-    return out
+def _marked(name: str, sessions: tuple[int, ...]) -> list[tuple[int, dict[str, str]]]:
+    """The deployment's processes (see reconcile.identity.deployment_members for the rule)."""
+    return [(pid, _environ(raw)) for pid, raw in sorted(deployment_members(name, sessions).items())]
 
 
 def _process(pid: int, env: Mapping[str, str], btime: float, ticks: int) -> DeploymentProcess | None:
@@ -262,7 +264,7 @@ def probe(spec: Spec) -> ServerObservation:
     if server is None:
         raise ValueError("the spec has no [server]")
     btime, ticks = _boot_time(), os.sysconf("SC_CLK_TCK")
-    found = [p for pid, env in _marked(server.name) if (p := _process(pid, env, btime, ticks)) is not None]
+    found = [p for pid, env in _marked(server.name, launched_sessions(spec)) if (p := _process(pid, env, btime, ticks)) is not None]
     pidfile = _pidfile(pidfile_path(spec), {p.pid for p in found})
     leader = next((p for p in found if p.pid == pidfile.pid and pidfile.state == "ours"), None)
     if leader is None:  # no pidfile (or a systemd main process): a marked session leader is the server

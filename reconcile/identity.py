@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -224,3 +225,92 @@ def state_file_path(spec: Spec) -> str:
     if spec.server is None:
         raise ValueError("the spec has no [server]")
     return f"{spec.machine.state_dir.rstrip('/')}/server-{spec.server.name}.json"
+
+
+# --- membership ---------------------------------------------------------------------------
+# A process belongs to deployment `name` when its /proc/PID/environ shows the marker, or when
+# it lives in a session that one of our launches created (the server is started with setsid,
+# so the session id is the launched server's pid). The second rule exists because the marker is
+# not always visible: setproctitle (vLLM's `VLLM::EngineCore` / `VLLM::Worker_TPn` titles)
+# overwrites the process's original environ block, which is what /proc/PID/environ reads.
+# Seen on an H200 with vLLM 0.26.0: after a SIGKILL of the API server, EngineCore held 42 GiB and
+# its environ no longer showed RECONCILE_DEPLOYMENT; its session id was still the dead server's
+# pid. Linux does not hand out a pid that is still some session's id, so the rule is safe.
+
+
+def session_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if fields[:1] in ([b"Z"], [b"X"]):  # a zombie holds nothing and cannot be stopped again
+        return None
+    try:
+        return int(fields[3])
+    except (IndexError, ValueError):
+        return None
+
+
+def _environ(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:  # gone, a zombie, or not readable: not provably ours by environ
+        return None
+
+
+def deployment_members(name: str, sessions: Collection[int] = ()) -> dict[int, bytes]:
+    """pid -> its environ bytes (b"" when the marker is not readable there) for every process of
+    deployment `name`: marked ones, and members of the given sessions (our launches' pids) or of
+    a session whose leader is marked. Our own process is never included."""
+    needle = f"\0{MARKER}={name}\0".encode()
+    me = os.getpid()
+    envs: dict[int, bytes] = {}
+    sids: dict[int, int | None] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        envs[pid] = _environ(pid) or b""
+        sids[pid] = session_of(pid)
+    marked = {pid for pid, raw in envs.items() if needle in b"\0" + raw}
+    ours = set(sessions) | {pid for pid in marked if sids.get(pid) == pid}
+    return {
+        pid: (raw if pid in marked else b"")
+        for pid, raw in envs.items()
+        if pid in marked or (sids.get(pid) is not None and sids.get(pid) in ours)
+    }
+
+
+def is_member(pid: int, name: str, sessions: Collection[int] = ()) -> bool:
+    """The same rule for one process (checked again right before it is signalled)."""
+    raw = _environ(pid)
+    if raw is not None and f"\0{MARKER}={name}\0".encode() in b"\0" + raw:
+        return True
+    sid = session_of(pid)
+    if sid is None:
+        return False
+    if sid in sessions:
+        return True
+    leader = _environ(sid)
+    return sid != pid and leader is not None and f"\0{MARKER}={name}\0".encode() in b"\0" + leader
+
+
+def launched_sessions(spec: Spec) -> tuple[int, ...]:
+    """Sessions our launches created: the pidfile's pid and the pids of the recorded starts (alive
+    or not: a dead server's session outlives it while its children run)."""
+    pids: list[int] = []
+    try:
+        with open(pidfile_path(spec), encoding="ascii") as f:
+            pids.append(int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(state_file_path(spec), encoding="utf-8") as f:
+            history = json.load(f).get("history", [])
+        pids += [int(h["pid"]) for h in history[-20:] if isinstance(h, dict) and "pid" in h]
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        pass
+    return tuple(dict.fromkeys(pids))

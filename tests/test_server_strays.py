@@ -54,7 +54,9 @@ def test_sigkilled_server_leaves_a_stray_that_the_probe_names_and_a_start_cleans
     seen = server.probe(spec)
     assert seen.server is None and seen.pidfile.state == "dead"
     (stray,) = seen.strays
-    assert (stray.pid, stray.pgid, stray.identity) == (engine.pid, first.server.pid, first.running_identity)
+    # Found by the dead server's session: its /proc environ (overwritten, as setproctitle does in
+    # vLLM's EngineCore) no longer shows the marker nor the identity.
+    assert (stray.pid, stray.pgid, stray.sid, stray.identity) == (engine.pid, first.server.pid, first.server.pid, None)
     assert "VLLM::EngineCore" in " ".join(stray.cmdline) and stray.name == "VLLM::EngineCor"
     assert lock_is_held(d.hold / "cuda0.lock")  # the "14.8 GiB" the real EngineCore kept
     assert health.probe(spec).state == "not_listening"

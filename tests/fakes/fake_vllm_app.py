@@ -45,6 +45,27 @@ def set_comm(title: str) -> None:
         libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
+def clobber_environ(title: str) -> None:
+    """What setproctitle does to a vLLM child (seen on an H200 with 0.26.0): the C environment is
+    moved to the heap, then the original environ block, which /proc/PID/environ reads, is
+    overwritten. The process keeps its variables; /proc no longer shows them, the marker included."""
+    if os.environ.get("FAKE_VLLM_SETPROCTITLE", "1") == "0":
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        saved = dict(os.environ)
+        libc.clearenv()
+        for key, value in saved.items():
+            libc.setenv(key.encode(), value.encode(), 1)
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
+        ctypes.memset(start, 0, end - start)
+        ctypes.memmove(start, title.encode(), min(len(title), end - start - 1))
+
+
 def hold_dir(port: str) -> str:
     """Where the "GPU memory" locks live: FAKE_VLLM_HOLD, else one directory per API port (so
     unrelated fakes on one machine do not share a GPU, while a server and its stray do)."""
@@ -96,6 +117,7 @@ def child_main(argv: list) -> None:
     tp, rank, port = int(opts.get("--tp", "1")), int(opts.get("--rank", "0")), opts.get("--port", "0")
     who = "EngineCore_DP0" if title == "VLLM::EngineCore" else f"Worker_TP{rank}"
     set_comm(title)
+    clobber_environ(title)
     stop = threading.Event()
     on_stop(stop)
     workers: list = []
