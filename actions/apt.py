@@ -41,7 +41,7 @@ def sources_line(repo: AptRepository) -> str:
         )
     if not flat and not repo.components:
         raise ActionError(
-            f"[apt].repositories {repo.name!r}: suite {repo.suite!r} needs components (e.g. [\"main\"]), "
+            f'[apt].repositories {repo.name!r}: suite {repo.suite!r} needs components (e.g. ["main"]), '
             "or end it with '/' for a flat repository"
         )
     options = []
@@ -75,10 +75,7 @@ def add_repository(repo: AptRepository, sources_dir: str) -> ActionResult:
         done.append(f"copied {repo.key_source} to {repo.keyring}")
 
     path = os.path.join(sources_dir, f"reconcile-{repo.name}.list")
-    content = (
-        "# Written by reconcile from the spec's [apt].repositories; edits are overwritten.\n"
-        f"{line}\n"
-    )
+    content = f"# Written by reconcile from the spec's [apt].repositories; edits are overwritten.\n{line}\n"
     try:
         with open(path, encoding="utf-8") as f:
             current: str | None = f.read()
@@ -273,8 +270,14 @@ def install(packages: Sequence[str], *, update: bool, lock_budget: float = LOCK_
     stale = _refresh(lock_budget) if update else ""
 
     argv = [
-        "install", "-y", "--no-install-recommends", "--allow-downgrades",
-        "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
+        "install",
+        "-y",
+        "--no-install-recommends",
+        "--allow-downgrades",
+        "-o",
+        "Dpkg::Options::=--force-confdef",
+        "-o",
+        "Dpkg::Options::=--force-confold",
         *todo,
     ]
     out = _with_lock_retries(argv, INSTALL_TIMEOUT_S, lock_budget)
@@ -298,4 +301,3 @@ def install(packages: Sequence[str], *, update: bool, lock_budget: float = LOCK_
     new = [p for p in todo if _split(p)[0] not in installed]
     parts = ([f"installed {', '.join(new)}"] if new else []) + ([f"changed {', '.join(was)}"] if was else [])
     return ActionResult(True, "; ".join(parts))
-

@@ -36,9 +36,7 @@ def point_home(home: str, target: str) -> ActionResult:
             f"(e.g. mv {home} {home}-<version>) and re-run to link {home} -> {target}"
         )
     if os.path.lexists(home):
-        raise ActionError(
-            f"{home} is a file, not a symlink: move it aside (mv {home} {home}.old) and re-run"
-        )
+        raise ActionError(f"{home} is a file, not a symlink: move it aside (mv {home} {home}.old) and re-run")
     parent = os.path.dirname(home) or "."
     os.makedirs(parent, mode=0o755, exist_ok=True)
     atomic_symlink(target, home)

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterable
 
 from actions.model_config import place_source_config
-from reconcile.host import fsync_dir
+from reconcile.host import checkpoint, fsync_dir
 
 
 def source_files(source: str) -> list[str]:
@@ -49,6 +49,7 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
         shutil.copystat(src, tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        checkpoint(f"model.copy:{name}")
         os.replace(tmp, dst)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

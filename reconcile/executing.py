@@ -46,6 +46,7 @@ class ApplyReport:
     generation: int | None = None
     refused: str | None = None  # why nothing ran (preflight error, stale plan file)
     seconds: float = 0.0
+    paused: Any = None  # reconcile.pausing.Pause: a scheduled apply that only planned
 
     @property
     def changed(self) -> bool:
@@ -58,6 +59,8 @@ class ApplyReport:
     @property
     def exit_code(self) -> int:
         """Puppet's --detailed-exitcodes: 0 nothing to do, 2 changed+converged, 1 refused, 4 failed."""
+        if self.paused is not None:
+            return 0  # held off on purpose; the report says by whom
         if self.refused is not None:
             return 1
         if any(r.result in ("failed", "blocked", "cannot-fix") for r in self.results) or not self.converged:
@@ -65,10 +68,11 @@ class ApplyReport:
         return 2 if self.changed else 0
 
 
-def _blocked_by(change: Change, failed: set[str]) -> str | None:
+def _blocked_by(change: Change, failed: dict[str, str]) -> str | None:
+    """Why `change` cannot run: the first of its dependencies that failed (its root cause), or None."""
     for dep in change.depends_on:
         if dep in failed:
-            return dep
+            return failed[dep]
     return None
 
 
@@ -107,13 +111,19 @@ def _run_change(
 
 
 def _execute(
-    loaded: LoadedSpec, report: ApplyReport, plan: Plan, progress: ProgressFn, *, exact: bool
+    loaded: LoadedSpec,
+    report: ApplyReport,
+    plan: Plan,
+    progress: ProgressFn,
+    *,
+    exact: bool,
+    after_each: Callable[[], None],
 ) -> None:
     """Each planned Change in order; after a change, also re-plan the resources the plan found true,
     since what changed may move them (unless `exact`: a saved plan runs its own Changes only)."""
     from reconcile.planning import replan_resource
 
-    failed: set[str] = set()
+    failed: dict[str, str] = {}  # resource -> the root failure that stops what depends on it
     for item in plan.items:
         fresh: Change | None = None
         if isinstance(item, Change):
@@ -125,18 +135,22 @@ def _execute(
             if fresh is None:
                 continue
             change = fresh
-        dep = _blocked_by(change, failed)
-        if dep is not None:
+        cause = _blocked_by(change, failed)
+        if cause is not None:
             report.results.append(
-                ChangeResult(change.resource, change.kind, change.summary, "blocked", f"{dep} failed", 0.0,
+                ChangeResult(change.resource, change.kind, change.summary, "blocked", cause, 0.0,
                              [[d.field, d.old, d.new] for d in change.diffs])
             )
-            failed.add(change.resource)
+            failed[change.resource] = cause
+            after_each()
             continue
         result = _run_change(loaded, change, progress, fresh)
         report.results.append(result)
-        if result.result in ("failed", "cannot-fix"):
-            failed.add(change.resource)
+        if result.result == "failed":
+            failed[change.resource] = f"{change.resource} failed"
+        elif result.result == "cannot-fix":
+            failed[change.resource] = f"{change.resource} is not as the spec says, and apply cannot fix it"
+        after_each()
 
 
 def apply_spec(
@@ -146,17 +160,29 @@ def apply_spec(
     rollback_of: int | None = None,
     expected: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
+    scheduled: bool = False,
 ) -> ApplyReport:
     """Lock, plan, run the plan's Changes, plan again; a generation is written when something changed.
 
     `expected` (a saved plan's fingerprint): refuse unless the plan made now is exactly that one.
+    `scheduled` (the timer's run): while `reconcile pause` holds, only plan.
     """
+    from reconcile.pausing import read_pause
     from reconcile.planning import make_plan
 
     show = progress or _stderr_progress
     started = time.monotonic()
     report = ApplyReport(loaded.path)
     state_dir = loaded.spec.machine.state_dir
+    held = read_pause(state_dir)
+    if held is not None and scheduled:
+        # Plan only, without the lock (the person debugging may hold it), and say who paused.
+        report.paused = held
+        report.first_plan = report.final_plan = make_plan(loaded)
+        report.seconds = time.monotonic() - started
+        return report
+    if held is not None:
+        report.notes.append(f"scheduled applies are {held.describe()}; this apply runs anyway")
 
     def waiting(holder: str) -> None:
         show(f"waiting up to {lock_timeout:g}s for the apply lock, held by {holder}")
@@ -183,12 +209,31 @@ def apply_spec(
         swept = sweep_stale_temps(loaded.spec)
         if swept:
             report.notes.append(f"removed {len(swept)} temp file(s) a killed apply left: {', '.join(swept)}")
-        _execute(loaded, report, plan, show, exact=expected is not None)
+
+        def record(complete: bool) -> None:
+            # As soon as something changed, after each Change, and complete at the end: a killed
+            # apply leaves its record. A record that cannot be written must not hide what changed.
+            if not report.changed:
+                return
+            report.seconds = time.monotonic() - started
+            try:
+                report.generation = _record(loaded, report, rollback_of, complete=complete)
+            except (OSError, ReconcileError) as exc:
+                note = f"could not write the generation record: {exc}"
+                if note not in report.notes:
+                    report.notes.append(note)
+
+        _execute(loaded, report, plan, show, exact=expected is not None, after_each=lambda: record(False))
         checkpoint("apply.executed")
-        report.final_plan = make_plan(loaded) if report.results else plan
+        report.final_plan = plan
+        if report.results:
+            try:
+                report.final_plan = make_plan(loaded)
+            except Exception as exc:  # things changed: report them; not knowing the result is exit 4
+                report.final_plan = None
+                report.notes.append(f"the plan after apply failed: {type(exc).__name__}: {exc}")
+        record(True)
         report.seconds = time.monotonic() - started
-        if report.changed:
-            report.generation = _record(loaded, report, rollback_of)
     return report
 
 
@@ -245,18 +290,26 @@ def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
         ) from None
     except (ValueError, KeyError, TypeError):
         raise ReconcileError(f"{path}: not a plan file written by `reconcile plan --out`") from None
-    loaded = load_spec(spec_path)
+    from reconcile.pinning import apply_lock_pins
+
+    loaded = apply_lock_pins(load_spec(spec_path))
     expected = {"spec_sha256": saved.get("spec_sha256"), "changes": saved.get("changes")}
     # JSON turns tuples into lists; compare in the same shape.
     expected = json.loads(json.dumps(expected, default=str))
     return apply_spec(loaded, lock_timeout=lock_timeout, expected=expected)
 
 
-def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None) -> int:
+def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *, complete: bool) -> int:
+    """Write this apply's generation (again): `complete` once the final plan is made; before that,
+    after each Change, without the resolved versions (probing them each time would cost)."""
+    from reconcile.pinning import used_pins
     from reconcile.planning import resolved_versions
     from reconcile.state import git_info
 
     git = git_info(loaded.files)
+    resolved = resolved_versions(loaded) if complete else {}
+    if complete and (pins := used_pins(loaded)) is not None:
+        resolved["lock"] = pins  # what the lock pinned, beside what the venv and model dir hold
     record = {
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "spec_path": os.path.abspath(loaded.path),
@@ -267,12 +320,14 @@ def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None) ->
         "git_commit": git.commit,
         "git_dirty": git.dirty,
         "rollback_of": rollback_of,
-        "resolved": resolved_versions(loaded),
+        "resolved": resolved,
         "changes": [dataclasses.asdict(r) for r in report.results],
         "converged": report.converged,
+        "complete": complete,  # false: the apply (pid) was still running, or was killed
+        "pid": os.getpid(),
         "seconds": round(report.seconds, 3),
     }
-    return write_generation(loaded.spec.machine.state_dir, record)
+    return write_generation(loaded.spec.machine.state_dir, record, report.generation)
 
 
 def _stderr_progress(line: str) -> None:
@@ -290,6 +345,7 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
             "spec": report.spec_path,
             "exit_code": report.exit_code,
             "refused": report.refused,
+            "paused": report.paused.as_data() if report.paused is not None else None,
             "converged": report.converged,
             "generation": report.generation,
             "notes": report.notes,
@@ -302,6 +358,12 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
         return
     for note in report.notes:
         stream.write(f"note: {note}\n")
+    if report.paused is not None:
+        if report.final_plan is not None and (report.final_plan.changes or not quiet):
+            render_text(report.final_plan, stream, title="apply (paused: plan only)", verbose_info=False)
+        stream.write(f"reconcile: {report.spec_path}: not applied: {report.paused.describe()} "
+                     "(`reconcile resume` ends it)\n")
+        return
     if report.refused is not None:
         if report.final_plan is not None:
             render_text(report.final_plan, stream, title="apply (refused)")
@@ -313,7 +375,10 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
         elif report.final_plan is not None:
             render_text(report.final_plan, stream, title="apply", verbose_info=False)
         return
-    stream.write(f"reconcile apply · {report.spec_path}\n\n")
+    first = report.first_plan
+    stream.write(f"reconcile apply · {report.spec_path}" + (f" · {first.git}" if first else "") + "\n\n")
+    for note in first.notes if first else ():  # the spec's git state, lock and pause notes
+        stream.write(f"  note: {note}\n")
     for r in report.results:
         stream.write(f"  {_RESULT_SYMBOL.get(r.result, '?')} {r.resource:<16} {r.result}: {r.message} "
                      f"({r.seconds:.1f}s)\n")

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
 from reconcile.plan import Change, FieldDiff, Item, Kind, Ok, Plan
 from reconcile.planning_server import plan_server, restart_after
 from reconcile.probing import Observed, probe_all, probe_some
 from reconcile.spec import LoadedSpec, Spec
+
+if TYPE_CHECKING:
+    from probes.venv import VenvObservation
+    from reconcile.spec import Venv
 
 Planner = Callable[[Spec, Observed], Item | None]
 
@@ -259,9 +263,23 @@ def plan_venv(spec: Spec, obs: Observed) -> Item | None:
     for extra in want.extra_site_packages:
         if extra not in have_pth:
             diffs.append(FieldDiff("extra_site_packages", None, extra))
+    reason = "the venv differs from the spec"
+    if _needs_pip(want, v):
+        # What a `python -m venv` killed during ensurepip leaves: the venv exists, pip does not.
+        diffs.append(FieldDiff("pip", None, "installed"))
+        reason = "pip is missing (a venv whose creation was interrupted): it cannot install the packages"
     if diffs:
-        return Change("venv", "~", f"fix {want.path}", "the venv differs from the spec", tuple(diffs))
+        return Change("venv", "~", f"fix {want.path}", reason, tuple(diffs))
     return Ok("venv", f"{want.path} (Python {v.version or '?'})")
+
+
+def _needs_pip(want: Venv, v: VenvObservation) -> bool:
+    """pip is absent, and packages are to be installed with it."""
+    if "pip" in v.distributions or all(_satisfies(v.version_of(n), s) for n, s in want.packages.items()):
+        return False
+    from actions.venv import installer_for
+
+    return installer_for(want) == "pip"
 
 
 def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
@@ -522,7 +540,11 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
     if git.dirty:
         at = git.commit and git.commit[:12]
         notes.append(f"{loaded.path} has uncommitted changes (plan reflects the file, not {at})")
+    from reconcile.pausing import pause_notes
+    from reconcile.pinning import lock_notes
     from reconcile.rendering import _jsonable
+
+    notes += lock_notes(loaded) + pause_notes(spec.machine.state_dir)
 
     return Plan(loaded.path, host, loaded.sha256, git.describe(), tuple(items), tuple(findings), tuple(notes),
                 {name: _jsonable(getattr(obs, name)) for name in obs.__dataclass_fields__})

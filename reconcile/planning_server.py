@@ -92,6 +92,12 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if strays:
         return Change("server", "-", f"stop {len(strays)} stray process(es) of {want.name}",
                       "processes with this deployment's marker outside the live server's group", stray_diffs)
+    if seen.pidfile.state != "ours":
+        # Healthy and the right identity, but the pidfile does not name it (apply was killed
+        # between the start and the pidfile write): adopt it, no restart.
+        return Change("server", "~", f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
+                      f"the pidfile is {seen.pidfile.state}",
+                      (FieldDiff("pidfile", seen.pidfile.pid, running.pid),), SERVER_DEPENDS)
     version = getattr(health, "version", None)
     cards = getattr(health, "models", ()) or ()
     served = ", ".join(f"{c.id} (max_model_len {c.max_model_len})" for c in cards)

@@ -72,7 +72,7 @@ def apply_lock(
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
     path = os.path.join(state_dir, "apply.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
     told = False
     try:
         while True:
@@ -82,15 +82,17 @@ def apply_lock(
             except BlockingIOError:
                 holder = _read_holder(fd)
                 who = holder.describe() if holder else "another process"
-                if time.monotonic() >= deadline:
+                waited = time.monotonic() - start
+                if waited >= timeout:
                     raise LockTimeout(
                         f"{path}: another apply holds the lock: {who}; waited {timeout:g}s "
                         "(raise --lock-timeout, or wait for it to finish)"
                     ) from None
-                if on_wait is not None and not told:
+                # A holder writes its record just after taking the lock: give it a moment to appear.
+                if on_wait is not None and not told and (holder is not None or waited > 1.0):
                     on_wait(who)
                     told = True
-                time.sleep(0.1)
+                time.sleep(0.05)
         # A record left in the file is a holder that never released: it was killed (a clean release
         # empties the file). Its pid may be alive again by now as another process: it is still gone.
         previous = _read_holder(fd)
@@ -187,11 +189,12 @@ def read_generation(state_dir: str, number: int) -> dict[str, Any]:
     return data
 
 
-def write_generation(state_dir: str, record: Mapping[str, Any]) -> int:
-    """Store `record` as the next generation; returns its number."""
+def write_generation(state_dir: str, record: Mapping[str, Any], number: int | None = None) -> int:
+    """Store `record` as generation `number` (rewriting it), by default the next one; returns it."""
     directory = generations_dir(state_dir)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    number = (list_generations(state_dir) or [0])[-1] + 1
+    if number is None:
+        number = (list_generations(state_dir) or [0])[-1] + 1
     body = dict(record)
     body["generation"] = number
     atomic_write(
