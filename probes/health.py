@@ -175,13 +175,18 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     model = server.served_model_name or server.model or (spec.model.dir if spec.model else "")
     steps: list[CheckStep] = []
     try:
-        version = probe(spec).version
+        seen = probe(spec)
+        version = seen.version
+        # Room for the prompt: a 512-token context cannot take 512 new tokens (seen on vLLM 0.26:
+        # "This model's maximum context length is 512 tokens").
+        limit = min((c.max_model_len for c in seen.models if c.max_model_len), default=None)
+        budget = 512 if limit is None else max(16, min(512, limit // 2))
         status, data = _chat(
             spec,
             {
                 "model": model,
                 "messages": [{"role": "user", "content": spec.health.smoke_prompt}],
-                "max_tokens": 512,
+                "max_tokens": budget,
                 "temperature": 0,
             },
             timeout,
@@ -211,13 +216,13 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
                 )
             )
         if server.args.get("enable-auto-tool-choice") is True:
-            steps.append(_tool_step(spec, model, timeout))
+            steps.append(_tool_step(spec, model, timeout, min(256, budget)))
     except HttpUnreachable as exc:
         steps.append(CheckStep("chat", False, str(exc)))
     return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
 
 
-def _tool_step(spec: Spec, model: str, timeout: float) -> CheckStep:
+def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) -> CheckStep:
     status, data = _chat(
         spec,
         {
@@ -225,7 +230,7 @@ def _tool_step(spec: Spec, model: str, timeout: float) -> CheckStep:
             "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
             "tools": [_WEATHER_TOOL],
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "max_tokens": 256,
+            "max_tokens": max_tokens,
             "temperature": 0,
         },
         timeout,
