@@ -155,6 +155,8 @@ def create(venv: Venv) -> ActionResult:
         _check_interpreter(venv)
         if (changed := _sync_system_site(venv)) is not None:
             done.append(changed)
+        if (repaired := _ensure_pip(venv)) is not None:
+            done.append(repaired)
     else:
         if (
             os.path.isdir(venv.path)
@@ -184,6 +186,18 @@ def create(venv: Venv) -> ActionResult:
     if not done:
         return ActionResult(False, f"{venv.path} is already a venv as the spec says")
     return ActionResult(True, "; ".join(done))
+
+
+def _ensure_pip(venv: Venv) -> str | None:
+    """A venv whose creation was killed during ensurepip has no pip: bring it back (pip installs only)."""
+    import glob
+
+    if installer_for(venv) != "pip" or glob.glob(os.path.join(venv.path, "lib", "python3*", "site-packages", "pip")):
+        return None
+    out = _run([_python(venv), "-m", "ensurepip", "--default-pip"], CREATE_TIMEOUT_S, "ensurepip")
+    if not out.ok:
+        raise ActionError(f"{venv.path} has no pip and ensurepip failed:\n{_tail(out)}")
+    return f"restored pip in {venv.path} (its creation had been interrupted)"
 
 
 def installer_for(venv: Venv) -> Literal["pip", "uv"]:

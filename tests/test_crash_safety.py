@@ -183,11 +183,6 @@ def test_sigkill_of_apply_and_pip_in_the_middle_of_the_install_then_the_next_app
         recover(demo, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actions/venv.py create() leaves a venv without pip as it is (the plan says `pip: absent`); "
-    "it must re-run `python -m venv` over it",
-)
 def test_sigkill_of_apply_and_venv_in_the_middle_of_ensurepip_then_the_next_apply_converges(
     tmp_path: Path,
 ) -> None:
