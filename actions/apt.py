@@ -10,11 +10,14 @@ import logging
 import os
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from reconcile.errors import ActionError, RetryableError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run
 from reconcile.plan import ActionResult
-from reconcile.spec import AptRepository
+
+if TYPE_CHECKING:
+    from reconcile.spec import AptRepository
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.plan import ActionResult
-from reconcile.spec import ApiKey
+
+if TYPE_CHECKING:
+    from reconcile.spec import ApiKey
 
 
 def _resolve_owner(api_key: ApiKey) -> tuple[int, int]:

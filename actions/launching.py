@@ -13,14 +13,16 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actions.supervising import ProgressFn, ReadinessProgress
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, launch_identity, state_file_path
 from reconcile.plan import ActionResult
-from reconcile.spec import ArgValue, Server, Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import ArgValue, Server, Spec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KEY_ENV = "VLLM_API_KEY"

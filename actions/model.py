@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from actions.model_config import (
     BACKUP,
@@ -30,7 +30,9 @@ from actions.model_resuming import resume_partials
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.plan import ActionResult
-from reconcile.spec import Model
+
+if TYPE_CHECKING:
+    from reconcile.spec import Model
 
 __all__ = ["MANIFEST", "deep_merge", "desired_config", "download", "patch_config", "resolve_revision"]
 

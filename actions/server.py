@@ -12,7 +12,7 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actions import supervising, systemd_unit
 from actions.launching import (
@@ -38,7 +38,9 @@ from reconcile.identity import (
     state_file_path,
 )
 from reconcile.plan import ActionResult, Change
-from reconcile.spec import Server, Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import Server, Spec
 
 _HISTORY = 20
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from reconcile.errors import RetryableError
-from reconcile.identity import MARKER, deployment_members, is_member
+from reconcile.identity import deployment_members, is_member
 
 
 def _environ_has(pid: int, needle: bytes) -> bool:

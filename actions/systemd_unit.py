@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from actions.launching import LaunchCommand
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
-from reconcile.spec import Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
 
 UNIT_DIR = "/etc/systemd/system"
 

@@ -11,12 +11,14 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, checkpoint, run, which
 from reconcile.plan import ActionResult
-from reconcile.spec import Venv
+
+if TYPE_CHECKING:
+    from reconcile.spec import Venv
 
 log = logging.getLogger(__name__)
 

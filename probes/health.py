@@ -10,10 +10,12 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
-from reconcile.spec import Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from probes.common import Absent, Invalid
 from reconcile.identity import (
@@ -24,7 +24,9 @@ from reconcile.identity import (
     redact_argv,
     state_file_path,
 )
-from reconcile.spec import Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
 
 Role = Literal["server", "member", "stray"]
 

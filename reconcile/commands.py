@@ -14,11 +14,11 @@ import time
 from typing import Any
 
 from reconcile.errors import ReconcileError
-from reconcile.spec import LoadedSpec
+from reconcile.loaded import LoadedSpec
 
 
 def _load(args: argparse.Namespace) -> LoadedSpec:
-    from reconcile.loading import find_spec
+    from reconcile.loaded import find_spec
     from reconcile.pinning import apply_lock_pins
     from reconcile.spec_cache import load
 

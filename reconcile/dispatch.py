@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable
 
 from reconcile.errors import ActionError
+from reconcile.loaded import LoadedSpec
 from reconcile.plan import ActionResult, Change
-from reconcile.spec import LoadedSpec
 
 Progress = Callable[[str], None]
 

@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 from reconcile.errors import ReconcileError
 from reconcile.host import checkpoint
+from reconcile.loaded import LoadedSpec
 from reconcile.loading import load_spec
 from reconcile.plan import Change, Plan
-from reconcile.spec import LoadedSpec
 from reconcile.state import apply_lock, sweep_stale_temps, write_generation
 
 ProgressFn = Callable[[str], None]

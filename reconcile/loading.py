@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from reconcile.errors import ReconcileError, SpecError
-from reconcile.spec import LoadedSpec, Spec
+from reconcile.loaded import LoadedSpec, find_spec
+from reconcile.spec import Spec
 from reconcile.spec_errors import describe, schema_text, show, unwrap
 from reconcile.tomllines import Part, dotted, syntax_error
 from reconcile.tomllines import Scan as _Scan  # tests reach the scanner here too
@@ -231,22 +232,3 @@ def spec_from_resolved(resolved: dict[str, Any], text: str, path: str) -> Loaded
     doc = json.loads(json.dumps(resolved))
     chain = [_File(path, os.path.abspath(path), text, doc, {})]
     return _finish(chain, doc, {}, path, resolve=False)
-
-
-def find_spec(explicit: str | None, specs_dir: str = "specs", hostname: str | None = None) -> str:
-    """`--spec PATH` if given, else specs/<hostname>.toml."""
-    if explicit is not None:
-        if not os.path.isfile(explicit):
-            raise ReconcileError(f"--spec {explicit}: no such file (give the path of a spec file)")
-        return explicit
-    if hostname is None:
-        import socket
-
-        hostname = socket.gethostname()
-    candidate = os.path.join(specs_dir, f"{hostname}.toml")
-    if os.path.isfile(candidate):
-        return candidate
-    raise ReconcileError(
-        f"no spec: --spec not given and {candidate} does not exist "
-        f"(pass --spec PATH, or run `reconcile init` to write {candidate})"
-    )

@@ -20,7 +20,8 @@ from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 from reconcile.pinning import FORMAT, floating_model, floating_packages, lock_path, read_lock
 
 if TYPE_CHECKING:
-    from reconcile.spec import LoadedSpec, Model, Venv
+    from reconcile.loaded import LoadedSpec
+    from reconcile.spec import Model, Venv
 
 
 def _redact(url: str) -> str:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from reconcile.errors import ReconcileError
 
 if TYPE_CHECKING:
-    from reconcile.spec import LoadedSpec, Spec
+    from reconcile.loaded import LoadedSpec
+    from reconcile.spec import Spec
 
 FORMAT = "reconcile-lock/1"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

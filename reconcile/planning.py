@@ -11,16 +11,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
+from reconcile.loaded import LoadedSpec
 from reconcile.plan import Change, FieldDiff, Item, Kind, Ok, Plan
 from reconcile.planning_server import plan_server, restart_after
 from reconcile.probing import Observed, probe_all, probe_some
-from reconcile.spec import LoadedSpec, Spec
 
 if TYPE_CHECKING:
     from probes.venv import VenvObservation
-    from reconcile.spec import Venv
+    from reconcile.spec import Spec, Venv
 
-Planner = Callable[[Spec, Observed], Item | None]
+Planner = Callable[["Spec", Observed], "Item | None"]
 
 # Resource -> the probes its planner reads. The server's identity covers the venv and the model.
 PROBES_FOR: dict[str, tuple[str, ...]] = {

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actions.launching import LaunchInputs
+    from reconcile.loaded import LoadedSpec
     from reconcile.probing import Observed
-    from reconcile.spec import LoadedSpec, Spec
+    from reconcile.spec import Spec
 
 # A start waits for everything the server reads at launch.
 SERVER_DEPENDS = ("apt", "cuda.home", "venv", "venv.packages", "model.files", "model.config", "api_key")

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from reconcile.engine import limits
 from reconcile.engine.failures import removed_flag_fix
 from reconcile.engine.flags import canonical, flag_exists, flag_history, listed_versions, release
 from reconcile.plan import Finding, Severity
-from reconcile.spec import ArgValue, Server, Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import ArgValue, Server, Spec
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent
-from reconcile.plan import Finding
 from reconcile.engine.catalogue import known_model
+from reconcile.plan import Finding
 from reconcile.preflight import GpuFact, GpuProcess, PortHolder, PreflightInputs, run_preflight
 from reconcile.probing import Observed
-from reconcile.spec import Spec
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
 
 
 def _read_json(path: str) -> Mapping[str, Any] | None:
@@ -61,9 +63,8 @@ def _gpus(
 
 
 def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
-    from probes.model import JsonDoc, ModelObservation
-
     from actions.model_config import deep_merge
+    from probes.model import JsonDoc, ModelObservation
 
     out: dict[str, Any] = {}
     m, want = obs.model, spec.model

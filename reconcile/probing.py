@@ -11,13 +11,15 @@ import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probes import apt, cuda, files, gpu, model, venv
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
-from reconcile.spec import Spec
 
-ProbeFn = Callable[[Spec], object]
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
+
+ProbeFn = Callable[["Spec"], object]
 
 PROBE_NAMES = ("gpu", "cuda", "apt", "venv", "model", "api_key", "server", "health")
 

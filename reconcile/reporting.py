@@ -20,9 +20,9 @@ from reconcile.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_t
 
 if TYPE_CHECKING:
     from reconcile.executing import ApplyReport
+    from reconcile.loaded import LoadedSpec
     from reconcile.pausing import Pause
     from reconcile.plan import Plan
-    from reconcile.spec import LoadedSpec
 
 LAST_RUN = "last-run.json"
 FORMAT = "reconcile-last-run/1"

@@ -337,13 +337,3 @@ class Spec(_Model):
         return self
 
 
-@dataclass(frozen=True)
-class LoadedSpec:
-    """A validated spec with where it came from (built by reconcile.loading, cached by spec_cache)."""
-
-    spec: Spec
-    path: str  # as the user gave it
-    text: str  # the main file's own text
-    sha256: str  # of `resolved` as canonical JSON: a change in a base file changes it
-    files: tuple[str, ...]  # the spec, then every base it extends, absolute
-    resolved: dict[str, Any]  # the merged, reference-resolved document that `spec` validates

@@ -9,6 +9,7 @@ and the same reconcile and Python version; anything else is a miss and a full lo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -16,9 +17,9 @@ import sys
 from typing import Any
 
 from reconcile import __version__
-from reconcile.spec import LoadedSpec
+from reconcile.loaded import LoadedSpec
 
-_FORMAT = 1
+_FORMAT = 2  # 2: the spec is stored as spec_view data, not as pydantic objects
 
 
 def cache_dir() -> str:
@@ -56,16 +57,17 @@ def lookup(path: str) -> LoadedSpec | None:
         return None
     try:
         with open(entry, "rb") as f:
-            stamps, loaded = pickle.load(f)
+            stamps, loaded, encoded = pickle.load(f)
     except Exception:  # noqa: BLE001 - a damaged or foreign cache file is only a miss
         return None
     if not isinstance(loaded, LoadedSpec) or not isinstance(stamps, dict):
         return None
+    from reconcile.spec_view import decode
+
+    loaded = dataclasses.replace(loaded, spec=decode(encoded))
     if any(_stamp(f) != stamp for f, stamp in stamps.items()):
         return None
     if loaded.path != path:  # messages name the path as the user typed it
-        import dataclasses
-
         loaded = dataclasses.replace(loaded, path=path)
     return loaded
 
@@ -79,7 +81,12 @@ def store(loaded: LoadedSpec) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         from reconcile.host import atomic_write
 
-        atomic_write(_entry(loaded.files[0]), pickle.dumps((stamps, loaded), protocol=4), mode=0o600)
+        from reconcile.spec_view import encode
+
+        # The LoadedSpec without its pydantic Spec, which is stored as plain data beside it.
+        bare = dataclasses.replace(loaded, spec=None)  # type: ignore[arg-type]
+        body = pickle.dumps((stamps, bare, encode(loaded.spec)), protocol=4)
+        atomic_write(_entry(loaded.files[0]), body, mode=0o600)
     except OSError:
         pass  # a read-only home only costs speed
 

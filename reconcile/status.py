@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from reconcile.host import atomic_write
-from reconcile.spec import LoadedSpec
+from reconcile.loaded import LoadedSpec
 from reconcile.plan import Change, Plan
 
 
