@@ -1,0 +1,217 @@
+"""The API key never leaves its file except into the server's environment: a full apply (from nothing:
+venv, pip, model, key, server) and status cycle of the CPU demo, every byte scanned.
+
+Scanned for the key (and for any 16-character piece of it): everything every command printed; every file
+under the demo's root, the spec cache and the metrics file, bytes and all (the key file aside); the
+argv of every process started, caught at its execve by strace; and the environment of each of them,
+where only the server's own processes (they carry the deployment marker) may hold it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconcile.host import http_request
+from tests.apply_support import Demo, Run, demo_in
+
+pytestmark = [pytest.mark.slow]
+
+STRACE = shutil.which("strace")
+
+
+@dataclass(frozen=True)
+class Exec:
+    pid: int
+    argv: list[str]
+    env: list[str]
+
+
+_STRING = r'"((?:[^"\\]|\\.)*)"(\.\.\.)?'
+# Failed tries count too (execvp's walk along PATH passes the same argv to each).
+_EXEC = re.compile(rf"^(\d+) +execve\({_STRING}, \[(.*?)\], \[(.*)\](?:\) = | <unfinished \.\.\.>)")
+
+
+def _strings(text: str) -> list[str]:
+    found = []
+    for m in re.finditer(_STRING, text):
+        assert m.group(2) is None, f"strace cut a string short: {m.group(0)[:80]}"
+        found.append(m.group(1).encode().decode("unicode_escape", errors="replace"))
+    return found
+
+
+def parse_trace(path: Path) -> list[Exec]:
+    """Each execve in an `strace -f -v -e trace=execve` log: pid, argv, environment."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = _EXEC.match(line)
+        if m:
+            out.append(Exec(int(m.group(1)), _strings(m.group(4)), _strings(m.group(5))))
+    return out
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    if STRACE is None:
+        pytest.skip("strace is not installed: every process's argv cannot be caught")
+    yield from demo_in(tmp_path / "demo")  # beside it, not in it: the traces (they hold the server's env)
+
+
+def traced(demo: Demo, traces: Path, env: dict[str, str], *args: str) -> tuple[Run, list[Exec]]:
+    """The CLI under strace; once it exits, strace lets go of what it left running (the server)."""
+    assert STRACE is not None
+    trace = traces / f"{len(demo.runs)}.trace"
+    argv = demo.command(*args)
+    strace = [
+        STRACE,
+        "-f",
+        "-q",
+        "-I",
+        "2",
+        "-v",
+        "-s",
+        "1000000",
+        "-e",
+        "trace=execve",
+        "-o",
+        str(trace),
+        "--",
+        *argv,
+    ]
+    proc = subprocess.Popen(
+        strace, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(demo.root)
+    )
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+    readers = [
+        threading.Thread(target=lambda s=s, k=k: chunks[k].extend(iter(lambda: s.read(4096), b"")))
+        for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))
+    ]
+    for r in readers:
+        r.start()
+
+    def exit_code() -> int | None:
+        text = trace.read_text(errors="replace") if trace.exists() else ""
+        first = re.match(r"(\d+) ", text)  # strace's first tracee: the CLI
+        done = first and re.search(
+            rf"^{first.group(1)} +\+\+\+ (exited with (\d+)|killed by \S+)", text, re.M
+        )
+        return (int(done.group(2)) if done.group(2) else -1) if done else None
+
+    deadline = time.monotonic() + 240
+    while exit_code() is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)  # strace detaches from its remaining tracees and exits
+    proc.wait(timeout=30)
+    code = exit_code()
+    for r in readers:
+        r.join(timeout=30)
+    assert code is not None, f"{args}: did not finish"
+    run = Run(
+        argv,
+        code,
+        b"".join(chunks["out"]).decode(errors="replace"),
+        b"".join(chunks["err"]).decode(errors="replace"),
+    )
+    demo.runs.append(run)
+    return run, parse_trace(trace)
+
+
+def pieces(key: str) -> list[bytes]:
+    """The key and every 16-character window of it: a truncated or partly masked print is still a leak."""
+    return [key.encode()] + [key[i : i + 16].encode() for i in range(len(key) - 15)]
+
+
+def leaks(data: bytes, key: str) -> bool:
+    return any(p in data for p in pieces(key))
+
+
+def test_the_key_appears_nowhere_but_its_file_and_the_servers_environment(demo: Demo, tmp_path: Path) -> None:
+    traces, cache = tmp_path / "traces", tmp_path / "cache"
+    traces.mkdir()
+    metrics, planfile = demo.root / "metrics.prom", demo.root / "plan.json"
+    env = {**demo.env(), "XDG_CACHE_HOME": str(cache)}
+    execs: list[Exec] = []
+
+    def cli(*args: str, expect: tuple[int, ...] = (0,)) -> Run:
+        run, seen = traced(demo, traces, env, *args)
+        assert run.returncode in expect, (args, run.output)
+        execs.extend(seen)
+        return run
+
+    cli("plan", expect=(2,))
+    cli("apply", "--textfile", str(metrics), expect=(2,))  # from nothing: venv, pip, model, key, server
+    cli("plan", "--json", "--out", str(planfile))
+    for args in (("status",), ("status", "--json"), ("check",), ("apply", "--json"), ("history",)):
+        cli(*args)
+    cli("apply", "--scheduled", "--textfile", str(metrics))
+
+    def more_seqs(doc: Any) -> None:
+        doc["server"]["args"]["max-num-seqs"] = 6
+
+    demo.write_spec(more_seqs)
+    cli("apply", expect=(2,))  # a restart: the key is handed to a new server
+    cli("diff", "1", "2")
+    cli("status")
+
+    key = demo.key_file.read_text().strip()
+    assert len(key) >= 32
+    token = {"Authorization": f"Bearer {key}"}
+    assert http_request("GET", "127.0.0.1", demo.port, "/v1/models", headers=token).status == 200
+
+    # What every command printed.
+    for run in demo.runs:
+        assert not leaks(run.output.encode(), key), run.argv
+
+    # Every byte stored: state, generations, reports, lock, pidfile, logs, model dir, venv, cache, metrics.
+    stored = [
+        p
+        for root in (demo.root, cache)
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and p != demo.key_file
+    ]
+    assert metrics in stored and planfile in stored and any(p.parent.name == "generations" for p in stored)
+    assert any(p.suffix == ".pickle" for p in stored)  # the spec cache was written, and is scanned
+    for path in stored:
+        assert not leaks(path.read_bytes(), key), path
+
+    # Every process started: argv never; the environment only in the server's own processes.
+    names = {os.path.basename(e.argv[0]) for e in execs if e.argv}
+    assert {"git", "dpkg-query", "pip"} <= names or {"git", "dpkg-query"} <= names, names
+    assert any("serve" in e.argv for e in execs), "the server's start was not seen"
+    assert any("pip" in " ".join(e.argv) for e in execs), "pip's run was not seen"
+    for e in execs:
+        assert not leaks("\0".join(e.argv).encode(), key), e.argv[:4]
+        if leaks("\0".join(e.env).encode(), key):
+            assert f"RECONCILE_DEPLOYMENT={demo.name}" in e.env, e.argv[:4]
+    holders = [e for e in execs if leaks("\0".join(e.env).encode(), key)]
+    assert holders and all("serve" in e.argv for e in holders if "vllm" in os.path.basename(e.argv[0]))
+
+    # Nothing else in the traces holds it: each line with the key is an execve parsed above.
+    for trace in traces.iterdir():
+        for line in trace.read_text(errors="replace").splitlines():
+            assert not leaks(line.encode(), key) or _EXEC.match(line), line[:200]
+
+    # And what runs now: no command line holds it; only marked processes hold it in their environment.
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        assert not leaks(cmdline, key), cmdline[:200]
+        if leaks(environ, key):
+            assert f"RECONCILE_DEPLOYMENT={demo.name}".encode() in environ.split(b"\0"), cmdline[:200]
