@@ -18,7 +18,6 @@ from typing import Any, TextIO
 from reconcile.errors import ReconcileError
 from reconcile.host import checkpoint
 from reconcile.loaded import LoadedSpec
-from reconcile.loading import load_spec
 from reconcile.plan import Change, Plan
 from reconcile.state import apply_lock, sweep_stale_temps, write_generation
 
@@ -291,8 +290,9 @@ def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
     except (ValueError, KeyError, TypeError):
         raise ReconcileError(f"{path}: not a plan file written by `reconcile plan --out`") from None
     from reconcile.pinning import apply_lock_pins
+    from reconcile.spec_cache import load
 
-    loaded = apply_lock_pins(load_spec(spec_path))
+    loaded = apply_lock_pins(load(spec_path))
     expected = {"spec_sha256": saved.get("spec_sha256"), "changes": saved.get("changes")}
     # JSON turns tuples into lists; compare in the same shape.
     expected = json.loads(json.dumps(expected, default=str))
