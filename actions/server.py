@@ -87,7 +87,9 @@ def ensure_running(
     elif pid is not None:
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
-    stopped = supervising.stop_marked(server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec))
+    stopped = supervising.stop_marked(
+        server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec)
+    )
     holder = _port_holder(server.port)
     if holder is not None:
         raise ActionError(
@@ -147,7 +149,9 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     server = _server(spec)
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
-    outcome = supervising.stop_marked(server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec))
+    outcome = supervising.stop_marked(
+        server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec)
+    )
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
     if not outcome.terminated:

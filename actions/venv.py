@@ -194,7 +194,9 @@ def _ensure_pip(venv: Venv) -> str | None:
     """A venv whose creation was killed during ensurepip has no pip: bring it back (pip installs only)."""
     import glob
 
-    if installer_for(venv) != "pip" or glob.glob(os.path.join(venv.path, "lib", "python3*", "site-packages", "pip")):
+    if installer_for(venv) != "pip" or glob.glob(
+        os.path.join(venv.path, "lib", "python3*", "site-packages", "pip")
+    ):
         return None
     out = _run([_python(venv), "-m", "ensurepip", "--default-pip"], CREATE_TIMEOUT_S, "ensurepip")
     if not out.ok:

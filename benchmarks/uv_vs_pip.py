@@ -41,8 +41,15 @@ def install_argv(installer: str, venv: str, uv: str, cache: bool) -> list[str]:
     python = os.path.join(venv, "bin", "python")
     if installer == "uv":
         return [uv, "pip", "install", "--python", python, *([] if cache else ["--no-cache"]), *PACKAGES]
-    return [python, "-m", "pip", "install", "--disable-pip-version-check",
-            *([] if cache else ["--no-cache-dir"]), *PACKAGES]
+    return [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        *([] if cache else ["--no-cache-dir"]),
+        *PACKAGES,
+    ]
 
 
 def main() -> int:
@@ -75,8 +82,10 @@ def main() -> int:
 
     print(f"\n{'installer':<10} {'cache':<6} {'median s':>9}  runs (s)")
     for (installer, cache), runs in times.items():
-        print(f"{installer:<10} {'warm' if cache else 'off':<6} {statistics.median(runs):>9.2f}  "
-              + " ".join(f"{r:.2f}" for r in runs))
+        print(
+            f"{installer:<10} {'warm' if cache else 'off':<6} {statistics.median(runs):>9.2f}  "
+            + " ".join(f"{r:.2f}" for r in runs)
+        )
     for cache in (True, False):
         pip_s, uv_s = (statistics.median(times[(i, cache)]) for i in ("pip", "uv"))
         verdict = "faster" if uv_s < pip_s else "SLOWER"

@@ -143,5 +143,9 @@ def parse_record(doc: JsonDoc) -> DownloadRecord | Invalid:
         message = f"download record has bad or missing {', '.join(problems)}"
         return Invalid(doc.path, message, json.dumps(data))
     return DownloadRecord(
-        data.get("repo"), str(data.get("revision") or ""), data.get("commit"), dict(files), source  # type: ignore[arg-type]
+        data.get("repo"),
+        str(data.get("revision") or ""),
+        data.get("commit"),
+        dict(files),  # type: ignore[arg-type]  # checked above: a dict of str -> int
+        source,
     )

@@ -266,7 +266,11 @@ def probe(spec: Spec) -> ServerObservation:
     if server is None:
         raise ValueError("the spec has no [server]")
     btime, ticks = _boot_time(), os.sysconf("SC_CLK_TCK")
-    found = [p for pid, env in _marked(server.name, launched_sessions(spec)) if (p := _process(pid, env, btime, ticks)) is not None]
+    found = [
+        p
+        for pid, env in _marked(server.name, launched_sessions(spec))
+        if (p := _process(pid, env, btime, ticks)) is not None
+    ]
     pidfile = _pidfile(pidfile_path(spec), {p.pid for p in found})
     leader = next((p for p in found if p.pid == pidfile.pid and pidfile.state == "ours"), None)
     if leader is None:  # no pidfile (or a systemd main process): a marked session leader is the server

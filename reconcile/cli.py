@@ -73,22 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_unattended(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheduled", action="store_true",
-                   help="run from the timer: honour `reconcile pause` (apply only plans while paused)")
-    p.add_argument("--textfile", metavar="PATH",
-                   help="also write Prometheus metrics here (node_exporter's textfile collector, *.prom)")
+    p.add_argument(
+        "--scheduled",
+        action="store_true",
+        help="run from the timer: honour `reconcile pause` (apply only plans while paused)",
+    )
+    p.add_argument(
+        "--textfile",
+        metavar="PATH",
+        help="also write Prometheus metrics here (node_exporter's textfile collector, *.prom)",
+    )
 
 
 def _add_unattended_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("timer", help="run `reconcile apply --scheduled` from a systemd timer (or cron)")
     timer = p.add_subparsers(dest="timer_command", metavar="ACTION", required=True)
-    for name, text in (("install", "write (and enable) the service and timer"),
-                       ("cron", "print an /etc/cron.d file, for machines without systemd")):
+    for name, text in (
+        ("install", "write (and enable) the service and timer"),
+        ("cron", "print an /etc/cron.d file, for machines without systemd"),
+    ):
         t = timer.add_parser(name, help=text)
         _add_spec(t)
         t.add_argument("--every", default="5m", help="5m, 15m, 1h, ... (default 5m)")
-        t.add_argument("--randomized-delay", metavar="DURATION",
-                       help="spread ticks over this (default: a fifth of --every)")
+        t.add_argument(
+            "--randomized-delay",
+            metavar="DURATION",
+            help="spread ticks over this (default: a fifth of --every)",
+        )
         t.add_argument("--lock-timeout", type=float, default=300.0, metavar="SECONDS")
         t.add_argument("--textfile", metavar="PATH", help="metrics file for node_exporter, passed to apply")
         t.add_argument("--name", default="reconcile-apply", help="unit name (default reconcile-apply)")
@@ -110,8 +121,11 @@ def _add_unattended_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--state-dir", default="/var/lib/reconcile", metavar="DIR")
     p.add_argument("--pid", type=int, help="take the running vLLM server from this process")
-    p.add_argument("--manage-server", action="store_true",
-                   help="write a found server as live [server] (the next apply restarts it under reconcile)")
+    p.add_argument(
+        "--manage-server",
+        action="store_true",
+        help="write a found server as live [server] (the next apply restarts it under reconcile)",
+    )
 
     p = sub.add_parser("lock", help="pin what floats (package ranges, the model's branch): specs/<name>.lock")
     _add_spec(p)

@@ -64,8 +64,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
             report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
         else:
             loaded = _load(args)
-            report = apply_spec(loaded, lock_timeout=args.lock_timeout,
-                                scheduled=getattr(args, "scheduled", False))
+            report = apply_spec(
+                loaded, lock_timeout=args.lock_timeout, scheduled=getattr(args, "scheduled", False)
+            )
     except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
         _report_failure(args, "apply", started, loaded, exc)
         raise
@@ -73,27 +74,52 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if loaded is None:  # a plan file names its spec
         with contextlib.suppress(ReconcileError, OSError):
             loaded = _load(argparse.Namespace(spec=report.spec_path))
-    _report(args, "apply", started, report.exit_code, loaded, report=report, first_plan=report.first_plan,
-            plan=report.final_plan, paused=report.paused)
+    _report(
+        args,
+        "apply",
+        started,
+        report.exit_code,
+        loaded,
+        report=report,
+        first_plan=report.first_plan,
+        plan=report.final_plan,
+        paused=report.paused,
+    )
     return report.exit_code
 
 
-def _report_failure(args: argparse.Namespace, command: str, started: float, loaded: LoadedSpec | None,
-                    exc: ReconcileError) -> None:
+def _report_failure(
+    args: argparse.Namespace, command: str, started: float, loaded: LoadedSpec | None, exc: ReconcileError
+) -> None:
     with contextlib.suppress(ReconcileError, OSError):
         _report(args, command, started, 1, loaded, error=str(exc))
 
 
-def _report(args: argparse.Namespace, command: str, started: float, exit_code: int,
-            loaded: LoadedSpec | None, **facts: Any) -> None:
+def _report(
+    args: argparse.Namespace,
+    command: str,
+    started: float,
+    exit_code: int,
+    loaded: LoadedSpec | None,
+    **facts: Any,
+) -> None:
     """last-run.json under the spec's state_dir (every apply; a plan when --scheduled or --textfile)
     and the Prometheus textfile when --textfile is given."""
     from reconcile.reporting import RunFacts, report_run
 
     path = loaded.path if loaded is not None else (getattr(args, "spec", None) or "")
     server = loaded is not None and loaded.spec.server is not None
-    run = RunFacts(command, bool(getattr(args, "scheduled", False)), started, time.time(), exit_code, path,
-                   loaded=loaded, server_wanted=server, **facts)
+    run = RunFacts(
+        command,
+        bool(getattr(args, "scheduled", False)),
+        started,
+        time.time(),
+        exit_code,
+        path,
+        loaded=loaded,
+        server_wanted=server,
+        **facts,
+    )
     try:
         report_run(run, getattr(args, "textfile", None))
     except OSError as exc:  # the run's own outcome stands; a stale report is what monitoring alerts on
@@ -172,7 +198,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if target is None:
         raise ReconcileError(f"{state_dir}/generations: nothing to roll back to (have {numbers or 'none'})")
     gen: dict[str, Any] = read_generation(state_dir, target)
-    old = spec_from_resolved(gen["spec_resolved"], gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path)))
+    old = spec_from_resolved(
+        gen["spec_resolved"], gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path))
+    )
     print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
     report = apply_spec(old, lock_timeout=args.lock_timeout, rollback_of=target)
     render_report(report, sys.stdout, as_json=False, quiet=False)
@@ -191,8 +219,9 @@ def cmd_timer(args: argparse.Namespace) -> int:
 
     if args.timer_command == "remove":
         gone = scheduling.remove(args.name, args.unit_dir)
-        said = (f"removed {', '.join(gone.paths)}" if gone.paths
-                else f"no {args.name} units in {args.unit_dir}")
+        said = (
+            f"removed {', '.join(gone.paths)}" if gone.paths else f"no {args.name} units in {args.unit_dir}"
+        )
         print("\n".join(filter(None, (said, gone.next_steps))))
         return 0
     from reconcile.loading import find_spec, load_spec
@@ -207,10 +236,13 @@ def cmd_timer(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ReconcileError(f"--randomized-delay: {exc}") from None
     schedule = scheduling.Schedule(
-        path, loaded.spec.machine.state_dir, every,
+        path,
+        loaded.spec.machine.state_dir,
+        every,
         scheduling.default_delay(every) if delay is None else delay,
         lock_timeout=args.lock_timeout,
-        textfile=os.path.abspath(args.textfile) if args.textfile else None, name=args.name,
+        textfile=os.path.abspath(args.textfile) if args.textfile else None,
+        name=args.name,
     )
     if args.timer_command == "cron":
         sys.stdout.write(scheduling.render_cron(schedule))
@@ -232,8 +264,10 @@ def cmd_pause(args: argparse.Namespace) -> int:
     new, old = pause(_state_dir(args), args.reason, duration=duration)
     if old is not None:
         print(f"replaces: {old.describe()}")
-    print(f"{new.describe()}\nscheduled applies only plan until `reconcile resume`"
-          + (" or the pause ends" if duration else ""))
+    print(
+        f"{new.describe()}\nscheduled applies only plan until `reconcile resume`"
+        + (" or the pause ends" if duration else "")
+    )
     return 0
 
 
@@ -265,9 +299,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     out = args.out or default_path(facts.hostname)
     write_spec(out, text, force=args.force)
     found = [s for s in ("gpu", "cuda", "apt", "venv", "server") if f"\n[{s}]" in text]
-    print(f"wrote {out}: {', '.join(found) or 'only [machine]'}"
-          + (f"; a running server (pid {facts.server.pid}) is written commented out" if facts.server
-             and not args.manage_server else ""))
+    print(
+        f"wrote {out}: {', '.join(found) or 'only [machine]'}"
+        + (
+            f"; a running server (pid {facts.server.pid}) is written commented out"
+            if facts.server and not args.manage_server
+            else ""
+        )
+    )
     print(f"next: reconcile plan --spec {out}")
     return 0
 

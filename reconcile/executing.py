@@ -137,8 +137,15 @@ def _execute(
         cause = _blocked_by(change, failed)
         if cause is not None:
             report.results.append(
-                ChangeResult(change.resource, change.kind, change.summary, "blocked", cause, 0.0,
-                             [[d.field, d.old, d.new] for d in change.diffs])
+                ChangeResult(
+                    change.resource,
+                    change.kind,
+                    change.summary,
+                    "blocked",
+                    cause,
+                    0.0,
+                    [[d.field, d.old, d.new] for d in change.diffs],
+                )
             )
             failed[change.resource] = cause
             after_each()
@@ -361,8 +368,10 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
     if report.paused is not None:
         if report.final_plan is not None and (report.final_plan.changes or not quiet):
             render_text(report.final_plan, stream, title="apply (paused: plan only)", verbose_info=False)
-        stream.write(f"reconcile: {report.spec_path}: not applied: {report.paused.describe()} "
-                     "(`reconcile resume` ends it)\n")
+        stream.write(
+            f"reconcile: {report.spec_path}: not applied: {report.paused.describe()} "
+            "(`reconcile resume` ends it)\n"
+        )
         return
     if report.refused is not None:
         if report.final_plan is not None:
@@ -380,8 +389,10 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
     for note in first.notes if first else ():  # the spec's git state, lock and pause notes
         stream.write(f"  note: {note}\n")
     for r in report.results:
-        stream.write(f"  {_RESULT_SYMBOL.get(r.result, '?')} {r.resource:<16} {r.result}: {r.message} "
-                     f"({r.seconds:.1f}s)\n")
+        stream.write(
+            f"  {_RESULT_SYMBOL.get(r.result, '?')} {r.resource:<16} {r.result}: {r.message} "
+            f"({r.seconds:.1f}s)\n"
+        )
     stream.write("\n")
     if report.final_plan is not None and report.final_plan.changes:
         stream.write("Still different from the spec after apply:\n")

@@ -104,7 +104,12 @@ def http_request(
     import socket
 
     url = f"http://{host}:{port}{path}"
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close", "Accept-Encoding: identity"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Connection: close",
+        "Accept-Encoding: identity",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     if body is not None:
         lines.append(f"Content-Length: {len(body)}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from reconcile.errors import ReconcileError, SpecError
+from reconcile.errors import SpecError
 from reconcile.loaded import LoadedSpec, find_spec
 from reconcile.spec import Spec
 from reconcile.spec_errors import describe, schema_text, show, unwrap

@@ -41,8 +41,13 @@ PROBES_FOR: dict[str, tuple[str, ...]] = {
 def _failed(resource: str, result: object, section: str) -> Change | None:
     """A probe that could not look: a drift apply cannot fix, with the probe's reason."""
     if isinstance(result, (ProbeFailure, Unavailable)):
-        return Change(resource, "~", f"cannot be checked: {result.reason}", f"the {section} probe failed",
-                      actionable=False)
+        return Change(
+            resource,
+            "~",
+            f"cannot be checked: {result.reason}",
+            f"the {section} probe failed",
+            actionable=False,
+        )
     return None
 
 
@@ -60,12 +65,14 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 # --- gpu ---------------------------------------------------------------------------------
 
+
 def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
     want = spec.gpu
     if want is None:
         return None
     wanted = f"{want.count or 'any number of'}× {want.name or 'GPU'}" + (
-        f" ({want.compute_capability})" if want.compute_capability else "")
+        f" ({want.compute_capability})" if want.compute_capability else ""
+    )
     inv = obs.gpu
     if isinstance(inv, (Unavailable, ProbeFailure)):
         return Change("gpu", "~", f"unavailable: {inv.reason}", f"the spec wants {wanted}", actionable=False)
@@ -83,13 +90,19 @@ def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
         diffs.append(FieldDiff("driver", inv.driver_version, f">= {want.min_driver}"))
     seen = f"{inv.count}× {', '.join(names) or 'no GPU'} ({', '.join(ccs)}), driver {inv.driver_version}"
     if diffs:
-        return Change("gpu", "~", seen,
-                      f"the spec wants {wanted}; drivers and GPUs are outside apply's reach",
-                      tuple(diffs), actionable=False)
+        return Change(
+            "gpu",
+            "~",
+            seen,
+            f"the spec wants {wanted}; drivers and GPUs are outside apply's reach",
+            tuple(diffs),
+            actionable=False,
+        )
     return Ok("gpu", seen)
 
 
 # --- apt ---------------------------------------------------------------------------------
+
 
 def _repo_file(spec: Spec, name: str) -> str:
     assert spec.apt is not None
@@ -109,7 +122,8 @@ def plan_apt_repositories(spec: Spec, obs: Observed) -> Item | None:
         path = _repo_file(spec, repo.name)
         found = [s for s in obs.apt.sources if s.file == path and s.enabled]
         good = any(
-            s.uri.rstrip("/") == repo.uri.rstrip("/") and s.suite == repo.suite
+            s.uri.rstrip("/") == repo.uri.rstrip("/")
+            and s.suite == repo.suite
             and tuple(s.components) == tuple(repo.components)
             and (s.trusted if repo.trusted else repo.keyring in s.signed_by)
             for s in found
@@ -118,10 +132,14 @@ def plan_apt_repositories(spec: Spec, obs: Observed) -> Item | None:
             missing.append(repo.name)
     if not missing:
         return Ok("apt.repositories", ", ".join(r.name for r in spec.apt.repositories))
-    return Change("apt.repositories", "+", f"add repository {', '.join(missing)}",
-                  "the spec names a repository that apt does not have (or its keyring is missing)",
-                  tuple(FieldDiff(n, None, _repo_file(spec, n)) for n in missing),
-                  params={"repositories": missing})
+    return Change(
+        "apt.repositories",
+        "+",
+        f"add repository {', '.join(missing)}",
+        "the spec names a repository that apt does not have (or its keyring is missing)",
+        tuple(FieldDiff(n, None, _repo_file(spec, n)) for n in missing),
+        params={"repositories": missing},
+    )
 
 
 def plan_apt(spec: Spec, obs: Observed) -> Item | None:
@@ -146,12 +164,19 @@ def plan_apt(spec: Spec, obs: Observed) -> Item | None:
         return Ok("apt", f"{n} package{'s' if n != 1 else ''} installed")
     kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
     deps = ("apt.repositories",) if spec.apt.repositories else ()
-    return Change("apt", kind, f"install {', '.join(todo)}",
-                  f"{len(todo)} of {n} packages not as the spec says", tuple(diffs), deps,
-                  params={"packages": todo})
+    return Change(
+        "apt",
+        kind,
+        f"install {', '.join(todo)}",
+        f"{len(todo)} of {n} packages not as the spec says",
+        tuple(diffs),
+        deps,
+        params={"packages": todo},
+    )
 
 
 # --- cuda ---------------------------------------------------------------------------------
+
 
 def plan_cuda_home(spec: Spec, obs: Observed) -> Item | None:
     if spec.cuda is None:
@@ -165,23 +190,38 @@ def plan_cuda_home(spec: Spec, obs: Observed) -> Item | None:
     shown = f"{home.path} -> {home.link_target}" if home.state == "symlink" else f"{home.path} ({home.state})"
     if target is None:
         if home.resolved is None:
-            return Change("cuda.home", "~", f"{home.path} is {home.state}",
-                          "CUDA_HOME must exist (set [cuda].target to let apply point it)", actionable=False)
+            return Change(
+                "cuda.home",
+                "~",
+                f"{home.path} is {home.state}",
+                "CUDA_HOME must exist (set [cuda].target to let apply point it)",
+                actionable=False,
+            )
         return Ok("cuda.home", shown)
     import os
 
     if home.state == "symlink" and home.resolved is not None and home.resolved == os.path.realpath(target):
         return Ok("cuda.home", shown)
     if home.state == "directory":
-        return Change("cuda.home", "~", f"{home.path} is a real directory, not a symlink",
-                      f"move it aside (mv {home.path} {home.path}-old) and apply again; "
-                      "apply never deletes it",
-                      (FieldDiff("target", "(directory)", target),), ("apt",), actionable=False)
+        return Change(
+            "cuda.home",
+            "~",
+            f"{home.path} is a real directory, not a symlink",
+            f"move it aside (mv {home.path} {home.path}-old) and apply again; apply never deletes it",
+            (FieldDiff("target", "(directory)", target),),
+            ("apt",),
+            actionable=False,
+        )
     kind: Kind = "+" if home.state == "absent" else "~"
-    return Change("cuda.home", kind, f"{shown}  =>  {target}",
-                  "nvcc under CUDA_HOME must be the toolkit the spec names",
-                  (FieldDiff("target", home.link_target, target),), ("apt",) if spec.apt else (),
-                  params={"home": home.path, "target": target})
+    return Change(
+        "cuda.home",
+        kind,
+        f"{shown}  =>  {target}",
+        "nvcc under CUDA_HOME must be the toolkit the spec names",
+        (FieldDiff("target", home.link_target, target),),
+        ("apt",) if spec.apt else (),
+        params={"home": home.path, "target": target},
+    )
 
 
 def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
@@ -205,21 +245,34 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
             diffs.append(FieldDiff("nvcc.release", nvcc.release, f">= {want.min_version}"))
         missing_arch = [a for a in want.gpu_arch if a not in archs]
         if missing_arch:
-            diffs.append(FieldDiff("nvcc --list-gpu-arch", " ".join(archs) or "(empty)",
-                                   "includes " + ", ".join(missing_arch)))
+            diffs.append(
+                FieldDiff(
+                    "nvcc --list-gpu-arch",
+                    " ".join(archs) or "(empty)",
+                    "includes " + ", ".join(missing_arch),
+                )
+            )
     missing = [h.name for h in obs.cuda.headers if not h.paths]
     if missing:
         diffs.append(FieldDiff("headers.missing", ", ".join(missing), "(none)"))
     if not diffs:
-        found = f"nvcc {nvcc.version} lists {', '.join(want.gpu_arch) or 'its archs'}" if isinstance(
-            nvcc, Nvcc) else "nvcc"
+        found = (
+            f"nvcc {nvcc.version} lists {', '.join(want.gpu_arch) or 'its archs'}"
+            if isinstance(nvcc, Nvcc)
+            else "nvcc"
+        )
         return Ok("cuda", f"{found}; {len(obs.cuda.headers)} headers found")
     hint = _header_packages(missing, nvcc.release if isinstance(nvcc, Nvcc) else None)
     summary = "; ".join(f"{d.field}: {d.old}" for d in diffs)
-    return Change("cuda", "~", summary,
-                  "the toolkit comes from apt packages; add them to [apt].packages"
-                  + (f" ({hint})" if hint else ""),
-                  tuple(diffs), ("apt", "cuda.home"), actionable=False)
+    return Change(
+        "cuda",
+        "~",
+        summary,
+        "the toolkit comes from apt packages; add them to [apt].packages" + (f" ({hint})" if hint else ""),
+        tuple(diffs),
+        ("apt", "cuda.home"),
+        actionable=False,
+    )
 
 
 def _header_packages(headers: list[str], release: str | None) -> str:
@@ -237,6 +290,7 @@ def _header_packages(headers: list[str], release: str | None) -> str:
 
 # --- venv ---------------------------------------------------------------------------------
 
+
 def plan_venv(spec: Spec, obs: Observed) -> Item | None:
     if spec.venv is None:
         return None
@@ -245,12 +299,21 @@ def plan_venv(spec: Spec, obs: Observed) -> Item | None:
     if isinstance(v, ProbeFailure):
         return _failed("venv", v, "venv")
     if isinstance(v, Absent):
-        return Change("venv", "+", f"create {want.path} with {want.python}", "the venv does not exist",
-                      (FieldDiff("path", None, want.path),))
+        return Change(
+            "venv",
+            "+",
+            f"create {want.path} with {want.python}",
+            "the venv does not exist",
+            (FieldDiff("path", None, want.path),),
+        )
     if isinstance(v, Invalid):
-        return Change("venv", "~", f"{want.path}: {v.message}",
-                      "not a virtual environment; move it aside and apply again (apply never deletes it)",
-                      actionable=False)
+        return Change(
+            "venv",
+            "~",
+            f"{want.path}: {v.message}",
+            "not a virtual environment; move it aside and apply again (apply never deletes it)",
+            actionable=False,
+        )
     assert v is not None
     diffs: list[FieldDiff] = []
     if isinstance(v.interpreter, Absent) or v.interpreter.resolved is None:
@@ -303,9 +366,15 @@ def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
         return Ok("venv.packages", f"{n} packages satisfied ({shown}{', …' if n > 3 else ''})")
     kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
     shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
-    return Change("venv.packages", kind, f"install {shown}",
-                  f"{len(wanted)} of {n} packages missing or not satisfying the spec", tuple(diffs),
-                  ("venv",), params={"packages": wanted})
+    return Change(
+        "venv.packages",
+        kind,
+        f"install {shown}",
+        f"{len(wanted)} of {n} packages missing or not satisfying the spec",
+        tuple(diffs),
+        ("venv",),
+        params={"packages": wanted},
+    )
 
 
 def _satisfies(version: str | None, spec_text: str) -> bool:
@@ -324,6 +393,7 @@ def _satisfies(version: str | None, spec_text: str) -> bool:
 
 # --- model --------------------------------------------------------------------------------
 
+
 def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     if spec.model is None:
         return None
@@ -336,8 +406,13 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
         return _failed("model.files", m, "model")
     if not isinstance(m, ModelObservation):
         verb = "download" if want.repo else "copy"
-        return Change("model.files", "+", f"{verb} {origin} into {want.dir}", "the model directory is absent",
-                      (FieldDiff("dir", None, want.dir),))
+        return Change(
+            "model.files",
+            "+",
+            f"{verb} {origin} into {want.dir}",
+            "the model directory is absent",
+            (FieldDiff("dir", None, want.dir),),
+        )
     record = m.record
     diffs: list[FieldDiff] = []
     if not isinstance(record, DownloadRecord):
@@ -352,8 +427,11 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
             on_disk["config.json"] = on_disk["config.json.bak"]
         wrong = [f for f, size in record.files.items() if on_disk.get(f) != size]
         if wrong:
-            diffs.append(FieldDiff("files", f"{len(wrong)} missing or wrong size ({', '.join(wrong[:3])})",
-                                   "as recorded"))
+            diffs.append(
+                FieldDiff(
+                    "files", f"{len(wrong)} missing or wrong size ({', '.join(wrong[:3])})", "as recorded"
+                )
+            )
         if want.source and not want.repo:
             if record.source != want.source:
                 diffs.append(FieldDiff("source", record.source, want.source))
@@ -362,12 +440,22 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                 diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
     if diffs:
         verb = "download" if want.repo else "copy"
-        return Change("model.files", "~", f"{verb} {origin} into {want.dir}",
-                      "the model's files differ from the spec", tuple(diffs))
+        return Change(
+            "model.files",
+            "~",
+            f"{verb} {origin} into {want.dir}",
+            "the model's files differ from the spec",
+            tuple(diffs),
+        )
     if m.missing_required:
-        return Change("model.files", "~", f"missing {', '.join(m.missing_required)}",
-                      f"{origin} does not bring these required files; add them to the model dir or fix "
-                      "[model].required_files", actionable=False)
+        return Change(
+            "model.files",
+            "~",
+            f"missing {', '.join(m.missing_required)}",
+            f"{origin} does not bring these required files; add them to the model dir or fix "
+            "[model].required_files",
+            actionable=False,
+        )
     total = sum(m.files.values())
     commit = f" ({record.commit[:12]})" if isinstance(record, DownloadRecord) and record.commit else ""
     if isinstance(record, DownloadRecord) and record.source:
@@ -411,15 +499,25 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if not isinstance(m, ModelObservation):
         if not patch:
             return None
-        return Change("model.config", "~", "config.json  + " + _keys(patch),
-                      "patch the config once the files are in",
-                      tuple(FieldDiff(k, None, v) for k, v in patch.items()), ("model.files",))
+        return Change(
+            "model.config",
+            "~",
+            "config.json  + " + _keys(patch),
+            "patch the config once the files are in",
+            tuple(FieldDiff(k, None, v) for k, v in patch.items()),
+            ("model.files",),
+        )
     backup = m.config_backup
     if isinstance(backup, Invalid) or isinstance(m.config, Invalid):
         bad = backup if isinstance(backup, Invalid) else m.config
         assert isinstance(bad, Invalid)
-        return Change("model.config", "~", f"{bad.path}: {bad.message}", "fix or remove the file by hand",
-                      actionable=False)
+        return Change(
+            "model.config",
+            "~",
+            f"{bad.path}: {bad.message}",
+            "fix or remove the file by hand",
+            actionable=False,
+        )
     if not patch and not isinstance(backup, JsonDoc):
         return None
     config_now = m.config.data if isinstance(m.config, JsonDoc) else {}
@@ -432,9 +530,15 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
         return Ok("model.config", f"config.json has {_keys(patch)}")
     diffs = _json_diffs(current or {}, desired)
     sign = "+" if all(d.old is None for d in diffs) else "~"
-    return Change("model.config", "~", f"config.json  {sign} {', '.join(d.field for d in diffs[:3])}",
-                  "config.json differs from the original merged with [model].config", tuple(diffs),
-                  ("model.files",), params={"dir": spec.model.dir})
+    return Change(
+        "model.config",
+        "~",
+        f"config.json  {sign} {', '.join(d.field for d in diffs[:3])}",
+        "config.json differs from the original merged with [model].config",
+        tuple(diffs),
+        ("model.files",),
+        params={"dir": spec.model.dir},
+    )
 
 
 def _keys(patch: dict[str, Any]) -> str:
@@ -460,12 +564,16 @@ def _json_diffs(old: Any, new: Any) -> list[FieldDiff]:
             out.append(FieldDiff(path(p), v.get("old_value"), v.get("new_value")))
     for key in ("iterable_item_added", "iterable_item_removed"):
         for p, v in diff.get(key, {}).items():
-            out.append(FieldDiff(path(p), v if key.endswith("removed") else None,
-                                 v if key.endswith("added") else None))
+            out.append(
+                FieldDiff(
+                    path(p), v if key.endswith("removed") else None, v if key.endswith("added") else None
+                )
+            )
     return out or [FieldDiff("config.json", old, new)]
 
 
 # --- api key ------------------------------------------------------------------------------
+
 
 def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
     if spec.api_key is None:
@@ -476,11 +584,21 @@ def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
         return _failed("api_key", k, "key file")
     mode = want.mode if len(want.mode) == 4 else "0" + want.mode
     if isinstance(k, Absent) or k is None:
-        return Change("api_key", "+", f"generate {want.file} (mode {mode}, owner {want.owner})",
-                      "the key file does not exist", (FieldDiff("file", None, want.file),))
+        return Change(
+            "api_key",
+            "+",
+            f"generate {want.file} (mode {mode}, owner {want.owner})",
+            "the key file does not exist",
+            (FieldDiff("file", None, want.file),),
+        )
     if k.kind != "file":
-        return Change("api_key", "~", f"{want.file} is a {k.kind}",
-                      "move it aside; apply writes a regular file", actionable=False)
+        return Change(
+            "api_key",
+            "~",
+            f"{want.file} is a {k.kind}",
+            "move it aside; apply writes a regular file",
+            actionable=False,
+        )
     diffs: list[FieldDiff] = []
     if k.mode != mode:
         diffs.append(FieldDiff("mode", k.mode, mode))
@@ -491,8 +609,9 @@ def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
     if k.size == 0:
         diffs.append(FieldDiff("size", 0, "a key"))
     if diffs:
-        return Change("api_key", "~", f"fix {want.file}", "the key file is not as the spec says",
-                      tuple(diffs))
+        return Change(
+            "api_key", "~", f"fix {want.file}", "the key file is not as the spec says", tuple(diffs)
+        )
     return Ok("api_key", f"{want.file} ({k.mode}, {k.owner})")
 
 
@@ -546,8 +665,16 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
 
     notes += lock_notes(loaded) + pause_notes(spec.machine.state_dir)
 
-    return Plan(loaded.path, host, loaded.sha256, git.describe(), tuple(items), tuple(findings), tuple(notes),
-                {name: _jsonable(getattr(obs, name)) for name in obs.__dataclass_fields__})
+    return Plan(
+        loaded.path,
+        host,
+        loaded.sha256,
+        git.describe(),
+        tuple(items),
+        tuple(findings),
+        tuple(notes),
+        {name: _jsonable(getattr(obs, name)) for name in obs.__dataclass_fields__},
+    )
 
 
 def replan_resource(loaded: LoadedSpec, resource: str) -> Change | None:

@@ -56,67 +56,114 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     want = spec.server
     seen = obs.server
     if isinstance(seen, (ProbeFailure, Unavailable)):
-        return Change("server", "~", f"cannot be checked: {seen.reason}", "the server probe failed",
-                      actionable=False)
+        return Change(
+            "server", "~", f"cannot be checked: {seen.reason}", "the server probe failed", actionable=False
+        )
     assert isinstance(seen, ServerObservation)
     strays = seen.strays
     stray_diffs = tuple(FieldDiff(f"stray {p.pid}", _describe(p), "stopped") for p in strays)
     if not want.running:
         if seen.processes:
             pids = ", ".join(str(p.pid) for p in seen.processes)
-            return Change("server", "-", f"stop {want.name} (pids {pids})", "the spec says running = false",
-                          stray_diffs)
+            return Change(
+                "server", "-", f"stop {want.name} (pids {pids})", "the spec says running = false", stray_diffs
+            )
         return Ok("server", f"{want.name} stopped, as the spec says")
     running = seen.server
     where = f"{want.host}:{want.port}"
     if running is None:
         extra = f"; first stop {len(strays)} stray process(es) of a dead server" if strays else ""
-        return Change("server", "+", f"start {want.name} on {where}{extra}",
-                      "no process of this deployment is running" if not strays else
-                      "the server is gone but its children still run (they may hold GPU memory)",
-                      stray_diffs, SERVER_DEPENDS)
+        return Change(
+            "server",
+            "+",
+            f"start {want.name} on {where}{extra}",
+            "no process of this deployment is running"
+            if not strays
+            else "the server is gone but its children still run (they may hold GPU memory)",
+            stray_diffs,
+            SERVER_DEPENDS,
+        )
     desired = desired_identity(spec, launch_inputs(spec, obs))
     if running.identity != desired.digest:
         old = seen.record.components if hasattr(seen.record, "components") else {}
         why = explain_change(old, desired.components)
-        return Change("server", "±", f"restart {want.name}: {why}", why,
-                      (FieldDiff("identity", running.identity, desired.digest), *stray_diffs), SERVER_DEPENDS)
+        return Change(
+            "server",
+            "±",
+            f"restart {want.name}: {why}",
+            why,
+            (FieldDiff("identity", running.identity, desired.digest), *stray_diffs),
+            SERVER_DEPENDS,
+        )
     health = obs.health
     state = getattr(health, "state", None)
     if state == "not_listening":
-        return Change("server", "~", f"wait for {want.name} (pid {running.pid}) to finish starting",
-                      "the process runs but its port does not answer yet", stray_diffs, SERVER_DEPENDS)
+        return Change(
+            "server",
+            "~",
+            f"wait for {want.name} (pid {running.pid}) to finish starting",
+            "the process runs but its port does not answer yet",
+            stray_diffs,
+            SERVER_DEPENDS,
+        )
     if state != "healthy":
         detail = getattr(health, "error", None) or f"/health answered {getattr(health, 'health_status', '?')}"
-        return Change("server", "±", f"restart {want.name}: unhealthy ({detail})", "the server is unhealthy",
-                      stray_diffs, SERVER_DEPENDS)
+        return Change(
+            "server",
+            "±",
+            f"restart {want.name}: unhealthy ({detail})",
+            "the server is unhealthy",
+            stray_diffs,
+            SERVER_DEPENDS,
+        )
     if strays:
-        return Change("server", "-", f"stop {len(strays)} stray process(es) of {want.name}",
-                      "processes with this deployment's marker outside the live server's group", stray_diffs)
+        return Change(
+            "server",
+            "-",
+            f"stop {len(strays)} stray process(es) of {want.name}",
+            "processes with this deployment's marker outside the live server's group",
+            stray_diffs,
+        )
     if seen.pidfile.state != "ours":
         # Healthy and the right identity, but the pidfile does not name it (apply was killed
         # between the start and the pidfile write): adopt it, no restart.
-        return Change("server", "~", f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
-                      f"the pidfile is {seen.pidfile.state}",
-                      (FieldDiff("pidfile", seen.pidfile.pid, running.pid),), SERVER_DEPENDS)
+        return Change(
+            "server",
+            "~",
+            f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
+            f"the pidfile is {seen.pidfile.state}",
+            (FieldDiff("pidfile", seen.pidfile.pid, running.pid),),
+            SERVER_DEPENDS,
+        )
     version = getattr(health, "version", None)
     cards = getattr(health, "models", ()) or ()
     served = ", ".join(f"{c.id} (max_model_len {c.max_model_len})" for c in cards)
-    return Ok("server", f"{want.name} pid {running.pid} healthy on {where}"
-              + (f", vLLM {version}" if version else "") + (f", serving {served}" if served else ""))
+    return Ok(
+        "server",
+        f"{want.name} pid {running.pid} healthy on {where}"
+        + (f", vLLM {version}" if version else "")
+        + (f", serving {served}" if served else ""),
+    )
 
 
 def restart_after(item: Item, spec: Spec, obs: Observed, items: list[Item]) -> Item:
     """A server that is fine now will restart once a pending Change to its identity's inputs is made
     (new packages, model files or config.json): the plan says so, rather than apply surprising."""
-    pending = [i.resource for i in items
-               if isinstance(i, Change) and i.actionable and i.resource in IDENTITY_INPUTS]
+    pending = [
+        i.resource for i in items if isinstance(i, Change) and i.actionable and i.resource in IDENTITY_INPUTS
+    ]
     if not isinstance(item, Ok) or not pending or spec.server is None or not spec.server.running:
         return item
     running = getattr(obs.server, "running_identity", None)
     why = f"{', '.join(pending)} will change and its launch identity covers them"
-    return Change("server", "±", f"restart {spec.server.name} after {', '.join(pending)}", why,
-                  (FieldDiff("identity", running, f"(new, after {', '.join(pending)})"),), SERVER_DEPENDS)
+    return Change(
+        "server",
+        "±",
+        f"restart {spec.server.name} after {', '.join(pending)}",
+        why,
+        (FieldDiff("identity", running, f"(new, after {', '.join(pending)})"),),
+        SERVER_DEPENDS,
+    )
 
 
 def perform_server(loaded: LoadedSpec, change: Change, progress: Callable[[str], None]) -> ActionResult:

@@ -52,7 +52,9 @@ def _gpus(
     inv = obs.gpu
     if not isinstance(inv, GpuInventory):
         return None, [], []
-    facts, foreign, ours = [], [], []
+    facts: list[GpuFact] = []
+    foreign: list[GpuProcess] = []
+    ours: list[GpuProcess] = []
     for g in inv.gpus:
         facts.append(GpuFact(g.index, g.name, g.compute_capability, g.memory_total, g.memory_free))
         if isinstance(g.processes, tuple):

@@ -70,7 +70,9 @@ def _finding_lines(p: _Painter, f: Finding) -> list[str]:
     lines = [_line(p, symbol, "preflight", text)]
     pad = " " * (5 + _WIDTH)
     if f.fix and f.severity != "info":
-        lines.extend(f"{pad}{'fix: ' if i == 0 else '     '}{part}" for i, part in enumerate(f.fix.splitlines()))
+        lines.extend(
+            f"{pad}{'fix: ' if i == 0 else '     '}{part}" for i, part in enumerate(f.fix.splitlines())
+        )
     table = f.evidence.get("table") if f.severity == "info" else None
     if isinstance(table, str):
         lines.extend(p.dim(f"{pad}{row}") for row in table.splitlines())
@@ -134,7 +136,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def plan_as_data(plan: Plan) -> dict[str, Any]:
-    resources = []
+    resources: list[dict[str, Any]] = []
     for item in plan.items:
         if isinstance(item, Ok):
             resources.append({"resource": item.resource, "status": "ok", "summary": item.summary})

@@ -129,7 +129,9 @@ def _at(key: str, message: str) -> PydanticCustomError:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False, validate_default=True, defer_build=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=False, validate_default=True, defer_build=True
+    )
 
 
 class Machine(_Model):
@@ -144,17 +146,15 @@ class Machine(_Model):
 
 class Gpu(_Model):
     count: int | None = Field(None, ge=0, description="How many GPUs must be visible (None: any).")
-    name: str | None = Field(None, description="Expected GPU name as NVML reports it, e.g. \"NVIDIA H200\".")
-    compute_capability: Annotated[
-        str | None, Expect("a compute capability", 'major.minor, e.g. "12.0"')
-    ] = Field(
-        None, pattern=r"^\d+\.\d+$", description="Expected compute capability, e.g. \"12.0\" for sm_120."
+    name: str | None = Field(None, description='Expected GPU name as NVML reports it, e.g. "NVIDIA H200".')
+    compute_capability: Annotated[str | None, Expect("a compute capability", 'major.minor, e.g. "12.0"')] = (
+        Field(None, pattern=r"^\d+\.\d+$", description='Expected compute capability, e.g. "12.0" for sm_120.')
     )
     memory_gib: float | None = Field(
         None, gt=0, description="Memory per GPU in GiB, used by the preflight when no GPU can be probed."
     )
     min_driver: Annotated[str | None, Expect("a driver version", 'dotted numbers, e.g. "580.95"')] = Field(
-        None, pattern=r"^\d+(\.\d+)*$", description="Lowest acceptable driver version, e.g. \"580.95\"."
+        None, pattern=r"^\d+(\.\d+)*$", description='Lowest acceptable driver version, e.g. "580.95".'
     )
 
 
@@ -165,10 +165,10 @@ class Cuda(_Model):
     )
     gpu_arch: list[GpuArch] = Field(
         default_factory=list,
-        description="Entries that `nvcc --list-gpu-arch` must print, e.g. [\"compute_120\"].",
+        description='Entries that `nvcc --list-gpu-arch` must print, e.g. ["compute_120"].',
     )
     min_version: Annotated[str | None, Expect("a CUDA version", 'major.minor, e.g. "12.9"')] = Field(
-        None, pattern=r"^\d+\.\d+$", description="Lowest nvcc release, e.g. \"12.9\" (sm_120 needs it)."
+        None, pattern=r"^\d+\.\d+$", description='Lowest nvcc release, e.g. "12.9" (sm_120 needs it).'
     )
     headers: list[str] = Field(
         default_factory=list,
@@ -179,7 +179,7 @@ class Cuda(_Model):
 class AptRepository(_Model):
     name: str = Field(description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).")
     uri: str = Field(description="Repository URI (http(s):// or file:/).")
-    suite: str = Field(description="Suite, e.g. \"/\" for a flat repository or \"bookworm\".")
+    suite: str = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
     components: list[str] = Field(default_factory=list, description="Components (empty for flat).")
     keyring: AbsPath | None = Field(
         None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings)."
@@ -194,20 +194,16 @@ class AptRepository(_Model):
     @model_validator(mode="after")
     def _key_or_trusted(self) -> AptRepository:
         if not self.trusted and self.keyring is None:
-            raise _at(
-                "keyring", "missing (a keyring path, or trusted = true for a local test repository)"
-            )
+            raise _at("keyring", "missing (a keyring path, or trusted = true for a local test repository)")
         return self
 
 
 class Apt(_Model):
     packages: list[AptPackage] = Field(
-        default_factory=list, description="Packages that must be installed; \"name=version\" pins."
+        default_factory=list, description='Packages that must be installed; "name=version" pins.'
     )
     repositories: list[AptRepository] = Field(default_factory=list, description="Extra apt sources.")
-    sources_dir: AbsPath = Field(
-        "/etc/apt/sources.list.d", description="Where repository files are written."
-    )
+    sources_dir: AbsPath = Field("/etc/apt/sources.list.d", description="Where repository files are written.")
 
 
 class Venv(_Model):
@@ -218,9 +214,7 @@ class Venv(_Model):
     packages: Annotated[
         dict[PackageName, VersionSpec],
         Expect("a table", 'name = "version specifier" pairs, e.g. { vllm = ">=0.26", ninja = "*" }'),
-    ] = Field(
-        default_factory=dict, description="Distribution -> version specifier (\"*\" for any)."
-    )
+    ] = Field(default_factory=dict, description='Distribution -> version specifier ("*" for any).')
     wheelhouse: AbsPath | None = Field(
         None, description="Install offline from this directory (--no-index --find-links)."
     )
@@ -236,7 +230,7 @@ class Venv(_Model):
 
 
 class Model(_Model):
-    repo: str | None = Field(None, description="Hugging Face repo id, e.g. \"nvidia/NVIDIA-Nemotron-...\".")
+    repo: str | None = Field(None, description='Hugging Face repo id, e.g. "nvidia/NVIDIA-Nemotron-...".')
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit and recorded.")
     source: AbsPath | None = Field(None, description="A local directory to copy from instead of the hub.")
     dir: AbsPath = Field(description="Where the model's files live.")
@@ -273,15 +267,13 @@ class ApiKey(_Model):
 
 class CrashLoop(_Model):
     max_starts: int = Field(3, ge=1, description="Failed starts allowed within `window`.")
-    window: Duration = Field(600.0, description="The window, e.g. \"10m\".")
+    window: Duration = Field(600.0, description='The window, e.g. "10m".')
 
 
 class Server(_Model):
     name: Annotated[
         str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
-    ] = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Deployment name (marker, unit)."
-    )
+    ] = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Deployment name (marker, unit).")
     supervisor: Literal["process", "systemd"] = Field(
         "process", description="process: a detached session of our own; systemd: a generated unit."
     )
@@ -335,5 +327,3 @@ class Spec(_Model):
         if self.server is not None and self.server.model is None and self.model is None:
             raise _at("server", "nothing to serve (set model, or add a [model] section)")
         return self
-
-

@@ -58,7 +58,7 @@ def lookup(path: str) -> LoadedSpec | None:
     try:
         with open(entry, "rb") as f:
             stamps, loaded, encoded = pickle.load(f)
-    except Exception:  # noqa: BLE001 - a damaged or foreign cache file is only a miss
+    except Exception:
         return None
     if not isinstance(loaded, LoadedSpec) or not isinstance(stamps, dict):
         return None
@@ -80,7 +80,6 @@ def store(loaded: LoadedSpec) -> None:
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         from reconcile.host import atomic_write
-
         from reconcile.spec_view import encode
 
         # The LoadedSpec without its pydantic Spec, which is stored as plain data beside it.

@@ -138,8 +138,11 @@ def status_of(loaded: LoadedSpec) -> StatusReport:
         conditions,
         _server_facts(plan, loaded),
         _gpu_processes(plan),
-        [{"rule": f.rule, "severity": f.severity, "message": f.message} for f in plan.findings
-         if f.severity != "info"],
+        [
+            {"rule": f.rule, "severity": f.severity, "message": f.message}
+            for f in plan.findings
+            if f.severity != "info"
+        ],
     )
 
 
@@ -174,14 +177,17 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
     if s:
         stream.write(f"\n  server {s.get('url')}: {s.get('state')}, vLLM {s.get('version') or '?'}\n")
         for m in s.get("models", []):
-            stream.write(f"    model {m.get('id')}: max_model_len {m.get('max_model_len')}, root {m.get('root')}\n")
+            stream.write(
+                f"    model {m.get('id')}: max_model_len {m.get('max_model_len')}, root {m.get('root')}\n"
+            )
         for p in s.get("problems", []):
             stream.write(f"    ✗ {p}\n")
     if report.gpu_processes:
         stream.write("\n  GPU memory by process:\n")
         for p in report.gpu_processes:
             stream.write(
-                f"    GPU {p['gpu']}  pid {p['pid']:<8} {p['used_gib']:>7.2f} GiB  {p['owner']:<8} {p['name']}\n"
+                f"    GPU {p['gpu']}  pid {p['pid']:<8} {p['used_gib']:>7.2f} GiB  "
+                f"{p['owner']:<8} {p['name']}\n"
             )
     for f in report.findings:
         stream.write(f"  {'✗' if f['severity'] == 'error' else '⚠'} preflight {f['message']} [{f['rule']}]\n")

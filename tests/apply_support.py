@@ -181,8 +181,11 @@ class Demo:
         """Server starts recorded in its log by actions.server (one `--- reconcile` line each)."""
         if not self.log.exists():
             return 0
-        return sum(1 for line in self.log.read_text(errors="replace").splitlines()
-                   if line.startswith("--- reconcile") and "starting" in line)
+        return sum(
+            1
+            for line in self.log.read_text(errors="replace").splitlines()
+            if line.startswith("--- reconcile") and "starting" in line
+        )
 
 
 def stop_servers(demo: Demo) -> None:
@@ -223,8 +226,12 @@ def seed_venv(base: Path, packages: Mapping[str, str]) -> Path:
         spec.write_text(
             f'[machine]\nstate_dir = "{home}/state"\n\n[venv]\npath = "{venv}"\npackages = {{ {table} }}\n'
         )
-        proc = subprocess.run([sys.executable, "-m", "reconcile", "apply", "--spec", str(spec)],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "reconcile", "apply", "--spec", str(spec)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode in (0, 2), proc.stdout + proc.stderr
         (home / "done").touch()
         return venv

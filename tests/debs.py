@@ -52,7 +52,9 @@ def build_deb(out_dir: str, name: str, version: str, *, depends: tuple[str, ...]
         deb = os.path.join(out_dir, f"{name}_{version}_all.deb")
         subprocess.run(
             ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", root, deb],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         )
     os.chmod(deb, 0o644)
     return deb

@@ -96,8 +96,11 @@ def test_add_repository_writes_a_signed_by_line_and_copies_the_key(tmp_path: Pat
     keyring = tmp_path / "keyrings" / "cuda.gpg"
     sources = tmp_path / "sources.list.d"
     repo = AptRepository(
-        name="cuda", uri="https://example.invalid/cuda/repos/ubuntu2204/x86_64/", suite="/",
-        keyring=str(keyring), key_source=str(key_source),
+        name="cuda",
+        uri="https://example.invalid/cuda/repos/ubuntu2204/x86_64/",
+        suite="/",
+        keyring=str(keyring),
+        key_source=str(key_source),
     )
 
     first = apt.add_repository(repo, str(sources))
@@ -119,14 +122,22 @@ def test_add_repository_keeps_an_existing_keyring(tmp_path: Path) -> None:
     keyring.write_bytes(b"the admin's key")
     key_source = tmp_path / "other.gpg"
     key_source.write_bytes(b"another key")
-    repo = AptRepository(name="c", uri="https://example.invalid/", suite="bookworm", components=["main"],
-                         keyring=str(keyring), key_source=str(key_source))
+    repo = AptRepository(
+        name="c",
+        uri="https://example.invalid/",
+        suite="bookworm",
+        components=["main"],
+        keyring=str(keyring),
+        key_source=str(key_source),
+    )
 
     apt.add_repository(repo, str(tmp_path))
 
     assert keyring.read_bytes() == b"the admin's key"
-    assert (tmp_path / "reconcile-c.list").read_text().endswith(
-        f"deb [signed-by={keyring}] https://example.invalid/ bookworm main\n"
+    assert (
+        (tmp_path / "reconcile-c.list")
+        .read_text()
+        .endswith(f"deb [signed-by={keyring}] https://example.invalid/ bookworm main\n")
     )
 
 
@@ -137,14 +148,13 @@ def test_add_repository_rewrites_a_list_that_drifted(tmp_path: Path) -> None:
     result = apt.add_repository(repo, str(tmp_path))
 
     assert result.changed and "rewrote" in result.message
-    assert (tmp_path / "reconcile-local.list").read_text().endswith(
-        "deb [trusted=yes] file:/srv/repo ./\n"
-    )
+    assert (tmp_path / "reconcile-local.list").read_text().endswith("deb [trusted=yes] file:/srv/repo ./\n")
 
 
 def test_add_repository_without_key_or_key_source_says_what_to_do(tmp_path: Path) -> None:
-    repo = AptRepository(name="c", uri="https://example.invalid/", suite="/",
-                         keyring=str(tmp_path / "absent.gpg"))
+    repo = AptRepository(
+        name="c", uri="https://example.invalid/", suite="/", keyring=str(tmp_path / "absent.gpg")
+    )
     with pytest.raises(ActionError, match="key_source"):
         apt.add_repository(repo, str(tmp_path))
     assert not (tmp_path / "reconcile-c.list").exists()
@@ -175,7 +185,6 @@ def test_parse_policy_rejects_what_it_cannot_read() -> None:
 
 
 # --- real apt and dpkg -------------------------------------------------------------------------
-
 
 
 @needs_apt

@@ -114,9 +114,7 @@ def test_readers_never_see_home_missing_while_it_is_repointed(
 ) -> None:
     home, stop = str(tmp_path / "cuda"), str(tmp_path / "stop")
     point_home(home, toolkits[0])
-    reader = subprocess.Popen(
-        [sys.executable, "-c", READER, home, stop], stdout=subprocess.PIPE, text=True
-    )
+    reader = subprocess.Popen([sys.executable, "-c", READER, home, stop], stdout=subprocess.PIPE, text=True)
     assert reader.stdout is not None and reader.stdout.readline() == "ready\n"
     try:
         for i in range(400):

@@ -177,9 +177,16 @@ def test_a_download_killed_half_way_resumes_from_where_it_stopped(hub: FakeHub, 
     hub.throttle_bps = 8 * MiB
     d = tmp_path / "model"
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from reconcile.spec import Model; from actions.model import "
-         "download; download(Model(repo=sys.argv[1], dir=sys.argv[2]), progress=False)", REPO, str(d)],
-        cwd=ROOT, env={**os.environ, "HF_ENDPOINT": hub.url},
+        [
+            sys.executable,
+            "-c",
+            "import sys; from reconcile.spec import Model; from actions.model import "
+            "download; download(Model(repo=sys.argv[1], dir=sys.argv[2]), progress=False)",
+            REPO,
+            str(d),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "HF_ENDPOINT": hub.url},
     )
     partial = None
     deadline = time.monotonic() + 30
@@ -286,7 +293,9 @@ def test_a_new_upstream_config_replaces_the_stale_backup(hub: FakeHub, tmp_path:
 
     assert (d / "config.json.bak").read_bytes() == upstream
     assert json.loads((d / "config.json").read_bytes()) == {
-        "architectures": ["Toy"], "max_position_embeddings": 8192, "rope_parameters": {"rope_type": "yarn"}
+        "architectures": ["Toy"],
+        "max_position_embeddings": 8192,
+        "rope_parameters": {"rope_type": "yarn"},
     }
 
 

@@ -28,8 +28,9 @@ ORIGINAL = {
 ROPE = {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}}
 
 
-def _write(d: Path, obj: dict[str, Any] = ORIGINAL, indent: str | int | None = 2, newline: bool = True
-           ) -> bytes:
+def _write(
+    d: Path, obj: dict[str, Any] = ORIGINAL, indent: str | int | None = 2, newline: bool = True
+) -> bytes:
     raw = (json.dumps(obj, indent=indent) + ("\n" if newline else "")).encode()
     (d / "config.json").write_bytes(raw)
     return raw

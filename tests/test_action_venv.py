@@ -123,14 +123,28 @@ def test_install_from_the_index_upgrades_by_specifier_with_pip(made: Venv) -> No
 def test_offline_install_takes_the_wheelhouse_version_without_deps(made: Venv, tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-         "-d", str(wheelhouse), "requests==2.31.0"],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            "-d",
+            str(wheelhouse),
+            "requests==2.31.0",
+        ],
+        check=True,
+        capture_output=True,
     )
-    offline = made.model_copy(update={
-        "wheelhouse": str(wheelhouse), "no_deps": True,
-        "index_url": "http://127.0.0.1:9/unreachable/simple",  # ignored offline; fails if used
-    })
+    offline = made.model_copy(
+        update={
+            "wheelhouse": str(wheelhouse),
+            "no_deps": True,
+            "index_url": "http://127.0.0.1:9/unreachable/simple",  # ignored offline; fails if used
+        }
+    )
 
     result = venv_action.install(offline, {"requests": "*"})
 
@@ -162,7 +176,9 @@ def test_an_install_past_its_timeout_fails_without_showing_index_credentials(
         silent.listen(8)
         port = silent.getsockname()[1]
         monkeypatch.setattr(venv_action, "INSTALL_TIMEOUT_S", 3.0)
-        private = made.model_copy(update={"index_url": f"http://reconcile:s3cret-token@127.0.0.1:{port}/simple"})
+        private = made.model_copy(
+            update={"index_url": f"http://reconcile:s3cret-token@127.0.0.1:{port}/simple"}
+        )
 
         with pytest.raises(ActionError) as failed:
             venv_action.install(private, {"reconcile-no-such-dist": "*"})

@@ -70,8 +70,18 @@ def test_apply_json_reports_each_change_and_only_a_changing_apply_writes_a_gener
     first = seeded.cli("apply", "--json")
     assert first.returncode == 2, first.output
     data = first.json()
-    assert set(data) == {"spec", "exit_code", "refused", "converged", "generation", "notes", "results",
-                         "final_plan", "seconds", "paused"}
+    assert set(data) == {
+        "spec",
+        "exit_code",
+        "refused",
+        "converged",
+        "generation",
+        "notes",
+        "results",
+        "final_plan",
+        "seconds",
+        "paused",
+    }
     assert (data["exit_code"], data["refused"], data["converged"], data["generation"]) == (2, None, True, 1)
     assert [r["resource"] for r in data["results"]] == ["model.files", "model.config", "api_key", "server"]
     for r in data["results"]:
@@ -92,7 +102,10 @@ def test_apply_json_reports_each_change_and_only_a_changing_apply_writes_a_gener
     assert recorded["resolved"]["packages"]["ninja"]
     assert recorded["resolved"]["server_identity"] == seeded.server_environ("RECONCILE_IDENTITY")
     assert [c["resource"] for c in recorded["changes"]] == [
-        "model.files", "model.config", "api_key", "server"
+        "model.files",
+        "model.config",
+        "api_key",
+        "server",
     ]
 
 
@@ -118,7 +131,10 @@ def test_a_config_patch_change_is_planned_as_a_restart_and_applied_with_one(seed
 def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t", *args],
-        cwd=cwd, check=True, capture_output=True, text=True,
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
 
 

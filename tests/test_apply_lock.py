@@ -53,8 +53,9 @@ def test_two_applies_started_together_run_one_after_the_other_and_no_action_runs
     generations = demo.generations()
     assert len(generations) == 1
     done = [(c["resource"], c["result"]) for g in generations for c in g["changes"]]
-    assert done == [(r, "changed") for r in
-                    ("venv", "venv.packages", "model.files", "model.config", "api_key", "server")]
+    assert done == [
+        (r, "changed") for r in ("venv", "venv.packages", "model.files", "model.config", "api_key", "server")
+    ]
     assert demo.starts_in_log() == 1
     assert len(demo.server_pids()) == 2  # the server and its engine: one deployment
     assert demo.lock_file.read_bytes() == b""

@@ -98,8 +98,9 @@ def recover(demo: Demo, key_before: bytes | None) -> None:
     assert len(demo.server_pids()) == 2  # one server and its engine: no second deployment
     assert demo.pidfile.exists() and int(demo.pidfile.read_text()) in demo.server_pids()
     token = key.decode().strip()
-    models = http_request("GET", "127.0.0.1", demo.port, "/v1/models",
-                          headers={"Authorization": f"Bearer {token}"})
+    models = http_request(
+        "GET", "127.0.0.1", demo.port, "/v1/models", headers={"Authorization": f"Bearer {token}"}
+    )
     assert models.status == 200
 
 

@@ -23,30 +23,44 @@ import pytest
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(os.environ.get("RECONCILE_GPU_LAB") != "1", reason="needs the GPU lab (RECONCILE_GPU_LAB=1)"),
+    pytest.mark.skipif(
+        os.environ.get("RECONCILE_GPU_LAB") != "1", reason="needs the GPU lab (RECONCILE_GPU_LAB=1)"
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = Path("/opt/reconcile-lab")
 SPEC = ROOT / "specs" / "h200-lab.toml"
 FIGURES: dict[str, Any] = {}
-MULTI_GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+MULTI_GPU_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 def cli(*args: str, timeout: float = 900) -> tuple[int, str, str, float]:
     """The reconcile CLI in a fresh interpreter, its deps from RECONCILE_SITE (never via PYTHONPATH)."""
     site = os.environ.get("RECONCILE_SITE", "")
     boot = (
-        "import sys; sys.path[:0] = [p for p in (%r, %r) if p]; from reconcile.cli import main; sys.exit(main())"
-        % (site, str(ROOT))
+        f"import sys; sys.path[:0] = [p for p in ({site!r}, {str(ROOT)!r}) if p]; "
+        "from reconcile.cli import main; sys.exit(main())"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", boot, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", boot, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     took = time.monotonic() - started
-    print(f"\n$ reconcile {' '.join(args)}  -> exit {proc.returncode} in {took:.2f}s\n{proc.stdout[-4000:]}"
-          f"{proc.stderr[-3000:]}")
+    print(
+        f"\n$ reconcile {' '.join(args)}  -> exit {proc.returncode} in {took:.2f}s\n{proc.stdout[-4000:]}"
+        f"{proc.stderr[-3000:]}"
+    )
     return proc.returncode, proc.stdout, proc.stderr, took
 
 
@@ -143,19 +157,38 @@ def test_probes_match_nvidia_smi() -> None:
     inv = gpu.probe(spec)
     assert isinstance(inv, GpuInventory), inv
     smi = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,compute_cap,memory.total,memory.used,memory.free",
-         "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True).stdout
+        [
+            "nvidia-smi",
+            "--query-gpu=index,name,uuid,driver_version,compute_cap,memory.total,memory.used,memory.free",
+            "--format=csv,noheader,nounits",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     rows = parse_nvidia_smi_csv(smi)
     FIGURES["nvidia_smi"] = smi.strip()
-    FIGURES["nvml"] = [{"name": g.name, "cc": g.compute_capability, "total_mib": g.memory_total / 2**20,
-                        "used_mib": g.memory_used / 2**20, "free_mib": g.memory_free / 2**20} for g in inv.gpus]
+    FIGURES["nvml"] = [
+        {
+            "name": g.name,
+            "cc": g.compute_capability,
+            "total_mib": g.memory_total / 2**20,
+            "used_mib": g.memory_used / 2**20,
+            "free_mib": g.memory_free / 2**20,
+        }
+        for g in inv.gpus
+    ]
     assert len(rows) == len(inv.gpus)
-    for row, g in zip(rows, inv.gpus):
+    for row, g in zip(rows, inv.gpus, strict=False):
         assert (row.name, row.uuid, row.compute_capability) == (g.name, g.uuid, g.compute_capability)
         assert row.driver_version == inv.driver_version
         assert abs(row.memory_total - g.memory_total) < 2**20
         FIGURES.setdefault("used_free_diff_mib", []).append(
-            [round((row.memory_used - g.memory_used) / 2**20, 1), round((row.memory_free - g.memory_free) / 2**20, 1)])
+            [
+                round((row.memory_used - g.memory_used) / 2**20, 1),
+                round((row.memory_free - g.memory_free) / 2**20, 1),
+            ]
+        )
         assert g.compute_capability == "9.0"
     tk = cuda.probe(spec)
     assert tk is not None and "compute_90" in tk.nvcc.gpu_archs  # type: ignore[union-attr]
@@ -219,7 +252,8 @@ def test_sigkill_of_the_api_server_leaves_a_stray_that_apply_cleans_up() -> None
     on_gpu = gpu_pids()
     held = {p["pid"]: on_gpu.get(p["pid"], 0) for p in strays}
     FIGURES["stray_after_sigkill"] = [
-        {"pid": p["pid"], "name": p["name"], "gpu_gib": round(held[p["pid"]] / 2**30, 2)} for p in strays]
+        {"pid": p["pid"], "name": p["name"], "gpu_gib": round(held[p["pid"]] / 2**30, 2)} for p in strays
+    ]
     assert strays and any(v > 0 for v in held.values()), (procs, on_gpu)
     assert data["_code"] == 2
     code, _out, _err, took = cli("apply", "--spec", spec)
@@ -233,11 +267,16 @@ def test_sigkill_of_the_api_server_leaves_a_stray_that_apply_cleans_up() -> None
 def test_foreign_gpu_process_is_reported_and_never_signalled() -> None:
     spec = str(LAB / "spec-len512.toml")
     hog = subprocess.Popen(
-        [sys.executable, "-c",
-         "import torch, time, sys; free, total = torch.cuda.mem_get_info(); "
-         "x = torch.empty(int(free * 0.6), dtype=torch.uint8, device='cuda'); "
-         "print('holding', x.numel(), flush=True); time.sleep(600)"],
-        stdout=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if not k.startswith("RECONCILE")},
+        [
+            sys.executable,
+            "-c",
+            "import torch, time, sys; free, total = torch.cuda.mem_get_info(); "
+            "x = torch.empty(int(free * 0.6), dtype=torch.uint8, device='cuda'); "
+            "print('holding', x.numel(), flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RECONCILE")},
     )
     try:
         assert hog.stdout is not None and hog.stdout.readline().startswith("holding")
@@ -245,8 +284,13 @@ def test_foreign_gpu_process_is_reported_and_never_signalled() -> None:
         gpu_procs = [p for g in data["observed"]["gpu"]["gpus"] for p in g["processes"]]
         assert any(p["pid"] == hog.pid for p in gpu_procs)
         assert data["_code"] in (0, 2)
-        greedy = variant("greedy", {"max-model-len = 1024": "max-model-len = 512",
-                                    "gpu-memory-utilization = 0.3": "gpu-memory-utilization = 0.9"})
+        greedy = variant(
+            "greedy",
+            {
+                "max-model-len = 1024": "max-model-len = 512",
+                "gpu-memory-utilization = 0.3": "gpu-memory-utilization = 0.9",
+            },
+        )
         data = plan_json(greedy)
         errors = [f for f in data["findings"] if f["severity"] == "error"]
         FIGURES["foreign_refusal"] = [f["message"] for f in errors]
@@ -281,10 +325,13 @@ def test_tensor_parallel_two_workers_and_the_zombie_scenario() -> None:
     if gpu_count() < 2:
         pytest.skip("needs two GPUs")
     env_lines = "\n".join(f'{k} = "{v}"' for k, v in MULTI_GPU_ENV.items())
-    spec = variant("tp2", {
-        "args = { max-model-len = 1024,": "args = { tensor-parallel-size = 2, max-model-len = 1024,",
-        'VLLM_USE_FLASHINFER_SAMPLER = "0"': f'VLLM_USE_FLASHINFER_SAMPLER = "0"\n{env_lines}',
-    })
+    spec = variant(
+        "tp2",
+        {
+            "args = { max-model-len = 1024,": "args = { tensor-parallel-size = 2, max-model-len = 1024,",
+            'VLLM_USE_FLASHINFER_SAMPLER = "0"': f'VLLM_USE_FLASHINFER_SAMPLER = "0"\n{env_lines}',
+        },
+    )
     code, _out, _err, took = cli("apply", "--spec", spec)
     FIGURES["tp2_apply_s"] = round(took, 1)
     assert code == 2
@@ -297,8 +344,10 @@ def test_tensor_parallel_two_workers_and_the_zombie_scenario() -> None:
     data = plan_json(spec)
     strays = [p for p in data["observed"]["server"]["processes"] if p["role"] == "stray"]
     on_gpu = gpu_pids()
-    FIGURES["tp2_strays"] = [{"pid": p["pid"], "name": p["name"],
-                              "gpu_gib": round(on_gpu.get(p["pid"], 0) / 2**30, 2)} for p in strays]
+    FIGURES["tp2_strays"] = [
+        {"pid": p["pid"], "name": p["name"], "gpu_gib": round(on_gpu.get(p["pid"], 0) / 2**30, 2)}
+        for p in strays
+    ]
     assert sum(1 for p in strays if p["name"].startswith("VLLM::Worker")) == 2
     code, _out, _err, took = cli("apply", "--spec", spec)
     FIGURES["tp2_cleanup_s"] = round(took, 1)

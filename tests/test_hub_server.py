@@ -27,9 +27,9 @@ def hub() -> Iterator[FakeHub]:
         yield h
 
 
-def _get(hub: FakeHub, path: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[
-    int, dict[str, str], bytes
-]:
+def _get(
+    hub: FakeHub, path: str, headers: dict[str, str] | None = None, method: str = "GET"
+) -> tuple[int, dict[str, str], bytes]:
     host, port = hub.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=5)
     try:

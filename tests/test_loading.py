@@ -365,8 +365,12 @@ trusted = true
 uri = "file:/srv/two"
 suite = "/"
 '''
-    path = _write(tmp_path / "s.toml", text.replace("server.port = 8000", 'machine.hostname = "box"')
-                  .replace("description", "machine.description"))
+    path = _write(
+        tmp_path / "s.toml",
+        text.replace("server.port = 8000", 'machine.hostname = "box"').replace(
+            "description", "machine.description"
+        ),
+    )
     with pytest.raises(SpecError) as caught:
         load_spec(path)
     assert str(caught.value) == (
@@ -467,8 +471,14 @@ def test_schema_text_lists_every_key_with_default_and_description() -> None:
         out = []
         for name, field in model.model_fields.items():
             ann = field.annotation
-            sub = next((a for a in (ann, *getattr(ann, "__args__", ())) if isinstance(a, type)
-                        and issubclass(a, BaseModel)), None)
+            sub = next(
+                (
+                    a
+                    for a in (ann, *getattr(ann, "__args__", ()))
+                    if isinstance(a, type) and issubclass(a, BaseModel)
+                ),
+                None,
+            )
             if sub is not None:
                 many = "list" in str(ann)
                 out += keys(sub, f"{prefix}{name}{'[]' if many else ''}.")
@@ -514,16 +524,36 @@ def test_the_line_index_finds_every_key_where_it_is_written() -> None:
     from reconcile.loading import _Scan
 
     index = _Scan(TRICKY).lines
-    assert {k: index[k] for k in ("a.b.c", '"quoted key".x', "t.u", "t.dt", "t.arr[1][1]", "t.inl.b.c[0].d",
-                                  "aot[0].sub.m", "aot[1].n", "t.deeper.k")} == {
-        "a.b.c": 2, '"quoted key".x': 3, "t.u": 8, "t.dt": 10, "t.arr[1][1]": 12, "t.inl.b.c[0].d": 13,
-        "aot[0].sub.m": 17, "aot[1].n": 19, "t.deeper.k": 21,
+    assert {
+        k: index[k]
+        for k in (
+            "a.b.c",
+            '"quoted key".x',
+            "t.u",
+            "t.dt",
+            "t.arr[1][1]",
+            "t.inl.b.c[0].d",
+            "aot[0].sub.m",
+            "aot[1].n",
+            "t.deeper.k",
+        )
+    } == {
+        "a.b.c": 2,
+        '"quoted key".x': 3,
+        "t.u": 8,
+        "t.dt": 10,
+        "t.arr[1][1]": 12,
+        "t.inl.b.c[0].d": 13,
+        "aot[0].sub.m": 17,
+        "aot[1].n": 19,
+        "t.deeper.k": 21,
     }
     assert "x" not in index and "x.y" not in index  # inside a multi-line literal string
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "specs").glob("*.toml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "specs").glob("*.toml")), ids=lambda p: p.name
+)
 def test_every_key_of_a_showcase_spec_is_indexed_at_its_line(path: Path) -> None:
     import tomlkit
 

@@ -22,8 +22,10 @@ def test_packaged_config_is_the_fixture_with_real_field_values() -> None:
     assert known_model("someone/unknown-model") is None
 
 
-@pytest.mark.skipif(os.path.exists("/root/models/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"),
-                    reason="the model is really there: the plan reads it instead")
+@pytest.mark.skipif(
+    os.path.exists("/root/models/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"),
+    reason="the model is really there: the plan reads it instead",
+)
 def test_reference_plan_shows_the_article_memory_math_before_download() -> None:
     plan = make_plan(load_spec(REFERENCE))
     fit = [f for f in plan.findings if f.rule == "memory.fit"]

@@ -56,7 +56,12 @@ def test_sigkilled_server_leaves_a_stray_that_the_probe_names_and_a_start_cleans
     (stray,) = seen.strays
     # Found by the dead server's session: its /proc environ (overwritten, as setproctitle does in
     # vLLM's EngineCore) no longer shows the marker nor the identity.
-    assert (stray.pid, stray.pgid, stray.sid, stray.identity) == (engine.pid, first.server.pid, first.server.pid, None)
+    assert (stray.pid, stray.pgid, stray.sid, stray.identity) == (
+        engine.pid,
+        first.server.pid,
+        first.server.pid,
+        None,
+    )
     assert "VLLM::EngineCore" in " ".join(stray.cmdline) and stray.name == "VLLM::EngineCor"
     assert lock_is_held(d.hold / "cuda0.lock")  # the "14.8 GiB" the real EngineCore kept
     assert health.probe(spec).state == "not_listening"

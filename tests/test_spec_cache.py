@@ -57,8 +57,8 @@ def test_a_converged_plan_from_the_cache_imports_neither_pydantic_nor_tomlkit(sp
     path = str(specs / "blackwell-2x5090.toml")
     spec_cache.load(path)
     code = (
-        "import sys; from reconcile.cli import main; main(['plan', '--spec', %r, '--quiet']); "
-        "print(sorted(m for m in ('pydantic', 'tomlkit') if m in sys.modules))" % path
+        f"import sys; from reconcile.cli import main; main(['plan', '--spec', {path!r}, '--quiet']); "
+        "print(sorted(m for m in ('pydantic', 'tomlkit') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -59,19 +59,27 @@ def test_the_reference_machine_is_the_article_launch_script() -> None:
     assert spec.api_key is not None
     assert loaded.files[1] == str(SPECS / "base.toml")
     assert (spec.gpu.count, spec.gpu.compute_capability, spec.gpu.memory_gib, spec.gpu.min_driver) == (
-        2, "12.0", 31.36, "580.95",
+        2,
+        "12.0",
+        31.36,
+        "580.95",
     )
     assert (spec.cuda.home, spec.cuda.target, spec.cuda.gpu_arch, spec.cuda.min_version) == (
-        "/usr/local/cuda", "/usr/local/cuda-13.0", ["compute_120"], "12.9",
+        "/usr/local/cuda",
+        "/usr/local/cuda-13.0",
+        ["compute_120"],
+        "12.9",
     )
     assert spec.cuda.headers == ["cublasLt.h", "curand_kernel.h", "nvrtc.h", "cusparse.h"]
     article = (SHARED / "reference/nemotron-on-blackwell.txt").read_text()
-    step2 = article[article.index("Step 2"): article.index("Reasoning: vLLM nightly")]
+    step2 = article[article.index("Step 2") : article.index("Reasoning: vLLM nightly")]
     step2_packages = set(re.findall(r"^([a-z0-9.+-]+-(?:13-0|cuda-13)) ?\\?$", step2, re.M))
     assert len(step2_packages) == 10 and step2_packages <= set(spec.apt.packages)
     assert len(set(spec.apt.packages)) == 11  # the ten of step 2 and step 1's python3.10-venv
     assert (spec.venv.path, spec.venv.python, spec.venv.extra_index_urls) == (
-        "/opt/vllm-venv", "python3.10", ["https://wheels.vllm.ai/nightly"],
+        "/opt/vllm-venv",
+        "python3.10",
+        ["https://wheels.vllm.ai/nightly"],
     )
     assert spec.venv.packages == {"ninja": "*", "huggingface_hub": "*", "vllm": ">=0.26.0rc1"}
     assert spec.model.repo == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"
@@ -81,11 +89,14 @@ def test_the_reference_machine_is_the_article_launch_script() -> None:
     }
     assert spec.api_key.file == "/root/vllm-api.key"
     assert (spec.server.name, spec.server.host, spec.server.port, spec.server.served_model_name) == (
-        "nemotron", "0.0.0.0", 20000, "nemotron-nano",
+        "nemotron",
+        "0.0.0.0",
+        20000,
+        "nemotron-nano",
     )
     assert (spec.server.log, spec.server.startup_timeout) == ("/var/log/vllm/nemotron.log", 900.0)
     # Every flag of the launch script but --api-key (the key goes by environment), in its words.
-    script = article[article.index("exec $VENV/bin/vllm serve"): article.index(">> $LOG")]
+    script = article[article.index("exec $VENV/bin/vllm serve") : article.index(">> $LOG")]
     flags = dict(re.findall(r"--([a-z-]+)(?: ([^\s\\]+))?", script))
     flags.pop("api-key")
     for owned in ("host", "port", "served-model-name"):
@@ -130,8 +141,14 @@ def test_the_cpu_demo_writes_only_under_tmp_and_runs_the_fake_vllm() -> None:
     assert spec.gpu is None and spec.cuda is None
     assert spec.venv is not None and spec.model is not None and spec.server is not None
     assert spec.api_key is not None
-    written = [spec.machine.state_dir, spec.venv.path, spec.model.dir, spec.api_key.file, spec.server.log,
-               spec.server.pidfile]
+    written = [
+        spec.machine.state_dir,
+        spec.venv.path,
+        spec.model.dir,
+        spec.api_key.file,
+        spec.server.log,
+        spec.server.pidfile,
+    ]
     assert all(str(p).startswith("/tmp/reconcile-demo/") for p in written), written
     repo = SPECS.parent
     assert spec.server.executable == str(repo / "tests/fakes/vllm")

@@ -142,7 +142,8 @@ def child_main(argv: list) -> None:
             print(
                 f"ValueError: Free memory on device cuda:{rank} (1.2/139.8 GiB) on startup is less than "
                 "desired GPU memory utilization (0.9, 125.8 GiB). Decrease GPU memory utilization or "
-                "reduce GPU memory used by other processes.", flush=True,
+                "reduce GPU memory used by other processes.",
+                flush=True,
             )
             ok = False
     child_port = os.environ.get("FAKE_VLLM_CHILD_PORT")  # an engine-side socket, like its ZMQ ports
@@ -181,11 +182,20 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
     engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port)])
-    log("INFO", "core.py:93", f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', "
-        f"tensor_parallel_size={tp}, served_model_name={names[0]}", "EngineCore_DP0", engine.pid)
+    log(
+        "INFO",
+        "core.py:93",
+        f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', "
+        f"tensor_parallel_size={tp}, served_model_name={names[0]}",
+        "EngineCore_DP0",
+        engine.pid,
+    )
     if not ready:
-        print("RuntimeError: Engine core initialization failed. See root cause above. "
-              f"Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}", flush=True)
+        print(
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            f"Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}",
+            flush=True,
+        )
         return 1
     if stop.wait(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "1.0"))):
         stop_children([engine])
@@ -193,18 +203,28 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     failure = os.environ.get("FAKE_VLLM_FAIL_WITH")
     if failure:
         print(f"(EngineCore_DP0 pid={engine.pid}) {failure}", flush=True)
-        print("RuntimeError: Engine core initialization failed. See root cause above. "
-              "Failed core proc(s): {}", flush=True)
+        print(
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            flush=True,
+        )
         stop_children([engine])
         return 1
     kv_tokens = int(os.environ.get("FAKE_VLLM_KV_TOKENS", "4194304"))
-    log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {kv_tokens:,} tokens", "EngineCore_DP0",
-        engine.pid)
+    log(
+        "INFO",
+        "kv_cache_utils.py:1087",
+        f"GPU KV cache size: {kv_tokens:,} tokens",
+        "EngineCore_DP0",
+        engine.pid,
+    )
     if max_model_len > kv_tokens:
-        print(f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
-              f"({max_model_len * 3072 / 2**30:.2f} GiB KV cache is needed, which is larger than the "
-              "available KV cache memory (1.00 GiB). Based on the available memory, the estimated maximum "
-              f"model length is {kv_tokens}.", flush=True)
+        print(
+            f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
+            f"({max_model_len * 3072 / 2**30:.2f} GiB KV cache is needed, which is larger than the "
+            "available KV cache memory (1.00 GiB). Based on the available memory, the estimated maximum "
+            f"model length is {kv_tokens}.",
+            flush=True,
+        )
         stop_children([engine])
         return 1
     bound = type("Handler", (handler,), {"state": state})
@@ -213,8 +233,11 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     try:
         httpd = ThreadingHTTPServer((host, port), bound)
     except OSError as exc:
-        uvicorn(f"[Errno {exc.errno}] error while attempting to bind on address ('{host}', {port}): "
-                f"{exc.strerror.lower() if exc.strerror else exc}", "ERROR")
+        uvicorn(
+            f"[Errno {exc.errno}] error while attempting to bind on address ('{host}', {port}): "
+            f"{exc.strerror.lower() if exc.strerror else exc}",
+            "ERROR",
+        )
         stop_children([engine])
         return 1
     log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on http://{host}:{port}")
@@ -234,13 +257,17 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
 
 def watch_engine(engine: subprocess.Popen, state: object, stop: threading.Event, exit_on_death: bool) -> None:
     """Engine death: /health turns 503 (0.11+); 0.10.x answers 500 and the server exits."""
+
     def run() -> None:
         while engine.poll() is None and not stop.is_set():
             time.sleep(0.1)
         if stop.is_set():
             return
-        log("ERROR", "core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
-            "client.")
+        log(
+            "ERROR",
+            "core_client.py:564",
+            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        )
         state.engine_dead = True  # type: ignore[attr-defined]
         if exit_on_death:
             time.sleep(0.5)
@@ -274,10 +301,16 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
             parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
             prompt = " ".join(parts)
     tools, choice, args = req.get("tools") or [], req.get("tool_choice"), st.args
-    if choice == "auto" and tools and not (getattr(args, "enable_auto_tool_choice", None)
-                                           and getattr(args, "tool_call_parser", None)):
-        return 400, error(400, "BadRequestError", '"auto" tool choice requires --enable-auto-tool-choice '
-                          "and --tool-call-parser to be set")
+    if (
+        choice == "auto"
+        and tools
+        and not (getattr(args, "enable_auto_tool_choice", None) and getattr(args, "tool_call_parser", None))
+    ):
+        return 400, error(
+            400,
+            "BadRequestError",
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+        )
     forced = None
     if isinstance(choice, dict):
         wanted = (choice.get("function") or {}).get("name")
@@ -286,17 +319,27 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
             return 400, error(400, "BadRequestError", f"Tool '{wanted}' has not been passed in `tools`.")
     elif choice == "required" and tools:
         forced = tools[0]
-    answer = ("The capital of France is Paris." if "France" in prompt
-              else f"This is the fake vLLM's answer to: {prompt[:60]}")
+    answer = (
+        "The capital of France is Paris."
+        if "France" in prompt
+        else f"This is the fake vLLM's answer to: {prompt[:60]}"
+    )
     message: dict = {"role": "assistant", "content": answer, "tool_calls": []}
     if forced is not None:
         fn = forced["function"]
         props = (fn.get("parameters") or {}).get("properties") or {}
-        arguments = {k: example_value(props.get(k, {}), prompt)
-                     for k in (fn.get("parameters") or {}).get("required") or []}
+        arguments = {
+            k: example_value(props.get(k, {}), prompt)
+            for k in (fn.get("parameters") or {}).get("required") or []
+        }
         message["content"] = None
-        message["tool_calls"] = [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
-                                  "function": {"name": fn["name"], "arguments": json.dumps(arguments)}}]
+        message["tool_calls"] = [
+            {
+                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": json.dumps(arguments)},
+            }
+        ]
     thought = None
     if getattr(args, "reasoning_parser", None):
         thought = f"The user asks: {prompt[:80]}. Answer briefly."
@@ -310,10 +353,21 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
         st.counts["prompt"] += prompt_tokens
         st.counts["generation"] += completion_tokens
     return 200, {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": st.names[0],
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": "tool_calls" if forced is not None else "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": "tool_calls" if forced is not None else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }

@@ -69,8 +69,15 @@ class _Entry:
 
     def snapshot(self) -> LoggedRequest:
         return LoggedRequest(
-            self.method, self.path, self.query, self.range, self.server, self.status, self.filename,
-            self.body_bytes, self.done,
+            self.method,
+            self.path,
+            self.query,
+            self.range,
+            self.server,
+            self.status,
+            self.filename,
+            self.body_bytes,
+            self.done,
         )
 
 
@@ -239,8 +246,17 @@ class FakeHub:
                     lfs = e["lfs"]
                     sib["lfs"] = {"sha256": lfs["oid"], "size": e["size"], "pointerSize": lfs["pointerSize"]}
             siblings.append(sib)
-        return {"_id": hashlib.md5(repo.encode()).hexdigest()[:24], "id": repo, "modelId": repo, "sha": sha,
-                "private": False, "gated": False, "disabled": False, "tags": [], "siblings": siblings}
+        return {
+            "_id": hashlib.md5(repo.encode()).hexdigest()[:24],
+            "id": repo,
+            "modelId": repo,
+            "sha": sha,
+            "private": False,
+            "gated": False,
+            "disabled": False,
+            "tags": [],
+            "siblings": siblings,
+        }
 
     def tree(self, repo: str, revision: str, path: str, recursive: bool) -> list[dict[str, Any]]:
         _, files = self._commit(repo, revision)
@@ -250,7 +266,7 @@ class FakeHub:
         for name in sorted(files):
             if not name.startswith(prefix):
                 continue
-            rest = name[len(prefix):]
+            rest = name[len(prefix) :]
             parts = rest.split("/")
             for i in range(1, len(parts)):
                 d = prefix + "/".join(parts[:i])
@@ -297,7 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
             if self.server.role == "cdn":
                 self._cdn(entry, split.path, parse_qs(split.query), head)
             elif split.path.startswith("/api/models/"):
-                self._api(entry, split.path[len("/api/models/"):], parse_qs(split.query), head)
+                self._api(entry, split.path[len("/api/models/") :], parse_qs(split.query), head)
             elif "/resolve/" in split.path:
                 self._resolve(entry, split.path, head)
             else:
@@ -306,8 +322,14 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"X-Error-Code": err.code} if err.code else {}
             headers.update(err.headers)
             headers["X-Error-Message"] = err.message
-            self._send(entry, err.status, json.dumps({"error": err.message}).encode(), headers,
-                       head=head, content_type="application/json")
+            self._send(
+                entry,
+                err.status,
+                json.dumps({"error": err.message}).encode(),
+                headers,
+                head=head,
+                content_type="application/json",
+            )
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
@@ -331,15 +353,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         repo = unquote(rest.rstrip("/"))
         sha, _ = hub._commit(repo, "main")
-        self._send(entry, 200, json.dumps(hub.model_info(repo, sha, False)).encode(), {}, head=head,
-                   content_type="application/json")
+        self._send(
+            entry,
+            200,
+            json.dumps(hub.model_info(repo, sha, False)).encode(),
+            {},
+            head=head,
+            content_type="application/json",
+        )
 
     def _split_repo(self, rest: str, kind: str) -> tuple[str, bool, str]:
         # A repo id holds one "/" at most, so a known repo is matched first, then the first marker.
         marker = f"/{kind}/"
         for repo in sorted(self.server.hub.repos, key=len, reverse=True):
             if rest.startswith(repo + marker):
-                return repo, True, rest[len(repo) + len(marker):]
+                return repo, True, rest[len(repo) + len(marker) :]
         if marker in rest:
             repo, tail = rest.split(marker, 1)
             return unquote(repo), True, tail
@@ -359,12 +387,14 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
         if hub._is_lfs(filename):
             digest = hashlib.sha256(data).hexdigest()
-            headers.update({
-                "ETag": f'"{git_blob_sha1(lfs_pointer(data))}"',
-                "X-Linked-Etag": f'"{digest}"',
-                "X-Linked-Size": str(len(data)),
-                "Location": f"{hub.cdn_url}/lfs/{digest}?filename={quote(filename)}",
-            })
+            headers.update(
+                {
+                    "ETag": f'"{git_blob_sha1(lfs_pointer(data))}"',
+                    "X-Linked-Etag": f'"{digest}"',
+                    "X-Linked-Size": str(len(data)),
+                    "Location": f"{hub.cdn_url}/lfs/{digest}?filename={quote(filename)}",
+                }
+            )
             self._send(entry, 302, b"", headers, head=True)
             return
         headers["ETag"] = f'"{git_blob_sha1(data)}"'
@@ -373,7 +403,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _cdn(self, entry: _Entry, raw: str, query: dict[str, list[str]], head: bool) -> None:
         if not raw.startswith("/lfs/"):
             raise _HubError(404, None, "no such object")
-        data = self.server.hub._blob(raw[len("/lfs/"):])
+        data = self.server.hub._blob(raw[len("/lfs/") :])
         if data is None:
             raise _HubError(404, None, "no such object")
         entry.filename = query.get("filename", [None])[0]
@@ -395,16 +425,31 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ValueError(rng)
                 end = min(end, len(data))
             except ValueError:
-                raise _HubError(416, None, f"unsatisfiable range {rng}",
-                                {"Content-Range": f"bytes */{len(data)}"}) from None
+                raise _HubError(
+                    416, None, f"unsatisfiable range {rng}", {"Content-Range": f"bytes */{len(data)}"}
+                ) from None
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
-        self._send(entry, status, data[start:end], headers, head=head,
-                   content_type="application/octet-stream", stream=not head)
+        self._send(
+            entry,
+            status,
+            data[start:end],
+            headers,
+            head=head,
+            content_type="application/octet-stream",
+            stream=not head,
+        )
 
     def _send(
-        self, entry: _Entry, status: int, body: bytes, headers: Mapping[str, str], *, head: bool,
-        content_type: str = "text/plain", stream: bool = False,
+        self,
+        entry: _Entry,
+        status: int,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        head: bool,
+        content_type: str = "text/plain",
+        stream: bool = False,
     ) -> None:
         entry.status = status
         self.send_response(status)
@@ -421,7 +466,7 @@ class _Handler(BaseHTTPRequestHandler):
         chunk = max(1024, min(64 * 1024, bps // 20)) if bps else 256 * 1024
         began, sent = time.monotonic(), 0
         while sent < len(body):
-            piece = body[sent:sent + chunk]
+            piece = body[sent : sent + chunk]
             if drop is not None and sent + len(piece) >= drop:
                 piece = piece[: max(0, drop - sent)]
                 self.wfile.write(piece)
