@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from actions.supervising import ProgressFn, ReadinessProgress
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
-from reconcile.identity import IDENTITY, MARKER, Identity, launch_identity, state_file_path
+from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
 from reconcile.plan import ActionResult
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def launch_command(
     )
     env = {"HOME": base.get("HOME") or "/root", "LANG": base.get("LANG") or "C.UTF-8", **declared}
     env["PATH"] = declared["PATH"].replace("$PATH", base.get("PATH") or DEFAULT_PATH)
-    env[MARKER] = server.name
+    env[MARKER] = deployment_id(spec)
     env[IDENTITY] = identity.digest
     return LaunchCommand(tuple(argv), env, identity, secret)
 

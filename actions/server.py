@@ -31,6 +31,7 @@ from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
 from reconcile.identity import (
     IDENTITY,
+    deployment_id,
     explain_change,
     launched_sessions,
     pidfile_path,
@@ -88,7 +89,7 @@ def ensure_running(
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
     stopped = supervising.stop_marked(
-        server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec)
+        deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
     )
     holder = _port_holder(server.port)
     if holder is not None:
@@ -117,7 +118,7 @@ def _keep(
     except ProcessLookupError:
         return None
     strays = supervising.stop_marked(
-        server.name, timeout=server.stop_timeout, spare_pgid=pgid, sessions=launched_sessions(spec)
+        deployment_id(spec), timeout=server.stop_timeout, spare_pgid=pgid, sessions=launched_sessions(spec)
     )
     note = f"; stray(s) {strays.describe()}" if strays.terminated else ""
     health = _health_status(spec)
@@ -150,7 +151,7 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
     outcome = supervising.stop_marked(
-        server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec)
+        deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
     )
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
@@ -162,7 +163,7 @@ def ensure_stopped(spec: Spec) -> ActionResult:
 def current_pid(spec: Spec) -> int | None:
     """The live server: the pidfile's process when alive and marked (a reused pid is not ours), else a
     marked session leader (a start whose pidfile was never written, or a systemd main process)."""
-    marked = supervising.marked_pids(_server(spec).name, sessions=launched_sessions(spec))
+    marked = supervising.marked_pids(deployment_id(spec), sessions=launched_sessions(spec))
     try:
         with open(pidfile_path(spec), encoding="ascii") as f:
             pid = int(f.read().split()[0])
@@ -259,7 +260,9 @@ def _start(
     history[-1]["outcome"] = "failed" if failure else "ok"
     if failure:
         history[-1]["reason"] = failure.reason
-        supervising.stop_marked(server.name, timeout=server.stop_timeout, sessions=launched_sessions(spec))
+        supervising.stop_marked(
+            deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
+        )
     write_record(spec, record)
     if failure:
         raise ServerStartError(server.name, failure)

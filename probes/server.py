@@ -18,6 +18,7 @@ from probes.common import Absent, Invalid
 from reconcile.identity import (
     IDENTITY,
     MARKER,
+    deployment_id,
     deployment_members,
     launched_sessions,
     pidfile_path,
@@ -268,7 +269,7 @@ def probe(spec: Spec) -> ServerObservation:
     btime, ticks = _boot_time(), os.sysconf("SC_CLK_TCK")
     found = [
         p
-        for pid, env in _marked(server.name, launched_sessions(spec))
+        for pid, env in _marked(deployment_id(spec), launched_sessions(spec))
         if (p := _process(pid, env, btime, ticks)) is not None
     ]
     pidfile = _pidfile(pidfile_path(spec), {p.pid for p in found})

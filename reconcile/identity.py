@@ -213,6 +213,18 @@ _DETAIL = {
 }
 
 
+def deployment_id(spec: Spec) -> str:
+    """The marker's value: the server's name and the state dir, so two specs on one machine that
+    use the same server name never take each other's processes for their own."""
+    if spec.server is None:
+        raise ValueError("the spec has no [server]")
+    return marker_value(spec.server.name, spec.machine.state_dir)
+
+
+def marker_value(name: str, state_dir: str) -> str:
+    return f"{name}@{state_dir.rstrip('/') or '/'}"
+
+
 def pidfile_path(spec: Spec) -> str:
     """Where the server's pid is kept: [server] pidfile, else <state_dir>/<name>.pid."""
     if spec.server is None:

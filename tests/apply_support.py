@@ -23,6 +23,7 @@ from typing import Any
 import tomlkit
 
 from actions import supervising
+from reconcile.identity import marker_value
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "specs" / "cpu-demo.toml"
@@ -64,6 +65,10 @@ class Demo:
     @property
     def spec_path(self) -> Path:
         return self.root / "spec" / "demo.toml"
+
+    @property
+    def marker(self) -> str:
+        return marker_value(self.name, str(self.state_dir))
 
     @property
     def state_dir(self) -> Path:
@@ -171,7 +176,7 @@ class Demo:
         return [json.loads((directory / f"{n}.json").read_text()) for n in numbers]
 
     def server_pids(self) -> list[int]:
-        return supervising.marked_pids(self.name)
+        return supervising.marked_pids(self.marker)
 
     def server_environ(self, key: str) -> str | None:
         pid = int(self.pidfile.read_text().split()[0])
@@ -189,8 +194,8 @@ class Demo:
 
 
 def stop_servers(demo: Demo) -> None:
-    """Teardown: every process carrying this demo's marker (RECONCILE_DEPLOYMENT=<name>), and only those."""
-    supervising.stop_marked(demo.name, timeout=5.0)
+    """Teardown: every process carrying this demo's marker (RECONCILE_DEPLOYMENT=<name>@<state dir>)."""
+    supervising.stop_marked(demo.marker, timeout=5.0)
 
 
 def demo_in(tmp_path: Path, seed: Path | None = None) -> Iterator[Demo]:

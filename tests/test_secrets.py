@@ -194,7 +194,7 @@ def test_the_key_appears_nowhere_but_its_file_and_the_servers_environment(demo: 
     for e in execs:
         assert not leaks("\0".join(e.argv).encode(), key), e.argv[:4]
         if leaks("\0".join(e.env).encode(), key):
-            assert f"RECONCILE_DEPLOYMENT={demo.name}" in e.env, e.argv[:4]
+            assert f"RECONCILE_DEPLOYMENT={demo.marker}" in e.env, e.argv[:4]
     holders = [e for e in execs if leaks("\0".join(e.env).encode(), key)]
     assert holders and all("serve" in e.argv for e in holders if "vllm" in os.path.basename(e.argv[0]))
 
@@ -214,4 +214,4 @@ def test_the_key_appears_nowhere_but_its_file_and_the_servers_environment(demo: 
             continue
         assert not leaks(cmdline, key), cmdline[:200]
         if leaks(environ, key):
-            assert f"RECONCILE_DEPLOYMENT={demo.name}".encode() in environ.split(b"\0"), cmdline[:200]
+            assert f"RECONCILE_DEPLOYMENT={demo.marker}".encode() in environ.split(b"\0"), cmdline[:200]

@@ -199,7 +199,7 @@ def test_launch_command_builds_argv_and_a_clean_env(tmp_path: Path) -> None:
         "CUDA_HOME": "/usr/local/cuda",
         "HF_HUB_OFFLINE": "1",
         "VLLM_API_KEY": "sk-from-file",
-        "RECONCILE_DEPLOYMENT": "n",
+        "RECONCILE_DEPLOYMENT": f"n@{tmp_path}",  # name and state dir: unique per spec
         "RECONCILE_IDENTITY": cmd.identity.digest,
     }
     assert "sk-from-file" not in repr(cmd)

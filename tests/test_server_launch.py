@@ -59,7 +59,7 @@ def test_launch_reaches_healthy_with_the_identity_stamped_in_a_clean_env(
     env = environ(seen.server.pid)
     assert env["PATH"].startswith(f"{d.root}/venv/bin:{d.root}/cuda/bin:")
     assert env["CUDA_HOME"] == f"{d.root}/cuda" and env["VLLM_API_KEY"] == d.key
-    assert env["RECONCILE_DEPLOYMENT"] == d.name
+    assert env["RECONCILE_DEPLOYMENT"] == d.marker == f"{d.name}@{d.state_dir}"
     assert "SOMETHING_OF_OURS" not in env
     (engine,) = children_of(seen.server.pid)
     # Like vLLM's children (setproctitle), the engine's /proc environ no longer shows the marker it
@@ -141,7 +141,7 @@ def test_a_failed_start_reports_the_log_tail_and_the_known_cause(deployment: Dep
     assert any(line in tail for tail in failure.log_tail)
     assert any("nvcc" in diagnosis for diagnosis in failure.diagnoses)
     assert d.key not in str(caught.value)
-    assert not supervising.marked_pids(d.name)  # nothing of the failed start is left running
+    assert not supervising.marked_pids(d.marker)  # nothing of the failed start is left running
     record = json.loads((d.state_dir / f"server-{d.name}.json").read_text())
     assert record["history"][-1]["outcome"] == "failed"
 
@@ -197,7 +197,7 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(deployment: Deploymen
     spec = deployment.spec(env={"FAKE_VLLM_TERM_HANG": "1"}, stop_timeout=0.5)
     server_action.ensure_running(spec, INPUTS)
     pids = [p.pid for p in server.probe(spec).processes]
-    outcome = supervising.stop_marked(deployment.name, timeout=0.5)
+    outcome = supervising.stop_marked(deployment.marker, timeout=0.5)
     assert sorted(outcome.killed) == sorted(pids)
     assert not any(alive(p) for p in pids)
 
@@ -213,13 +213,13 @@ def test_stop_waits_until_nvml_no_longer_lists_the_pids(
     nvml = h200(processes=[FakeProcess(engine, int(14.8 * GIB))])
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     threading.Timer(0.6, nvml.gpus[0].processes.clear).start()  # the driver frees it a moment later
-    outcome = supervising.stop_marked(deployment.name, timeout=2, gpu_budget=5)
+    outcome = supervising.stop_marked(deployment.marker, timeout=2, gpu_budget=5)
     assert outcome.gpu == "NVML: none of them holds GPU memory"
     server_action.ensure_running(spec, INPUTS)
     engine = next(p.pid for p in server.probe(spec).processes if p.role == "member")
     nvml.gpus[0].processes.append(FakeProcess(engine, int(14.8 * GIB)))  # never released
     with pytest.raises(RetryableError, match=f"pid\\(s\\) {engine} still hold GPU memory"):
-        supervising.stop_marked(deployment.name, timeout=2, gpu_budget=0.5)
+        supervising.stop_marked(deployment.marker, timeout=2, gpu_budget=0.5)
 
 
 def _interrupt(_: ReadinessProgress) -> None:

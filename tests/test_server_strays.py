@@ -90,7 +90,7 @@ def test_a_stray_outside_the_live_servers_group_is_stopped_and_the_server_kept(
             "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen();"
             "print('ready', flush=True); time.sleep(120)",
         ],
-        env={"PATH": os.environ["PATH"], MARKER: d.name},
+        env={"PATH": os.environ["PATH"], MARKER: d.marker},
         stdout=subprocess.PIPE,
         start_new_session=True,
     )

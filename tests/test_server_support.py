@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from actions import supervising
-from reconcile.identity import MARKER
+from reconcile.identity import MARKER, marker_value
 from reconcile.spec import Spec
 
 FAKE_VLLM = str(Path(__file__).parent / "fakes" / "vllm")
@@ -97,6 +97,10 @@ class Deployment:
         return self.root / "log" / "vllm.log"
 
     @property
+    def marker(self) -> str:
+        return marker_value(self.name, str(self.state_dir))
+
+    @property
     def state_dir(self) -> Path:
         return self.root / "state"
 
@@ -142,7 +146,7 @@ class Deployment:
         full = {
             "PATH": f"{self.root}/venv/bin:{os.environ['PATH']}",  # python3 is the venv's, as in a launch
             "HOME": os.environ.get("HOME", "/root"),
-            MARKER: self.name,
+            MARKER: self.marker,
             **self.fake_env(),
             **(env or {}),
         }
@@ -157,14 +161,14 @@ class Deployment:
 
 
 def _cleanup(d: Deployment) -> None:
-    for pid in supervising.marked_pids(d.name):
-        supervising.signal_marked(pid, d.name, signal.SIGKILL)
+    for pid in supervising.marked_pids(d.marker):
+        supervising.signal_marked(pid, d.marker, signal.SIGKILL)
     for proc in d.procs:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(5)
     with contextlib.suppress(AssertionError):
-        wait_for(lambda: not supervising.marked_pids(d.name), 5.0, "marked processes to go")
+        wait_for(lambda: not supervising.marked_pids(d.marker), 5.0, "marked processes to go")
 
 
 def deployment_in(tmp_path: Path) -> Iterator[Deployment]:
