@@ -19,14 +19,6 @@ from reconcile.errors import RetryableError
 from reconcile.identity import deployment_members, is_member
 
 
-def _environ_has(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return needle in b"\0" + f.read()
-    except OSError:  # gone, a zombie, or not readable: not provably ours
-        return False
-
-
 def environ_value(pid: int, key: str) -> str | None:
     """One variable of a process's environment (None when unset or unreadable)."""
     try:

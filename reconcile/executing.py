@@ -100,6 +100,13 @@ def _run_change(
         outcome = dispatch.perform(loaded, fresh, progress)
     except ReconcileError as exc:  # ActionError, and a RetryableError whose retries ran out
         return done("failed", str(exc), fresh)
+    except OSError as exc:  # the machine said no: a full disk, a read-only or forbidden path
+        where = f" ({exc.filename})" if exc.filename else ""
+        hint = {28: "free some space", 30: "the filesystem is read-only", 13: "check the owner and mode"}
+        fix = hint.get(exc.errno or 0)
+        return done(
+            "failed", f"{exc.strerror or exc}{where}" + (f": {fix}, then apply again" if fix else ""), fresh
+        )
     except Exception as exc:  # a bug in an action must not hide what the other Changes did
         return done("failed", f"the action crashed: {type(exc).__name__}: {exc} (a bug)", fresh)
     checkpoint(f"after:{fresh.resource}")

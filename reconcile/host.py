@@ -103,10 +103,11 @@ def http_request(
     """
     import socket
 
-    url = f"http://{host}:{port}{path}"
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets
+    url = f"http://{shown}:{port}{path}"
     lines = [
         f"{method} {path} HTTP/1.1",
-        f"Host: {host}:{port}",
+        f"Host: {shown}:{port}",
         "Connection: close",
         "Accept-Encoding: identity",
     ]
@@ -129,7 +130,10 @@ def http_request(
         raise HttpUnreachable(f"{url}: not an HTTP response ({status_line[:80]!r})")
     found = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
     if found.get("transfer-encoding", "").lower() == "chunked":
-        rest = _dechunk(rest)
+        try:
+            rest = _dechunk(rest)
+        except ValueError:
+            raise HttpUnreachable(f"{url}: a malformed chunked body") from None
     elif found.get("content-length", "").isdigit():
         rest = rest[: int(found["content-length"])]
     return HttpResponse(int(parts[1]), rest, found)
@@ -186,9 +190,11 @@ def atomic_write(
             os.fsync(f.fileno())
         checkpoint(f"atomic_write.rename:{os.path.basename(path)}")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # ENOSPC on write names no file
+            raise OSError(exc.errno, exc.strerror, path) from exc
         raise
     fsync_dir(directory)
 

@@ -273,10 +273,21 @@ def _environ(pid: int) -> bytes | None:
         return None
 
 
+def _overwritten(raw: bytes) -> bool:
+    """An environ block that setproctitle overwrote: no KEY=VALUE with a PATH left in it.
+
+    Every process we launch has PATH; a process of our session whose /proc environ still reads as
+    a normal environment but lacks our marker was not started by us (a reused session id)."""
+    return not any(item.startswith(b"PATH=") for item in raw.split(b"\0"))
+
+
 def deployment_members(name: str, sessions: Collection[int] = ()) -> dict[int, bytes]:
-    """pid -> its environ bytes (b"" when the marker is not readable there) for every process of
-    deployment `name`: marked ones, and members of the given sessions (our launches' pids) or of
-    a session whose leader is marked. Our own process is never included."""
+    """pid -> its environ bytes for every process of deployment `name`, ourselves excluded.
+
+    Marked processes are members. So is a process whose environ setproctitle overwrote, when it
+    lives in one of our sessions: a session in `sessions` (our launches' pids) whose leader is
+    gone or marked, or a session whose leader is marked. A live leader without the marker means
+    the pid was reused for someone else's session: nothing in it is ours."""
     needle = f"\0{MARKER}={name}\0".encode()
     me = os.getpid()
     envs: dict[int, bytes] = {}
@@ -288,26 +299,29 @@ def deployment_members(name: str, sessions: Collection[int] = ()) -> dict[int, b
         envs[pid] = _environ(pid) or b""
         sids[pid] = session_of(pid)
     marked = {pid for pid, raw in envs.items() if needle in b"\0" + raw}
-    ours = set(sessions) | {pid for pid in marked if sids.get(pid) == pid}
+    # A leader counts as alive unless it is gone or a zombie (session_of skips zombies).
+    recorded = {sid for sid in sessions if sids.get(sid) is None or sid in marked}
+    ours = recorded | {pid for pid in marked if sids.get(pid) == pid}
     return {
-        pid: (raw if pid in marked else b"")
+        pid: raw
         for pid, raw in envs.items()
-        if pid in marked or (sids.get(pid) is not None and sids.get(pid) in ours)
+        if pid in marked or (sids.get(pid) in ours and _overwritten(raw))
     }
 
 
 def is_member(pid: int, name: str, sessions: Collection[int] = ()) -> bool:
-    """The same rule for one process (checked again right before it is signalled)."""
+    """The same rule for one process (checked again, after pinning it, right before a signal)."""
+    needle = f"\0{MARKER}={name}\0".encode()
     raw = _environ(pid)
-    if raw is not None and f"\0{MARKER}={name}\0".encode() in b"\0" + raw:
+    if raw is not None and needle in b"\0" + raw:
         return True
     sid = session_of(pid)
-    if sid is None:
+    if sid is None or raw is None or not _overwritten(raw):
         return False
-    if sid in sessions:
-        return True
+    if session_of(sid) is None:  # the leader is gone (or a zombie): one of our launches, or nobody's
+        return sid in sessions
     leader = _environ(sid)
-    return sid != pid and leader is not None and f"\0{MARKER}={name}\0".encode() in b"\0" + leader
+    return sid != pid and leader is not None and needle in b"\0" + leader
 
 
 def launched_sessions(spec: Spec) -> tuple[int, ...]:

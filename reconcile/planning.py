@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
+from reconcile.errors import ReconcileError
 from reconcile.loaded import LoadedSpec
 from reconcile.plan import Change, FieldDiff, Item, Kind, Ok, Plan
 from reconcile.planning_server import plan_server, restart_after
@@ -678,10 +679,17 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
 
 
 def replan_resource(loaded: LoadedSpec, resource: str) -> Change | None:
-    """Probe what `resource` depends on now and plan it alone: None when it already matches."""
+    """Probe what `resource` depends on now and plan it alone: None when it already matches.
+
+    A probe or planner that raises becomes a Change apply cannot make, so the executor records a
+    failure for this resource instead of losing the report of what it already did."""
     spec = loaded.spec
-    obs = probe_some(spec, PROBES_FOR[resource])
-    item = PLANNERS[resource](spec, obs)
+    try:
+        obs = probe_some(spec, PROBES_FOR[resource])
+        item = PLANNERS[resource](spec, obs)
+    except Exception as exc:
+        what = str(exc) if isinstance(exc, ReconcileError) else f"{type(exc).__name__}: {exc}"
+        return Change(resource, "~", f"cannot be checked: {what}", "re-planning it failed", actionable=False)
     return item if isinstance(item, Change) else None
 
 

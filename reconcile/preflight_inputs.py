@@ -88,7 +88,6 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         files = _sizes(root)
     elif (known := known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
-        out["model_facts_from"] = f"reconcile's packaged copy of {want.repo}'s config (not downloaded yet)"
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
@@ -138,9 +137,7 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         kw["venv_has_ninja"] = obs.venv.has_ninja
     elif isinstance(obs.venv, Absent):
         kw["venv_has_ninja"] = None
-    facts = _model_facts(spec, obs)
-    facts.pop("model_facts_from", None)
-    kw.update(facts)
+    kw.update(_model_facts(spec, obs))
     if isinstance(obs.server, ServerObservation):
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]

@@ -22,10 +22,15 @@ class SpecView:
         object.__setattr__(self, "_fields", fields)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy/pickle probe dunders before the slot is set
+            raise AttributeError(name)
         try:
             return self._fields[name]
         except KeyError:
             raise AttributeError(name) from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SpecView, (self._fields,))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen")
@@ -33,8 +38,7 @@ class SpecView:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SpecView) and self._fields == other._fields
 
-    def __hash__(self) -> int:
-        return id(self)
+    __hash__ = None  # type: ignore[assignment]  # equal by value, so not hashable by identity
 
     def __repr__(self) -> str:
         return f"SpecView({self._fields!r})"

@@ -124,6 +124,8 @@ def test_a_full_disk_while_config_json_is_patched_loses_nothing_and_the_next_app
         assert code == 4, output
         assert results["model.config"]["result"] == "failed"
         assert "No space left on device" in results["model.config"]["message"]
+        assert "config.json" in results["model.config"]["message"]  # names the file ...
+        assert "free some space" in results["model.config"]["message"]  # ... and the fix
         assert "\n" not in results["model.config"]["message"]
         assert results["server"]["result"] == "blocked"  # not stopped for a restart that cannot happen
         assert seeded.server_pids() == pid and health(seeded) == 200
@@ -155,6 +157,7 @@ def test_a_full_disk_while_the_key_is_written_leaves_no_key_then_one_that_never_
         assert code == 4, output
         assert results["api_key"]["result"] == "failed"
         assert "No space left on device" in results["api_key"]["message"]
+        assert "api.key" in results["api_key"]["message"] and "free some space" in results["api_key"]["message"]
         assert results["server"]["result"] == "blocked"  # it would serve without its key
         assert results["model.config"]["result"] == "changed"  # independent changes still ran
         assert sorted(p.name for p in keys.iterdir()) == ["filler"]  # no key, no half-written temp file

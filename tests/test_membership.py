@@ -1,0 +1,85 @@
+"""Which processes belong to a deployment: the marker, or our session when setproctitle hid it.
+
+Real processes and sessions; the rule in reconcile.identity is what stop_marked signals by.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from reconcile.identity import MARKER, deployment_members, is_member
+
+NAME = f"membership-{os.getpid()}@/tmp/state"
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def _session(env: dict[str, str], procs: list[subprocess.Popen[bytes]]) -> tuple[int, int]:
+    """A session leader (a shell) with one child whose environment holds no PATH, like a process whose
+    environ block setproctitle overwrote."""
+    leader = subprocess.Popen(
+        ["/bin/sh", "-c", "env -i /bin/sleep 60 & wait"], env=env, start_new_session=True
+    )
+    procs.append(leader)
+    for _ in range(100):
+        if kids := _children(leader.pid):
+            return leader.pid, kids[0]
+        time.sleep(0.02)
+    raise AssertionError("no child")
+
+
+def test_a_hidden_child_of_our_session_is_ours_even_after_the_leader_dies(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    leader, child = _session({"PATH": os.environ["PATH"], MARKER: NAME}, procs)
+    assert set(deployment_members(NAME)) == {leader, child}
+    os.kill(leader, signal.SIGKILL)
+    procs[0].wait()  # reaped: the session id now names no process
+    assert set(deployment_members(NAME, sessions=(leader,))) == {child}
+    assert is_member(child, NAME, sessions=(leader,))
+    assert not is_member(child, NAME)  # without the launch record nothing ties it to us
+
+
+def test_someone_elses_session_under_a_recorded_id_is_never_ours(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    # The pid we recorded is now the leader of a session we did not start (pid reuse).
+    leader, child = _session({"PATH": os.environ["PATH"]}, procs)
+    assert deployment_members(NAME, sessions=(leader,)) == {}
+    assert not is_member(child, NAME, sessions=(leader,))
+    assert not is_member(leader, NAME, sessions=(leader,))
+
+
+def test_a_process_of_our_session_with_a_normal_environment_but_no_marker_is_not_ours(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    leader = subprocess.Popen(
+        ["/bin/sh", "-c", "env -u " + MARKER + " /bin/sleep 60 & wait"],
+        env={"PATH": os.environ["PATH"], MARKER: NAME},
+        start_new_session=True,
+    )
+    procs.append(leader)
+    time.sleep(0.2)
+    (child,) = _children(leader.pid)
+    assert set(deployment_members(NAME)) == {leader.pid}
+    assert not is_member(child, NAME, sessions=(leader.pid,))
