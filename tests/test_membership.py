@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,34 @@ def test_a_process_of_our_session_with_a_normal_environment_but_no_marker_is_not
     (child,) = _children(leader.pid)
     assert set(deployment_members(NAME)) == {leader.pid}
     assert not is_member(child, NAME, sessions=(leader.pid,))
+
+
+def test_the_real_setproctitle_hides_the_marker_and_the_session_still_finds_the_process(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """vLLM's children call setproctitle; this is the library itself, not an imitation."""
+    pytest.importorskip("setproctitle")
+    import sys
+
+    code = (
+        "import setproctitle, subprocess, sys; "
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "\"import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(60)\"]); "
+        "child.wait()"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, MARKER: NAME}, start_new_session=True
+    )
+    procs.append(leader)
+    for _ in range(200):
+        kids = _children(leader.pid)
+        if kids and Path(f"/proc/{kids[0]}/comm").read_text().strip() == "VLLM::EngineCor":
+            break  # the title is set: the environ block is overwritten by now
+        time.sleep(0.02)
+    (engine,) = kids
+    with open(f"/proc/{engine}/environ", "rb") as f:
+        assert MARKER.encode() not in f.read()  # what the marker alone cannot see
+    os.kill(leader.pid, signal.SIGKILL)
+    procs[0].wait()
+    assert set(deployment_members(NAME, sessions=(leader.pid,))) == {engine}
+    assert is_member(engine, NAME, sessions=(leader.pid,))
