@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,8 +12,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_wheel_ships_the_flags_table_and_the_packaged_model_configs(tmp_path: Path) -> None:
+    # A copy without build/ or *.egg-info: leftovers of an earlier build would hide a missing rule.
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns(
+        "build",
+        "dist",
+        "*.egg-info",
+        ".git",
+        ".venv",
+        ".wh*",
+        ".notes",
+        "benchmarks",
+        "__pycache__",
+        ".*cache",
+    )
+    shutil.copytree(ROOT, src, ignore=skip)
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
         timeout=300,
