@@ -7,11 +7,11 @@ is read from its file for the requests and is never kept in a result.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
 
 if TYPE_CHECKING:
@@ -118,15 +118,10 @@ def probe(spec: Spec) -> HealthObservation:
     return HealthObservation(url, state, health.status, version, models.status, tuple(cards), error)
 
 
-def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    nums = re.findall(r"\d+", version or "")
-    return tuple(int(n) for n in nums[:3]) if len(nums) >= 2 else None
-
-
 def reasoning_field(version: str | None) -> str:
     """Where vLLM puts the reasoning text: `reasoning_content` up to 0.11.0, `reasoning` from 0.11.1."""
-    v = _version_tuple(version)
-    return "reasoning_content" if v is not None and v <= (0, 11, 0) else "reasoning"
+    v = numbers(version)[:3]
+    return "reasoning_content" if len(v) >= 2 and v <= (0, 11, 0) else "reasoning"
 
 
 _WEATHER_TOOL = {

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
+from reconcile.engine.versions import numbers
 from reconcile.errors import ReconcileError
 from reconcile.loaded import LoadedSpec
 from reconcile.plan import Change, FieldDiff, Item, Kind, Ok, Plan
@@ -56,14 +57,6 @@ def _giB(n: int | float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits or 0))
-    return tuple(out)
-
-
 # --- gpu ---------------------------------------------------------------------------------
 
 
@@ -87,7 +80,7 @@ def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
     ccs = sorted({g.compute_capability for g in inv.gpus})
     if want.compute_capability and any(g.compute_capability != want.compute_capability for g in inv.gpus):
         diffs.append(FieldDiff("compute_capability", ", ".join(ccs), want.compute_capability))
-    if want.min_driver and _version_tuple(inv.driver_version) < _version_tuple(want.min_driver):
+    if want.min_driver and numbers(inv.driver_version) < numbers(want.min_driver):
         diffs.append(FieldDiff("driver", inv.driver_version, f">= {want.min_driver}"))
     seen = f"{inv.count}× {', '.join(names) or 'no GPU'} ({', '.join(ccs)}), driver {inv.driver_version}"
     if diffs:
@@ -242,7 +235,7 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
         archs: tuple[str, ...] = ()
     else:
         archs = nvcc.gpu_archs
-        if want.min_version and _version_tuple(nvcc.release) < _version_tuple(want.min_version):
+        if want.min_version and numbers(nvcc.release) < numbers(want.min_version):
             diffs.append(FieldDiff("nvcc.release", nvcc.release, f">= {want.min_version}"))
         missing_arch = [a for a in want.gpu_arch if a not in archs]
         if missing_arch:

@@ -7,9 +7,9 @@ Rule ids and the article's failures they catch: docs/preflight.md.
 from __future__ import annotations
 
 import os
-import re
 
 from reconcile.engine.toolchain import compute_arch, cuda_suffix, header_package, min_cuda_for
+from reconcile.engine.versions import numbers
 from reconcile.plan import Finding, Severity
 from reconcile.preflight import RuleContext, finding
 
@@ -18,8 +18,8 @@ RECOMMENDED = "13.0"
 
 
 def _version(text: str | None) -> tuple[int, int] | None:
-    m = re.search(r"(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    major_minor = numbers(text)[:2]
+    return (major_minor[0], major_minor[1]) if len(major_minor) == 2 else None
 
 
 def _apt(c: RuleContext) -> list[str]:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,18 +23,12 @@ import tomlkit
 
 from actions import supervising
 from reconcile.identity import marker_value
+from tests.test_server_support import FAKE_VLLM, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "specs" / "cpu-demo.toml"
 DEMO_MODEL = REPO / "specs" / "demo-model"
-FAKE_VLLM = REPO / "tests" / "fakes" / "vllm"
 KILL_AT = "RECONCILE_TEST_KILL_AT"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
