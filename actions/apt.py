@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 from reconcile.errors import ActionError, RetryableError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 if TYPE_CHECKING:
-    from reconcile.spec import AptRepository
+    from reconcile.spec.models import AptRepository
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import os
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_symlink
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 
 def point_home(home: str, target: str) -> ActionResult:

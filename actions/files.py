@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 if TYPE_CHECKING:
-    from reconcile.spec import ApiKey
+    from reconcile.spec.models import ApiKey
 
 
 def _resolve_owner(api_key: ApiKey) -> tuple[int, int]:

@@ -12,17 +12,17 @@ import os
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from actions.supervising import ProgressFn, ReadinessProgress
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 if TYPE_CHECKING:
-    from reconcile.spec import ArgValue, Server, Spec
+    from reconcile.spec.models import ArgValue, Server, Spec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KEY_ENV = "VLLM_API_KEY"
@@ -33,23 +33,24 @@ _REPEATED = frozenset({"middleware"})
 _DEDICATED = {"host": "host", "port": "port", "served-model-name": "served_model_name", "model": "model"}
 
 
-@dataclass(frozen=True)
-class LaunchInputs:
+class LaunchInputs(NamedTuple):
     """What the identity covers besides argv and env, as the probes saw it before the launch."""
 
-    packages: Mapping[str, str] = field(default_factory=dict)  # distribution -> version in the venv
+    packages: Mapping[str, str] = MappingProxyType({})  # distribution -> version in the venv
     model_revision: str | None = None  # the resolved commit
     config_json: bytes | None = None  # the model's config.json as it will be read at start
 
 
-@dataclass(frozen=True)
-class LaunchCommand:
-    """A ready-to-run launch. `env` holds the API key: it is never printed (repr=False)."""
+class LaunchCommand(NamedTuple):
+    """A ready-to-run launch. `env` holds the API key: its repr never shows it."""
 
     argv: tuple[str, ...]
-    env: Mapping[str, str] = field(repr=False)
+    env: Mapping[str, str]
     identity: Identity
-    secret_keys: frozenset[str] = field(repr=False, default=frozenset())
+    secret_keys: frozenset[str] = frozenset()
+
+    def __repr__(self) -> str:  # env holds the API key: a traceback or log never shows it
+        return f"LaunchCommand(argv={self.argv!r}, identity={self.identity!r}, env=(sensitive))"
 
 
 def render_args(args: Mapping[str, ArgValue]) -> list[str]:
@@ -192,8 +193,7 @@ def connect_host(spec: Spec) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-@dataclass(frozen=True)
-class ReadinessFailure:
+class ReadinessFailure(NamedTuple):
     """Why the server never became healthy: the reason, the log's last lines, the known causes found."""
 
     reason: str

@@ -12,10 +12,9 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from actions.model_config import (
     BACKUP,
@@ -29,10 +28,10 @@ from actions.model_copying import copy_files, source_files
 from actions.model_resuming import resume_partials
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 if TYPE_CHECKING:
-    from reconcile.spec import Model
+    from reconcile.spec.models import Model
 
 __all__ = ["MANIFEST", "deep_merge", "desired_config", "download", "patch_config", "resolve_revision"]
 
@@ -42,8 +41,7 @@ _ATTEMPTS = 3
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class RemoteFile:
+class RemoteFile(NamedTuple):
     """One file of a hub commit as the hub lists it; `etag` is what /resolve answers for it."""
 
     size: int

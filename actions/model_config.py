@@ -14,12 +14,11 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write, fsync_dir
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 CONFIG = "config.json"
 BACKUP = "config.json.bak"
@@ -71,8 +70,7 @@ def patch_config(model_dir: str, patch: Mapping[str, Any]) -> ActionResult:
     return ActionResult(True, f"{path}: merged {_keys(patch)}{note}")
 
 
-@dataclass(frozen=True)
-class JsonStyle:
+class JsonStyle(NamedTuple):
     """How a JSON file is laid out, so that a rewrite keeps it: indent unit, final newline, ASCII escapes."""
 
     indent: str | None  # None: one line

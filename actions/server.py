@@ -1,8 +1,8 @@
 """Action for the `server` resource: start vLLM, restart it only when its launch identity changed, stop it.
 
-Called by the executor (through reconcile.dispatch) with the server Change and the launch inputs the
-probes saw (LaunchInputs). Strays of an earlier server are stopped before a start; a crash-loop
-guard refuses to start again after repeated failed starts.
+Called by the executor (through the server row of reconcile.resources) with the server Change and
+the launch inputs the probes saw (LaunchInputs). Strays of an earlier server are stopped before a
+start; a crash-loop guard refuses to start again after repeated failed starts.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from reconcile.identity import (
     redact_argv,
     state_file_path,
 )
-from reconcile.plan import ActionResult, Change
+from reconcile.plan.records import ActionResult, Change
 
 if TYPE_CHECKING:
-    from reconcile.spec import Server, Spec
+    from reconcile.spec.models import Server, Spec
 
 _HISTORY = 20
 

@@ -12,8 +12,7 @@ import select
 import signal
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from reconcile.errors import RetryableError
 from reconcile.identity import deployment_members, is_member
@@ -105,8 +104,7 @@ def signal_marked(pid: int, name: str, sig: int, sessions: Collection[int] = ())
         held.close()
 
 
-@dataclass(frozen=True)
-class StopOutcome:
+class StopOutcome(NamedTuple):
     """Who got SIGTERM, who still needed SIGKILL, and what NVML said afterwards."""
 
     terminated: tuple[int, ...]
@@ -232,8 +230,7 @@ def is_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-@dataclass(frozen=True)
-class ReadinessProgress:
+class ReadinessProgress(NamedTuple):
     """One tick of the wait for /health: seconds so far and the log's last line."""
 
     elapsed: float

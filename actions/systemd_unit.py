@@ -15,7 +15,7 @@ from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 UNIT_DIR = "/etc/systemd/system"
 

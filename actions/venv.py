@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Literal
 
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, checkpoint, run, which
-from reconcile.plan import ActionResult
+from reconcile.plan.records import ActionResult
 
 if TYPE_CHECKING:
-    from reconcile.spec import Venv
+    from reconcile.spec.models import Venv
 
 log = logging.getLogger(__name__)
 

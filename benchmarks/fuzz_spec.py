@@ -73,7 +73,7 @@ def main() -> int:
             counts[outcome] += 1
             if outcome == "rejected":
                 from reconcile.errors import SpecError
-                from reconcile.loading import load_spec
+                from reconcile.spec.loader import load_spec
 
                 try:
                     load_spec(str(directory / case.main))

@@ -34,7 +34,7 @@ HEAVY = (
     "http.client",
     "ssl",
     "requests",
-    "reconcile.spec",
+    "reconcile.spec.models",
     "reconcile.commands",
     "probes",
     "actions",

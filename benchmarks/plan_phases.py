@@ -33,14 +33,14 @@ def main() -> int:
     stamp("build the argument parser")
     import reconcile.commands as commands
 
-    stamp("import reconcile.commands (reconcile.spec: pydantic)")
+    stamp("import reconcile.commands (reconcile.spec.models: pydantic)")
     loaded = commands._load(args)
     stamp("load the spec (cache, lock pins)")
-    import reconcile.planning as planning
+    import reconcile.plan.planner as planning
 
-    stamp("import reconcile.planning (probes, planners)")
+    stamp("import reconcile.plan.planner (probes, planners)")
     if "--probes" in sys.argv:
-        from reconcile.probing import DEFAULT_PROBES, run_guarded, wanted
+        from reconcile.plan.prober import DEFAULT_PROBES, run_guarded, wanted
 
         for name, fn in DEFAULT_PROBES.items():
             if wanted(loaded.spec, name):
@@ -48,17 +48,17 @@ def main() -> int:
                 stamp(f"probe {name} (alone, first call)")
         print(json.dumps(out))
         return 0
-    from reconcile.state import git_info
+    from reconcile.spec.origin import git_info
 
     git_info(loaded.files)
     stamp("git rev-parse + status of the spec (a thread, beside the probes, in a real plan)")
-    from reconcile.probing import probe_all
+    from reconcile.plan.prober import probe_all
 
     obs = probe_all(loaded.spec)
     stamp("probe_all (concurrent)")
     planning.plan_items(loaded.spec, obs)
     stamp("plan_items (planners)")
-    from reconcile.preflight_inputs import findings_for
+    from reconcile.preflight.gather import findings_for
 
     findings_for(loaded.spec, obs)
     stamp("preflight (findings_for, imports on first call)")
@@ -66,7 +66,7 @@ def main() -> int:
     stamp("make_plan again, probes given (notes, git, preflight warm)")
     import io
 
-    from reconcile.rendering import render_text
+    from reconcile.plan.render import render_text
 
     render_text(plan, io.StringIO())
     stamp("import rendering + render_text")

@@ -1,6 +1,6 @@
 """apt probe: the state of every named package (one dpkg-query), the configured sources, their keyrings.
 
-Called by reconcile.probing. Reads /etc/apt/sources.list, sources.list.d/*.list (one-line format)
+Called by reconcile.plan.prober. Reads /etc/apt/sources.list, sources.list.d/*.list (one-line format)
 and sources.list.d/*.sources (deb822); never changes anything.
 """
 
@@ -10,14 +10,14 @@ import glob
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 PackageState = Literal[
     "installed",
@@ -44,8 +44,7 @@ DPKG_FORMAT = "${Package}\\t${Status}\\t${Version}\\n"
 _NOT_FOUND = re.compile(r"^dpkg-query: no packages found matching (\S+)$")
 
 
-@dataclass(frozen=True)
-class PackageStatus:
+class PackageStatus(NamedTuple):
     name: str
     state: PackageState
     # Installed: its version. config-files and half-states: the version dpkg still records. Absent: None.
@@ -54,8 +53,7 @@ class PackageStatus:
     error_flag: str = "ok"  # "reinstreq" when dpkg says the package must be reinstalled
 
 
-@dataclass(frozen=True)
-class AptSource:
+class AptSource(NamedTuple):
     """One (type, uri, suite) entry of a sources file; deb822 stanzas expand to several."""
 
     file: str
@@ -68,11 +66,10 @@ class AptSource:
     signed_by: tuple[str, ...]  # keyring paths or fingerprints; "(embedded key)" for an inline deb822 key
     trusted: bool
     enabled: bool
-    options: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class Unparsed:
+class Unparsed(NamedTuple):
     """A sources line or stanza that apt's format does not allow; apt itself would reject it."""
 
     file: str
@@ -81,8 +78,7 @@ class Unparsed:
     reason: str
 
 
-@dataclass(frozen=True)
-class AptObservation:
+class AptObservation(NamedTuple):
     packages: Mapping[str, PackageStatus]  # by package name (the spec's "name=version" without the pin)
     sources: tuple[AptSource, ...]
     keyrings: Mapping[str, bool]  # keyring path -> exists, for sources' signed-by and the spec's keyrings

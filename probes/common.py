@@ -1,39 +1,35 @@
 """Result types shared by every probe: Unavailable, ProbeFailure, Absent, Invalid, and ParseError.
 
 Probes return these instead of None or an exception, so the planner can tell "not there" from
-"could not look" from "looked and did not understand". Imported by probes/* and reconcile.probing.
+"could not look" from "looked and did not understand". Imported by probes/* and reconcile.plan.prober.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Unavailable:
+class Unavailable(NamedTuple):
     """The probe could not look: the tool or library it needs is missing (reason says which, and why)."""
 
     reason: str
     raw: str = ""
 
 
-@dataclass(frozen=True)
-class ProbeFailure:
+class ProbeFailure(NamedTuple):
     """The probe looked but failed: output it cannot parse, a command that failed, or a crash."""
 
     reason: str
     raw: str = ""
 
 
-@dataclass(frozen=True)
-class Absent:
+class Absent(NamedTuple):
     """The file or directory is not there (a state, not a failure)."""
 
     path: str
 
 
-@dataclass(frozen=True)
-class Invalid:
+class Invalid(NamedTuple):
     """The file is there but cannot be understood; `message` says why, `raw` is what was read."""
 
     path: str

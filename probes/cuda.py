@@ -1,6 +1,6 @@
 """CUDA toolkit probe: the CUDA_HOME symlink, nvcc (version and arch list) and the dev headers.
 
-Called by reconcile.probing. nvcc's two answers are cached in $XDG_CACHE_HOME/reconcile/nvcc.json,
+Called by reconcile.plan.prober. nvcc's two answers are cached in $XDG_CACHE_HOME/reconcile/nvcc.json,
 keyed by the binary's (realpath, size, mtime_ns, inode): starting nvcc costs more than the rest.
 """
 
@@ -13,21 +13,19 @@ import os
 import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 HomeState = Literal["symlink", "directory", "absent", "other"]
 NVCC_TIMEOUT = 30.0
 
 
-@dataclass(frozen=True)
-class CudaHome:
+class CudaHome(NamedTuple):
     path: str
     state: HomeState
     link_target: str | None  # readlink(path) when a symlink
@@ -35,8 +33,7 @@ class CudaHome:
     # A symlink whose target is missing: state "symlink", resolved None.
 
 
-@dataclass(frozen=True)
-class Nvcc:
+class Nvcc(NamedTuple):
     path: str
     found_via: Literal["cuda_home", "PATH"]
     why: str  # e.g. "/usr/local/cuda/bin/nvcc is absent; found on PATH"
@@ -46,8 +43,7 @@ class Nvcc:
     from_cache: bool
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     name: str
     paths: tuple[str, ...]  # every include dir holding it (distinct real files); empty: missing
 
@@ -56,8 +52,7 @@ class Header:
         return bool(self.paths)
 
 
-@dataclass(frozen=True)
-class CudaToolkit:
+class CudaToolkit(NamedTuple):
     home: CudaHome
     nvcc: Nvcc | Unavailable | ProbeFailure
     headers: tuple[Header, ...]
@@ -104,7 +99,7 @@ def find_and_query_nvcc(home: CudaHome) -> Nvcc | Unavailable | ProbeFailure:
             return Unavailable(f"nvcc not found: {in_home} {problem} and no nvcc is on PATH")
         path, via, why = on_path, "PATH", f"{in_home} {problem}; found on PATH at {on_path}"
     outputs = query_nvcc(path)
-    if not isinstance(outputs, tuple):
+    if isinstance(outputs, ProbeFailure):
         return outputs
     version_text, arch_text, cached = outputs
     try:

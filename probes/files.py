@@ -1,6 +1,6 @@
 """Key-file probe: whether the API key file exists, its mode, owner, group and size. Never its content.
 
-Called by reconcile.probing; only `os.lstat` touches the file, so the secret is never read.
+Called by reconcile.plan.prober; only `os.lstat` touches the file, so the secret is never read.
 """
 
 from __future__ import annotations
@@ -9,19 +9,17 @@ import grp
 import os
 import pwd
 import stat
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from probes.common import Absent
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 FileKind = Literal["file", "symlink", "directory", "other"]
 
 
-@dataclass(frozen=True)
-class FileFacts:
+class FileFacts(NamedTuple):
     path: str
     kind: FileKind  # from lstat: a symlink is reported as one, never followed
     mode: str  # "0600"

@@ -1,19 +1,18 @@
 """GPU probe: driver, CUDA driver version, each GPU and its compute processes, read through NVML.
 
-Called by reconcile.probing. `parse_nvidia_smi_csv` reads `nvidia-smi --query-gpu` output so NVML's
+Called by reconcile.plan.prober. `parse_nvidia_smi_csv` reads `nvidia-smi --query-gpu` output so NVML's
 view can be compared with nvidia-smi's on a real machine.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 MIB = 1024 * 1024
 
@@ -36,8 +35,7 @@ _INIT_REASONS = {
 }
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):
     """A compute process holding memory on a GPU, as NVML lists it."""
 
     pid: int
@@ -47,9 +45,8 @@ class GpuProcess:
     name: str | None
 
 
-@dataclass(frozen=True)
-class GpuDevice:
-    index: int
+class GpuDevice(NamedTuple):
+    index: int  # type: ignore[assignment]  # shadows tuple.index(), which records never use
     name: str
     uuid: str
     compute_capability: str  # "9.0", "12.0"
@@ -63,8 +60,7 @@ class GpuDevice:
     processes: tuple[GpuProcess, ...] | Unavailable
 
 
-@dataclass(frozen=True)
-class GpuInventory:
+class GpuInventory(NamedTuple):
     """What NVML reports: the driver and every visible GPU."""
 
     driver_version: str  # "580.95.05"
@@ -72,15 +68,14 @@ class GpuInventory:
     gpus: tuple[GpuDevice, ...]
 
     @property
-    def count(self) -> int:
+    def count(self) -> int:  # type: ignore[override]  # shadows tuple.count(), never used on records
         return len(self.gpus)
 
 
-@dataclass(frozen=True)
-class NvidiaSmiGpu:
+class NvidiaSmiGpu(NamedTuple):
     """One row of `nvidia-smi --query-gpu=index,name,uuid,driver_version,compute_cap,memory.*`."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index(), which records never use
     name: str
     uuid: str
     driver_version: str

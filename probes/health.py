@@ -1,6 +1,6 @@
 """The server's HTTP answers: /health, /version, /v1/models (with the key), and `reconcile check`'s chat.
 
-Read only. probe() is called by reconcile.probing, chat_check() by the CLI's check command. The API key
+Read only. probe() is called by reconcile.plan.prober, chat_check() by the CLI's check command. The API key
 is read from its file for the requests and is never kept in a result.
 """
 
@@ -8,25 +8,22 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 
-@dataclass(frozen=True)
-class ModelCard:
+class ModelCard(NamedTuple):
     id: str
     root: str | None
     max_model_len: int | None
 
 
-@dataclass(frozen=True)
-class HealthObservation:
+class HealthObservation(NamedTuple):
     """`not_listening`: the port refuses (stopped, or still loading the model)."""
 
     url: str
@@ -46,15 +43,13 @@ class HealthObservation:
         return self.models[0].max_model_len if self.models else None
 
 
-@dataclass(frozen=True)
-class CheckStep:
+class CheckStep(NamedTuple):
     name: str  # "chat", "reasoning", "tool_call"
     ok: bool
     message: str
 
 
-@dataclass(frozen=True)
-class CheckResult:
+class CheckResult(NamedTuple):
     ok: bool
     steps: tuple[CheckStep, ...]
     seconds: float

@@ -1,6 +1,6 @@
 """Model probe: the model directory's files and sizes, its download record, and its JSON configs.
 
-Called by reconcile.probing. The download record `.reconcile-model.json` is written by
+Called by reconcile.plan.prober. The download record `.reconcile-model.json` is written by
 actions/model.py ({"repo", "revision", "commit", "files": {name: size}}); this only reads it.
 """
 
@@ -9,28 +9,25 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from probes.common import Absent, Invalid
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 RECORD_NAME = ".reconcile-model.json"
 SKIP_DIRS = frozenset({".cache"})  # huggingface_hub's local-dir bookkeeping, not model files
 
 
-@dataclass(frozen=True)
-class JsonDoc:
+class JsonDoc(NamedTuple):
     """A JSON file that parsed; `data` is its top-level object."""
 
     path: str
     data: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class DownloadRecord:
+class DownloadRecord(NamedTuple):
     repo: str | None
     revision: str
     commit: str | None  # None for a copy of a local source
@@ -38,8 +35,7 @@ class DownloadRecord:
     source: str | None = None  # the local directory the files were copied from
 
 
-@dataclass(frozen=True)
-class ModelObservation:
+class ModelObservation(NamedTuple):
     dir: str
     files: Mapping[str, int]  # relative path -> size in bytes (symlinks followed), .cache/ skipped
     broken_links: tuple[str, ...]  # relative paths of symlinks whose target is gone

@@ -1,18 +1,17 @@
 """What runs for the spec's vLLM deployment: its processes (by the environment marker every child
 inherits), the pidfile, who listens on the port, and the recorded launch identity. Read only.
 
-Called by reconcile.probing. It reads /proc directly: one environ read per process is the whole cost
+Called by reconcile.plan.prober. It reads /proc directly: one environ read per process is the whole cost
 (about 1-2 ms for 100 processes), and psutil's import alone would be 18 ms.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from probes.common import Absent, Invalid
 from reconcile.identity import (
@@ -27,13 +26,12 @@ from reconcile.identity import (
 )
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 Role = Literal["server", "member", "stray"]
 
 
-@dataclass(frozen=True)
-class DeploymentProcess:
+class DeploymentProcess(NamedTuple):
     """A process carrying our marker. `stray`: not in the live server's process group (its leader gone)."""
 
     pid: int
@@ -47,8 +45,7 @@ class DeploymentProcess:
     role: Role
 
 
-@dataclass(frozen=True)
-class Pidfile:
+class Pidfile(NamedTuple):
     """`ours`: alive and carrying the marker; `foreign`: alive without it (a reused pid)."""
 
     path: str
@@ -56,8 +53,7 @@ class Pidfile:
     pid: int | None = None
 
 
-@dataclass(frozen=True)
-class PortListener:
+class PortListener(NamedTuple):
     """Who listens on the spec's port: one of our processes, another process, or nobody."""
 
     port: int
@@ -66,18 +62,16 @@ class PortListener:
     name: str | None = None
 
 
-@dataclass(frozen=True)
-class ServerRecord:
+class ServerRecord(NamedTuple):
     """What the last start recorded in <state_dir>/server-<name>.json (no secrets in it)."""
 
     identity: str | None
-    components: Mapping[str, str] = field(default_factory=dict)
+    components: Mapping[str, str] = MappingProxyType({})
     last_outcome: str | None = None
     last_reason: str | None = None
 
 
-@dataclass(frozen=True)
-class ServerObservation:
+class ServerObservation(NamedTuple):
     name: str
     processes: tuple[DeploymentProcess, ...]
     pidfile: Pidfile
@@ -281,7 +275,7 @@ def probe(spec: Spec) -> ServerObservation:
         role: Role = "stray"
         if leader is not None:
             role = "server" if p.pid == leader.pid else "member" if p.pgid == leader.pgid else "stray"
-        processes.append(dataclasses.replace(p, role=role))
+        processes.append(p._replace(role=role))
     return ServerObservation(
         name=server.name,
         processes=tuple(processes),

@@ -1,6 +1,6 @@
 """venv probe: pyvenv.cfg, the interpreter link, and every installed distribution, without running Python.
 
-Called by reconcile.probing. Distributions come from one scan of site-packages reading each
+Called by reconcile.plan.prober. Distributions come from one scan of site-packages reading each
 `*.dist-info/METADATA` header (no `pip list`: starting the venv's interpreter costs seconds).
 """
 
@@ -10,13 +10,12 @@ import glob
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from probes.common import Absent, Invalid
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 
 def normalize(name: str) -> str:
@@ -24,15 +23,13 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-@dataclass(frozen=True)
-class Distribution:
+class Distribution(NamedTuple):
     name: str  # as METADATA spells it
     version: str
     path: str  # the .dist-info (or .egg-info) directory
 
 
-@dataclass(frozen=True)
-class PthEntry:
+class PthEntry(NamedTuple):
     """A path line of a .pth file in site-packages: Python adds it to sys.path at start-up."""
 
     file: str
@@ -40,15 +37,13 @@ class PthEntry:
     exists: bool
 
 
-@dataclass(frozen=True)
-class Interpreter:
+class Interpreter(NamedTuple):
     path: str  # <venv>/bin/python
     link_target: str | None  # readlink when a symlink
     resolved: str | None  # realpath when it exists; None: the base interpreter is gone
 
 
-@dataclass(frozen=True)
-class VenvObservation:
+class VenvObservation(NamedTuple):
     path: str
     config: Mapping[str, str]  # pyvenv.cfg as key -> value
     version: str | None  # "3.10.12" from pyvenv.cfg's version / version_info; None when it has neither

@@ -14,21 +14,21 @@ import time
 from typing import Any
 
 from reconcile.errors import ReconcileError
-from reconcile.loaded import LoadedSpec
+from reconcile.spec.loaded import LoadedSpec
 
 
 def _load(args: argparse.Namespace) -> LoadedSpec:
-    from reconcile.loaded import find_spec
-    from reconcile.pinning import apply_lock_pins
-    from reconcile.spec_cache import load
+    from reconcile.spec.cache import load
+    from reconcile.spec.loaded import find_spec
+    from reconcile.spec.pins import apply_lock_pins
 
     # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read.
     return apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from reconcile.planning import make_plan
-    from reconcile.rendering import render_json, render_text, summary_line
+    from reconcile.plan.planner import make_plan
+    from reconcile.plan.render import render_json, render_text, summary_line
 
     scheduled, textfile = getattr(args, "scheduled", False), getattr(args, "textfile", None)
     started, reported = time.time(), scheduled or textfile
@@ -42,7 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if reported:
         _report(args, "plan", started, plan.exit_code, loaded, plan=plan)
     if args.out:
-        from reconcile.executing import save_plan
+        from reconcile.apply.saved_plan import save_plan
 
         save_plan(plan, loaded, args.out)
     if args.json:
@@ -55,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from reconcile.executing import apply_plan_file, apply_spec, render_report
+    from reconcile.apply.executor import apply_plan_file, apply_spec, render_report
 
     started = time.time()
     loaded: LoadedSpec | None = None
@@ -105,7 +105,7 @@ def _report(
 ) -> None:
     """last-run.json under the spec's state_dir (every apply; a plan when --scheduled or --textfile)
     and the Prometheus textfile when --textfile is given."""
-    from reconcile.reporting import RunFacts, report_run
+    from reconcile.unattended.report import RunFacts, report_run
 
     path = loaded.path if loaded is not None else (getattr(args, "spec", None) or "")
     server = loaded is not None and loaded.spec.server is not None
@@ -127,7 +127,7 @@ def _report(
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from reconcile.status import render_status, status_of
+    from reconcile.plan.status import render_status, status_of
 
     loaded = _load(args)
     report = status_of(loaded)
@@ -136,13 +136,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from reconcile.status import run_check
+    from reconcile.plan.status import run_check
 
     return run_check(_load(args), sys.stdout)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from reconcile.state import list_generations, read_generation
+    from reconcile.apply.state import list_generations, read_generation
 
     loaded = _load(args)
     state_dir = loaded.spec.machine.state_dir
@@ -165,7 +165,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     import difflib
 
-    from reconcile.state import read_generation
+    from reconcile.apply.state import read_generation
 
     loaded = _load(args)
     state_dir = loaded.spec.machine.state_dir
@@ -187,9 +187,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from reconcile.executing import apply_spec, render_report
-    from reconcile.loading import spec_from_resolved
-    from reconcile.state import list_generations, read_generation
+    from reconcile.apply.executor import apply_spec, render_report
+    from reconcile.apply.state import list_generations, read_generation
+    from reconcile.spec.loader import spec_from_resolved
 
     loaded = _load(args)
     state_dir = loaded.spec.machine.state_dir
@@ -208,14 +208,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from reconcile.loading import schema_text
+    from reconcile.spec.loader import schema_text
 
     print(schema_text())
     return 0
 
 
 def cmd_timer(args: argparse.Namespace) -> int:
-    from reconcile import scheduling
+    from reconcile.unattended import timer as scheduling
 
     if args.timer_command == "remove":
         gone = scheduling.remove(args.name, args.unit_dir)
@@ -224,8 +224,8 @@ def cmd_timer(args: argparse.Namespace) -> int:
         )
         print("\n".join(filter(None, (said, gone.next_steps))))
         return 0
-    from reconcile.loading import find_spec, load_spec
-    from reconcile.spec import parse_duration
+    from reconcile.spec.loader import find_spec, load_spec
+    from reconcile.spec.models import parse_duration
 
     path = os.path.abspath(find_spec(args.spec))
     loaded = load_spec(path)  # a timer for a spec that does not load would only fail every tick
@@ -254,8 +254,8 @@ def cmd_timer(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    from reconcile.pausing import pause
-    from reconcile.spec import parse_duration
+    from reconcile.spec.models import parse_duration
+    from reconcile.unattended.pause import pause
 
     try:
         duration = parse_duration(args.duration) if args.duration else None
@@ -273,14 +273,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def _state_dir(args: argparse.Namespace) -> str:
     """The spec's state_dir, without the lock: a damaged lock must not keep a person from pausing."""
-    from reconcile.loading import find_spec
-    from reconcile.spec_cache import load
+    from reconcile.spec.cache import load
+    from reconcile.spec.loader import find_spec
 
     return load(find_spec(args.spec)).spec.machine.state_dir
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from reconcile.pausing import resume
+    from reconcile.unattended.pause import resume
 
     held = resume(_state_dir(args))
     print(f"resumed; it was {held.describe()}" if held else "not paused: nothing to resume")
@@ -288,8 +288,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from reconcile.drafting import render_spec
-    from reconcile.initing import default_path, probe_machine, write_spec
+    from reconcile.unattended.draft import render_spec
+    from reconcile.unattended.survey import default_path, probe_machine, write_spec
 
     facts = probe_machine(pid=args.pid)
     text = render_spec(facts, state_dir=args.state_dir, manage_server=args.manage_server)
@@ -312,9 +312,9 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from reconcile.loading import find_spec
-    from reconcile.locking import make_lock
-    from reconcile.spec_cache import load
+    from reconcile.spec.cache import load
+    from reconcile.spec.loader import find_spec
+    from reconcile.unattended.lockfile import make_lock
 
     result = make_lock(load(find_spec(args.spec)))  # the spec as written: what floats there
     for line in result.lines:

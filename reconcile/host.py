@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class ToolMissing(Exception):
@@ -24,8 +24,7 @@ class CommandTimeout(Exception):
     """The command ran past its timeout and was killed."""
 
 
-@dataclass(frozen=True)
-class Completed:
+class Completed(NamedTuple):
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -70,8 +69,7 @@ def which(name: str, path: str | None = None) -> str | None:
     return shutil.which(name, path=path)
 
 
-@dataclass(frozen=True)
-class HttpResponse:
+class HttpResponse(NamedTuple):
     status: int
     body: bytes
     headers: Mapping[str, str]

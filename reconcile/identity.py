@@ -11,11 +11,10 @@ import json
 import os
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
 MARKER = "RECONCILE_DEPLOYMENT"  # inherited by every child: how a deployment's processes are found
 IDENTITY = "RECONCILE_IDENTITY"
@@ -31,8 +30,7 @@ _WHAT = {
 _SHOWN_MAX = 5
 
 
-@dataclass(frozen=True)
-class Identity:
+class Identity(NamedTuple):
     """`digest` is stamped as RECONCILE_IDENTITY; `components` holds a short hash per input plus a
     non-secret rendering (`<input>.shown`) so a plan can say exactly what changed."""
 

@@ -22,7 +22,7 @@ import pytest
 
 from actions import apt
 from reconcile.errors import ActionError
-from reconcile.spec import AptRepository
+from reconcile.spec.models import AptRepository
 from tests import debs
 
 SOURCES_DIR = "/etc/apt/sources.list.d"

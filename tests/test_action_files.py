@@ -12,7 +12,7 @@ import pytest
 
 from actions.files import ensure_key
 from reconcile.errors import ActionError
-from reconcile.spec import ApiKey
+from reconcile.spec.models import ApiKey
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 

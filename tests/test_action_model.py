@@ -16,7 +16,7 @@ import pytest
 from actions.model import MANIFEST, download, resolve_revision
 from actions.model_config import patch_config
 from reconcile.errors import ActionError
-from reconcile.spec import Model
+from reconcile.spec.models import Model
 from tests.fakes.hub_server import FakeHub
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def test_a_download_killed_half_way_resumes_from_where_it_stopped(hub: FakeHub, 
         [
             sys.executable,
             "-c",
-            "import sys; from reconcile.spec import Model; from actions.model import "
+            "import sys; from reconcile.spec.models import Model; from actions.model import "
             "download; download(Model(repo=sys.argv[1], dir=sys.argv[2]), progress=False)",
             REPO,
             str(d),

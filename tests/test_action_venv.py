@@ -19,7 +19,7 @@ import pytest
 
 from actions import venv as venv_action
 from reconcile.errors import ActionError
-from reconcile.spec import Venv
+from reconcile.spec.models import Venv
 
 
 def _uv_dir() -> str | None:

@@ -11,7 +11,7 @@ import pytest
 from reconcile.engine import memory
 from reconcile.engine.memory import GiB, estimate, kv_bytes_per_token, kv_cache_dtype, mamba_bytes_per_seq
 from reconcile.engine.shape import ShapeError, model_shape
-from reconcile.preflight_memory import memory_table
+from reconcile.preflight.memory import memory_table
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from reconcile.errors import SpecError
-from reconcile.loading import load_spec
+from reconcile.spec.loader import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = sorted((REPO / "specs").glob("*.toml")) + sorted((REPO / "tests" / "bad_specs").glob("*.toml"))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from reconcile.cli import main
-from reconcile.loading import load_spec
-from reconcile.planning import make_plan
-from reconcile.state import git_info
+from reconcile.plan.planner import make_plan
+from reconcile.spec.loader import load_spec
+from reconcile.spec.origin import git_info
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

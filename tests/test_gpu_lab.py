@@ -151,7 +151,7 @@ def figures() -> Iterator[None]:
 def test_probes_match_nvidia_smi() -> None:
     from probes import cuda, gpu
     from probes.gpu import GpuInventory, parse_nvidia_smi_csv
-    from reconcile.loading import load_spec
+    from reconcile.spec.loader import load_spec
 
     spec = load_spec(str(SPEC)).spec
     inv = gpu.probe(spec)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from reconcile.errors import ReconcileError, SpecError
-from reconcile.loading import find_spec, load_spec, schema_text, spec_from_resolved
-from reconcile.spec import Spec
+from reconcile.spec.loader import find_spec, load_spec, schema_text, spec_from_resolved
+from reconcile.spec.models import Spec
 
 BAD = Path(__file__).parent / "bad_specs"
 DURATIONS = '(90 (seconds), "500ms", "90s", "15m" or "1h")'
@@ -521,7 +521,7 @@ k = "v"
 
 def test_the_line_index_finds_every_key_where_it_is_written() -> None:
     # tomlkit keeps no positions; the loader's own scan must agree with tomlkit about every key.
-    from reconcile.loading import _Scan
+    from reconcile.spec.loader import _Scan
 
     index = _Scan(TRICKY).lines
     assert {
@@ -557,7 +557,7 @@ def test_the_line_index_finds_every_key_where_it_is_written() -> None:
 def test_every_key_of_a_showcase_spec_is_indexed_at_its_line(path: Path) -> None:
     import tomlkit
 
-    from reconcile.loading import _Scan, dotted
+    from reconcile.spec.loader import _Scan, dotted
 
     text = path.read_text()
     index, lines = _Scan(text).lines, text.splitlines()
@@ -578,7 +578,7 @@ def test_every_key_of_a_showcase_spec_is_indexed_at_its_line(path: Path) -> None
 def _check_indexed(text: str) -> None:
     import tomlkit
 
-    from reconcile.loading import _Scan, dotted
+    from reconcile.spec.loader import _Scan, dotted
 
     index, lines = _Scan(text).lines, text.splitlines()
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reconcile import pausing
 from reconcile.cli import main
+from reconcile.unattended import pause as pausing
 
 STATE = "state"
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from reconcile.cli import main
-from reconcile.loading import load_spec
-from reconcile.locking import best_version
-from reconcile.pinning import apply_lock_pins, lock_notes
+from reconcile.spec.loader import load_spec
+from reconcile.spec.pins import apply_lock_pins, lock_notes
+from reconcile.unattended.lockfile import best_version
 from tests.fakes.hub_server import FakeHub
 
 REPO = "org/toy"

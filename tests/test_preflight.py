@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from reconcile.engine.memory import GiB
-from reconcile.plan import Finding
-from reconcile.preflight import GpuFact, GpuProcess, PortHolder, PreflightInputs, run_preflight
-from reconcile.spec import Spec
+from reconcile.plan.records import Finding
+from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs
+from reconcile.preflight.gather import run_preflight
+from reconcile.spec.models import Spec
 
 HERE = Path(__file__).resolve().parent
 MODELS = HERE / "fixtures" / "models"
@@ -127,7 +128,7 @@ def test_the_reference_deployment_passes_every_rule() -> None:
 
 
 def test_the_reference_spec_file_has_the_hand_calculated_memory_table() -> None:
-    from reconcile.loading import load_spec
+    from reconcile.spec.loader import load_spec
 
     loaded = load_spec(str(HERE.parent / "specs" / "blackwell-2x5090.toml"))
     s = loaded.spec if hasattr(loaded, "spec") else loaded
@@ -447,7 +448,7 @@ def test_every_finding_is_json_serialisable(version: str | None) -> None:
 
 
 def test_memory_table_for_a_spec_or_why_not() -> None:
-    from reconcile.preflight import memory_table
+    from reconcile.preflight.gather import memory_table
 
     table = memory_table(spec(), GOOD)
     assert table.splitlines()[0].startswith("budget") and "= 28.22 GiB" in table.splitlines()[0]

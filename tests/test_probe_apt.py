@@ -14,7 +14,7 @@ import pytest
 
 from probes import apt
 from probes.common import ParseError, ProbeFailure, Unavailable
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dpkg-query"
 TEST_PKG = "reconcile-probe-test"

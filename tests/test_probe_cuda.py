@@ -12,7 +12,7 @@ import pytest
 
 from probes import cuda
 from probes.common import ParseError, ProbeFailure, Unavailable
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 NVCC_FIXTURES = Path(__file__).parent / "fixtures" / "nvcc"
 REFERENCE_HEADERS = ["cublasLt.h", "curand_kernel.h", "nvrtc.h", "cusparse.h"]

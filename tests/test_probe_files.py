@@ -12,7 +12,7 @@ import pytest
 
 from probes import files
 from probes.common import Absent
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 SECRET = "sk-reconcile-test-9f8e7d6c5b4a"
 

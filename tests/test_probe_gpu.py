@@ -13,7 +13,7 @@ import pytest
 
 from probes import gpu
 from probes.common import ParseError, ProbeFailure, Unavailable
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 from tests.fakes import fake_nvml
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 

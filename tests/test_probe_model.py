@@ -11,7 +11,7 @@ import pytest
 
 from probes import model
 from probes.common import Absent, Invalid
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 MODELS = Path(__file__).parent / "fixtures" / "models"
 REQUIRED = ["nano_v3_reasoning_parser.py", "chat_template.jinja"]

@@ -14,7 +14,7 @@ import pytest
 
 from probes import venv
 from probes.common import Absent, Invalid
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 BIN = Path(sys.executable).parent
 UV = shutil.which("uv", path=str(BIN)) or shutil.which("uv")

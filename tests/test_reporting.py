@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconcile import reporting
+from reconcile.apply.state import apply_lock
 from reconcile.cli import main
-from reconcile.metrics import render_textfile as metrics_text
-from reconcile.plan import Change, Ok, Plan
-from reconcile.state import apply_lock
+from reconcile.plan.records import Change, Ok, Plan
+from reconcile.unattended import report as reporting
+from reconcile.unattended.metrics import render_textfile as metrics_text
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from reconcile import scheduling
 from reconcile.cli import main
 from reconcile.errors import ReconcileError
+from reconcile.unattended import timer as scheduling
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 

@@ -12,7 +12,7 @@ import pytest
 from actions.launching import LaunchInputs, build_argv, launch_command, render_args
 from reconcile.errors import ActionError
 from reconcile.identity import explain_change, launch_identity, redact_argv
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 ARGV = [
     "/opt/venv/bin/vllm",

@@ -18,7 +18,7 @@ from actions.launching import LaunchInputs, desired_identity
 from actions.supervising import ReadinessProgress
 from probes import health, server
 from reconcile.errors import ActionError, RetryableError
-from reconcile.plan import Change
+from reconcile.plan.records import Change
 from tests.test_server_support import (
     Deployment,
     alive,

@@ -149,7 +149,7 @@ def test_chat_check_fails_when_the_served_name_is_not_the_one_asked_for(deployme
 
 
 def test_chat_check_against_nothing_says_so() -> None:
-    from reconcile.spec import Spec
+    from reconcile.spec.models import Spec
 
     spec = Spec.model_validate(
         {

@@ -17,7 +17,7 @@ from actions.launching import LaunchInputs
 from probes import health, server
 from reconcile.errors import ActionError
 from reconcile.identity import MARKER
-from reconcile.plan import Change
+from reconcile.plan.records import Change
 from tests.test_server_support import (
     FAKE_VLLM,
     Deployment,

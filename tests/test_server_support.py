@@ -22,7 +22,7 @@ from typing import Any
 
 from actions import supervising
 from reconcile.identity import MARKER, marker_value
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 
 FAKE_VLLM = str(Path(__file__).parent / "fakes" / "vllm")
 

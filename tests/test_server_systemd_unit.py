@@ -11,7 +11,7 @@ import pytest
 
 from actions import systemd_unit
 from actions.launching import LaunchInputs, launch_command
-from reconcile.spec import Spec
+from reconcile.spec.models import Spec
 from tests.test_server_support import FAKE_VLLM
 
 

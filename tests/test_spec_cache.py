@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reconcile import spec_cache
-from reconcile.loading import load_spec
+from reconcile.spec import cache as spec_cache
+from reconcile.spec.loader import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

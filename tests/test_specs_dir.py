@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.loading import LoadedSpec, load_spec
+from reconcile.spec.loader import LoadedSpec, load_spec
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 SHARED = Path("/work/shared")

@@ -10,8 +10,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconcile.engine.flags import release
 
@@ -112,8 +111,7 @@ def rope_parameters(config: Mapping[str, Any], version: str | None) -> dict[str,
     return out or None
 
 
-@dataclass(frozen=True)
-class Derived:
+class Derived(NamedTuple):
     """What vLLM will take as the model's maximum length, and how it got there."""
 
     value: int  # the limit, rounded down as vLLM's int() does

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconcile.engine.shape import ModelShape, model_shape
 
@@ -118,8 +117,7 @@ def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
     return 2048, 256
 
 
-@dataclass(frozen=True)
-class Overhead:
+class Overhead(NamedTuple):
     non_torch: int
     activation: int
     logits: int
@@ -139,8 +137,7 @@ def overhead(shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int,
     )
 
 
-@dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(NamedTuple):
     """Everything the memory table shows, per GPU."""
 
     gpu: str  # "NVIDIA GeForce RTX 5090" or "spec [gpu] memory_gib"
@@ -161,7 +158,7 @@ class MemoryEstimate:
     max_num_seqs: int
     max_num_seqs_source: str  # "--max-num-seqs" or "vLLM default"
     overhead: Overhead
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def budget(self) -> int:

@@ -7,8 +7,7 @@ dense models, multimodal `text_config`). Used by `reconcile.engine.memory`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconcile.engine.limits import text_config
 
@@ -20,8 +19,7 @@ class ShapeError(ValueError):
     """config.json lacks what the memory math needs (names the key)."""
 
 
-@dataclass(frozen=True)
-class MambaShape:
+class MambaShape(NamedTuple):
     layers: int
     num_heads: int
     head_dim: int
@@ -31,8 +29,7 @@ class MambaShape:
     ssm_dtype: str | None  # config's mamba_ssm_cache_dtype
 
 
-@dataclass(frozen=True)
-class ModelShape:
+class ModelShape(NamedTuple):
     """The few numbers of a config.json that size the KV cache and the Mamba state."""
 
     model_type: str

@@ -1,0 +1,202 @@
+"""What reconcile keeps between runs under `machine.state_dir`: the apply lock and generations,
+and the sweep of the temp files a killed apply left. Called by the executor (lock, sweep, record)
+and the CLI (history, diff, rollback). Generations hold no secret: spec, versions, changes, results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from reconcile.errors import ReconcileError
+from reconcile.host import atomic_write
+
+if TYPE_CHECKING:
+    from reconcile.spec.models import Spec
+
+
+class LockTimeout(ReconcileError):
+    """Another apply holds the lock for longer than --lock-timeout."""
+
+
+class LockHolder(NamedTuple):
+    pid: int
+    started: float
+    command: str
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid} since {when} ({self.command})"
+
+
+def _read_holder(fd: int) -> LockHolder | None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 4096)
+    try:
+        data = json.loads(raw)
+        return LockHolder(int(data["pid"]), float(data["started"]), str(data["command"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class HeldLock(NamedTuple):
+    path: str
+    fd: int
+    took_over: LockHolder | None  # a holder that died without releasing (reported by the CLI)
+
+
+@contextlib.contextmanager
+def apply_lock(
+    state_dir: str,
+    *,
+    timeout: float,
+    command: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> Iterator[HeldLock]:
+    """An exclusive flock on `<state_dir>/apply.lock` holding the holder's pid, start and command.
+
+    flock is released by the kernel when its holder dies, so a dead holder never blocks us; its
+    record is still in the file (a clean release empties it), which is how we know we took over
+    from it. `on_wait` is told once, with the holder, when we have to wait.
+    """
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    path = os.path.join(state_dir, "apply.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    start = time.monotonic()
+    told = False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                who = holder.describe() if holder else "another process"
+                waited = time.monotonic() - start
+                if waited >= timeout:
+                    raise LockTimeout(
+                        f"{path}: another apply holds the lock: {who}; waited {timeout:g}s "
+                        "(raise --lock-timeout, or wait for it to finish)"
+                    ) from None
+                # A holder writes its record just after taking the lock: give it a moment to appear.
+                if on_wait is not None and not told and (holder is not None or waited > 1.0):
+                    on_wait(who)
+                    told = True
+                time.sleep(0.05)
+        # A record left in the file is a holder that never released: it was killed (a clean release
+        # empties the file). Its pid may be alive again by now as another process: it is still gone.
+        previous = _read_holder(fd)
+        took_over = previous if previous is not None and previous.pid != os.getpid() else None
+        me = {"pid": os.getpid(), "started": time.time(), "command": command or " ".join(sys.argv)}
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(me).encode())
+        os.fsync(fd)
+        try:
+            yield HeldLock(path, fd, took_over)
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+# --- leftovers of a killed apply ------------------------------------------------------------
+
+# host.atomic_write's temp name: "." + the file's name + "." + mkstemp's 8 random characters + ".tmp".
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
+
+
+def sweep_stale_temps(spec: Spec) -> list[str]:
+    """Remove the temp files that an apply killed between write and rename left beside the files it
+    writes (the key's may hold a whole key). Only under the apply lock: then no writer of ours is alive.
+
+    Looks only where reconcile writes: the state dir, the model dir, and beside the key file and the
+    pidfile; there, only names of the atomic-write pattern, and beside the key and the pidfile only
+    those of that very file. Returns the paths removed.
+    """
+    from reconcile.identity import pidfile_path
+
+    places: list[tuple[str, str | None, bool]] = [(spec.machine.state_dir, None, True)]
+    if spec.model is not None:
+        places.append((spec.model.dir, None, True))
+    if spec.api_key is not None:
+        places.append((os.path.dirname(spec.api_key.file), os.path.basename(spec.api_key.file), False))
+    if spec.server is not None:
+        pidfile = pidfile_path(spec)
+        places.append((os.path.dirname(pidfile), os.path.basename(pidfile), False))
+    removed: list[str] = []
+    for top, only, deep in places:
+        for directory, dirs, names in os.walk(top) if deep else [(top, [], _listdir(top))]:
+            dirs[:] = [d for d in dirs if d != ".cache"]  # huggingface_hub's own partials: it resumes them
+            for name in names:
+                m = _TEMP.match(name)
+                if m is None or (only is not None and m.group("name") != only):
+                    continue
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed.append(path)
+    return sorted(set(removed))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+# --- generations -------------------------------------------------------------------------
+
+_GEN = re.compile(r"^(\d+)\.json$")
+
+
+def generations_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, "generations")
+
+
+def list_generations(state_dir: str) -> list[int]:
+    try:
+        names = os.listdir(generations_dir(state_dir))
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _GEN.match(n)))
+
+
+def read_generation(state_dir: str, number: int) -> dict[str, Any]:
+    path = os.path.join(generations_dir(state_dir), f"{number}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        have = list_generations(state_dir)
+        raise ReconcileError(
+            f"{path}: no generation {number} (have: {', '.join(map(str, have)) or 'none'})"
+        ) from None
+    except ValueError as exc:
+        raise ReconcileError(f"{path}: not valid JSON ({exc})") from None
+    return data
+
+
+def write_generation(state_dir: str, record: Mapping[str, Any], number: int | None = None) -> int:
+    """Store `record` as generation `number` (rewriting it), by default the next one; returns it."""
+    directory = generations_dir(state_dir)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    if number is None:
+        number = (list_generations(state_dir) or [0])[-1] + 1
+    body = dict(record)
+    body["generation"] = number
+    atomic_write(
+        os.path.join(directory, f"{number}.json"),
+        (json.dumps(body, indent=2, sort_keys=False, default=str) + "\n").encode(),
+        mode=0o644,
+    )
+    return number

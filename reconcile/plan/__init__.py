@@ -1,0 +1,1 @@
+"""The plan stage: probe the machine, compare with the spec, render the drift (and status)."""

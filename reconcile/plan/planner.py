@@ -1,0 +1,117 @@
+"""Desired (Spec) vs observed (probes) -> Plan: each row of the resource table, in its order.
+
+Called by `reconcile plan`, by the executor (whole plan, then `replan_resource` right before and
+after each action) and by status. Pure apart from running the probes it is asked to run.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Any
+
+from reconcile.errors import ReconcileError
+from reconcile.plan.prober import Observed, probe_all, probe_some
+from reconcile.plan.records import Change, Item, Plan
+from reconcile.resources import BY_NAME, TABLE, Resource
+from reconcile.spec.loaded import LoadedSpec
+
+if TYPE_CHECKING:
+    from reconcile.spec.models import Spec
+
+
+def _planned(row: Resource, spec: Spec, obs: Observed) -> Item | None:
+    """The row's planner's item, with the row's dependencies on a Change (the table declares them)."""
+    item = row.plan(spec, obs)
+    if isinstance(item, Change):
+        return item._replace(depends_on=row.depends_on(spec))
+    return item
+
+
+def plan_items(spec: Spec, obs: Observed) -> list[Item]:
+    planned = [(row, item) for row in TABLE if (item := _planned(row, spec, obs)) is not None]
+    # What the server's launch identity covers and apply will change: a fine server restarts after it.
+    pending = [
+        row.name
+        for row, item in planned
+        if row.identity_input and isinstance(item, Change) and item.actionable
+    ]
+    out: list[Item] = []
+    for row, item in planned:
+        if row.revise is not None:
+            revised = row.revise(item, spec, obs, pending)
+            item = (
+                revised._replace(depends_on=row.depends_on(spec)) if isinstance(revised, Change) else revised
+            )
+        out.append(item)
+    return out
+
+
+def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reconcile.preflight.gather import findings_for
+    from reconcile.spec.origin import git_info
+
+    spec = loaded.spec
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        git_future = pool.submit(git_info, loaded.files)
+        obs = observed if observed is not None else probe_all(spec)
+        items = plan_items(spec, obs)
+        findings = findings_for(spec, obs)
+        git = git_future.result()
+    notes = []
+    host = socket.gethostname()
+    if spec.machine.hostname and spec.machine.hostname != host:
+        notes.append(f"this spec is for host {spec.machine.hostname}; running on {host}")
+    if git.dirty:
+        at = git.commit and git.commit[:12]
+        notes.append(f"{loaded.path} has uncommitted changes (plan reflects the file, not {at})")
+    from reconcile.plan.render import _jsonable
+    from reconcile.spec.pins import lock_notes
+    from reconcile.unattended.pause import pause_notes
+
+    notes += lock_notes(loaded) + pause_notes(spec.machine.state_dir)
+
+    return Plan(
+        loaded.path,
+        host,
+        loaded.sha256,
+        git.describe(),
+        tuple(items),
+        tuple(findings),
+        tuple(notes),
+        {name: _jsonable(getattr(obs, name)) for name in obs._fields},
+    )
+
+
+def replan_resource(loaded: LoadedSpec, resource: str) -> Change | None:
+    """Probe what `resource` depends on now and plan it alone: None when it already matches.
+
+    A probe or planner that raises becomes a Change apply cannot make, so the executor records a
+    failure for this resource instead of losing the report of what it already did."""
+    spec = loaded.spec
+    row = BY_NAME[resource]
+    try:
+        item = _planned(row, spec, probe_some(spec, row.probes))
+    except Exception as exc:
+        what = str(exc) if isinstance(exc, ReconcileError) else f"{type(exc).__name__}: {exc}"
+        return Change(resource, "~", f"cannot be checked: {what}", "re-planning it failed", actionable=False)
+    return item if isinstance(item, Change) else None
+
+
+def resolved_versions(loaded: LoadedSpec) -> dict[str, Any]:
+    """What a generation records as resolved: installed package versions, the model commit and the
+    running server's launch identity."""
+    from probes.model import DownloadRecord, ModelObservation
+    from probes.venv import VenvObservation
+
+    spec = loaded.spec
+    obs = probe_some(spec, ("venv", "model", "server"))
+    out: dict[str, Any] = {}
+    if isinstance(obs.venv, VenvObservation) and spec.venv is not None:
+        out["packages"] = {name: obs.venv.version_of(name) for name in spec.venv.packages}
+    if isinstance(obs.model, ModelObservation) and isinstance(obs.model.record, DownloadRecord):
+        out["model_commit"] = obs.model.record.commit
+    if spec.server is not None:
+        out["server_identity"] = getattr(obs.server, "running_identity", None)
+    return out

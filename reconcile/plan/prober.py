@@ -1,0 +1,126 @@
+"""Runs the probes a spec calls for, concurrently, and gathers their results into one `Observed`.
+
+Called by the planner (`probe_all`) and by the executor's re-probes around each action (`probe_some`).
+module is imported only when a spec needs it. A probe that raises becomes its ProbeFailure;
+it never hides the other probes' results.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from probes.common import Absent, Invalid, ProbeFailure, Unavailable
+
+if TYPE_CHECKING:
+    from probes import apt, cuda, files, gpu, model, venv
+    from reconcile.spec.models import Spec
+
+ProbeFn = Callable[["Spec"], object]
+
+
+class Probe(NamedTuple):
+    """A probe: its module under `probes/` (imported only when a spec needs it) and the spec section
+    whose presence calls for it. Each resource row names the probes its planner reads."""
+
+    name: str
+    module: str
+    section: str
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("gpu", "probes.gpu", "gpu"),
+    Probe("cuda", "probes.cuda", "cuda"),
+    Probe("apt", "probes.apt", "apt"),
+    Probe("venv", "probes.venv", "venv"),
+    Probe("model", "probes.model", "model"),
+    Probe("api_key", "probes.files", "api_key"),
+    Probe("server", "probes.server", "server"),
+    Probe("health", "probes.health", "server"),  # checks the server's endpoint
+)
+
+PROBE_NAMES = tuple(p.name for p in PROBES)
+_BY_NAME = {p.name: p for p in PROBES}
+
+
+class Observed(NamedTuple):
+    """What the probes saw. None where the spec has no such section (so nothing was probed)."""
+
+    gpu: gpu.GpuInventory | Unavailable | ProbeFailure | None
+    cuda: cuda.CudaToolkit | ProbeFailure | None
+    apt: apt.AptObservation | Unavailable | ProbeFailure | None
+    venv: venv.VenvObservation | Absent | Invalid | ProbeFailure | None
+    model: model.ModelObservation | Absent | Invalid | ProbeFailure | None
+    api_key: files.FileFacts | Absent | ProbeFailure | None
+    # probes.server.ServerObservation / probes.health.HealthObservation, or Unavailable/ProbeFailure.
+    server: Any
+    health: Any
+
+    def failures(self) -> dict[str, ProbeFailure]:
+        """The probes that failed (the plan exits 1 when any did)."""
+        return {n: r for n in PROBE_NAMES if isinstance(r := getattr(self, n), ProbeFailure)}
+
+
+def default_probe(name: str) -> ProbeFn:
+    """The probe function of `name`, from its module (imported now, the first time it is needed)."""
+    fn: ProbeFn = importlib.import_module(_BY_NAME[name].module).probe
+    return fn
+
+
+def wanted(spec: Spec, name: str) -> bool:
+    """Whether the spec has the section this probe looks at."""
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown probe {name!r} (known: {', '.join(PROBE_NAMES)})")
+    return getattr(spec, _BY_NAME[name].section) is not None
+
+
+def run_guarded(name: str, fn: ProbeFn, spec: Spec) -> object:
+    """Run one probe; an exception becomes a ProbeFailure naming the probe, with the traceback as raw."""
+    try:
+        return fn(spec)
+    except Exception as exc:
+        return ProbeFailure(f"{name} probe crashed: {type(exc).__name__}: {exc}", raw=traceback.format_exc())
+
+
+def _resolve(names: list[str], probes: Mapping[str, ProbeFn] | None) -> dict[str, ProbeFn]:
+    unknown = set(probes or {}) - set(PROBE_NAMES)
+    if unknown:
+        raise ValueError(f"unknown probe(s) {sorted(unknown)} (known: {', '.join(PROBE_NAMES)})")
+    given = probes or {}
+    return {n: given[n] if n in given else default_probe(n) for n in names}
+
+
+def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
+    results: dict[str, object] = dict.fromkeys(PROBE_NAMES)
+    table = _resolve(names, probes)
+    if len(names) == 1:
+        results[names[0]] = run_guarded(names[0], table[names[0]], spec)
+    elif names:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="probe") as pool:
+            futures = {n: pool.submit(run_guarded, n, table[n], spec) for n in names}
+            results.update({n: f.result() for n, f in futures.items()})
+    return Observed(**results)  # type: ignore[arg-type]
+
+
+def probe_one(spec: Spec, name: str, probes: Mapping[str, ProbeFn] | None = None) -> object:
+    """Re-probe one resource's probe alone; None when the spec has no section for it."""
+    if not wanted(spec, name):
+        return None
+    return run_guarded(name, _resolve([name], probes)[name], spec)
+
+
+def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observed:
+    """Run every probe the spec calls for at once, in threads; returns when the slowest is done.
+
+    `probes` replaces some of the default probe functions by name (tests inject slow or failing ones).
+    """
+    return _run(spec, [n for n in PROBE_NAMES if wanted(spec, n)], probes)
+
+
+def probe_some(spec: Spec, names: tuple[str, ...]) -> Observed:
+    """Run only `names` (concurrently); every other probe's field is None."""
+    return _run(spec, [n for n in names if wanted(spec, n)], None)

@@ -1,0 +1,98 @@
+"""What a plan is made of: Changes (to make), Oks (already true) and Findings (preflight).
+
+Pure data, built by `reconcile.plan.planner`, rendered by `reconcile.plan.render`, executed by
+`reconcile.apply.executor`. Everything here is JSON-serialisable and holds no secrets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
+
+Kind = Literal["+", "~", "-", "±"]
+KIND_WORDS: Mapping[str, str] = {"+": "add", "~": "change", "-": "remove", "±": "restart"}
+Severity = Literal["error", "warning", "info"]
+
+
+class FieldDiff(NamedTuple):
+    """One field of a resource: `old -> new` (None on a side means absent)."""
+
+    field: str
+    old: Any
+    new: Any
+
+
+class Change(NamedTuple):
+    """One resource that is not as the spec says, and what apply will do about it."""
+
+    resource: str  # "apt", "cuda.home", "venv", "model.files", "model.config", "api_key", "server"
+    kind: Kind
+    summary: str
+    reason: str
+    diffs: tuple[FieldDiff, ...] = ()
+    depends_on: tuple[str, ...] = ()
+    params: Mapping[str, Any] = MappingProxyType({})
+    # False when apply cannot fix it (wrong driver, missing GPU): apply reports, never acts.
+    actionable: bool = True
+
+
+class Ok(NamedTuple):
+    """A resource that already matches the spec, with what was seen."""
+
+    resource: str
+    summary: str
+
+
+class Finding(NamedTuple):
+    """A preflight rule's verdict: what it looked at, and the fix."""
+
+    rule: str
+    severity: Severity
+    message: str
+    fix: str = ""
+    evidence: Mapping[str, Any] = MappingProxyType({})
+
+
+class ActionResult(NamedTuple):
+    """What an action did. `changed` is False only with the reason nothing was needed."""
+
+    changed: bool
+    message: str
+
+
+Item = Ok | Change
+
+
+class Plan(NamedTuple):
+    """Desired vs observed for one spec: items in dependency order, preflight findings, facts seen."""
+
+    spec_path: str
+    host: str
+    spec_sha256: str
+    git: str
+    items: tuple[Item, ...]
+    findings: tuple[Finding, ...] = ()
+    notes: tuple[str, ...] = ()  # warnings about the run itself (hostname mismatch, dirty spec)
+    observed: Mapping[str, Any] = MappingProxyType({})  # JSON-able probe results
+
+    @property
+    def changes(self) -> tuple[Change, ...]:
+        return tuple(i for i in self.items if isinstance(i, Change))
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == "error")
+
+    @property
+    def exit_code(self) -> int:
+        """0 converged, 2 changes pending, 1 a preflight error blocks apply."""
+        if self.errors:
+            return 1
+        return 2 if self.changes else 0
+
+    def counts(self) -> dict[str, int]:
+        out = {word: 0 for word in KIND_WORDS.values()}
+        for c in self.changes:
+            out[KIND_WORDS[c.kind]] += 1
+        return out

@@ -1,0 +1,181 @@
+"""Plans as text (Terraform-shaped, colour only on a TTY) and as JSON. Called by the CLI.
+
+The JSON shape is documented in README.md ("plan --json"); keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from reconcile.plan.records import Change, Finding, Ok, Plan
+
+_SYMBOL_COLOUR = {"✓": "32", "+": "32", "~": "33", "-": "31", "±": "35", "!": "31", "✗": "31", "⚠": "33"}
+_WIDTH = 16
+
+
+def use_colour(stream: TextIO) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+class _Painter:
+    def __init__(self, colour: bool) -> None:
+        self.colour = colour
+
+    def sym(self, symbol: str) -> str:
+        code = _SYMBOL_COLOUR.get(symbol)
+        return f"\x1b[{code}m{symbol}\x1b[0m" if self.colour and code else symbol
+
+    def dim(self, text: str) -> str:
+        return f"\x1b[2m{text}\x1b[0m" if self.colour else text
+
+    def bold(self, text: str) -> str:
+        return f"\x1b[1m{text}\x1b[0m" if self.colour else text
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """A one-line rendering of a diff side: JSON-ish, cut at `limit`."""
+    if value is None:
+        return "(absent)"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=False, default=str)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _line(p: _Painter, symbol: str, resource: str, text: str) -> str:
+    return f"  {p.sym(symbol)} {resource:<{_WIDTH}} {text}"
+
+
+def _change_lines(p: _Painter, c: Change) -> list[str]:
+    symbol = c.kind if c.actionable else "!"
+    out = [_line(p, symbol, c.resource, c.summary)]
+    pad = " " * (5 + _WIDTH)
+    for d in c.diffs:
+        out.append(f"{pad}{d.field}: {short(d.old)} -> {short(d.new)}")
+    if c.reason and c.reason != c.summary:
+        out.append(p.dim(f"{pad}why: {c.reason}"))
+    if not c.actionable:
+        out.append(p.dim(f"{pad}apply cannot fix this; it only reports it"))
+    return out
+
+
+def _finding_lines(p: _Painter, f: Finding) -> list[str]:
+    symbol = {"error": "✗", "warning": "⚠", "info": "✓"}[f.severity]
+    text = f.message if f.severity == "info" else f"{f.message} [{f.rule}]"
+    lines = [_line(p, symbol, "preflight", text)]
+    pad = " " * (5 + _WIDTH)
+    if f.fix and f.severity != "info":
+        lines.extend(
+            f"{pad}{'fix: ' if i == 0 else '     '}{part}" for i, part in enumerate(f.fix.splitlines())
+        )
+    table = f.evidence.get("table") if f.severity == "info" else None
+    if isinstance(table, str):
+        lines.extend(p.dim(f"{pad}{row}") for row in table.splitlines())
+    return lines
+
+
+def summary_line(plan: Plan) -> str:
+    counts = plan.counts()
+    stuck = sum(1 for c in plan.changes if not c.actionable)
+    if plan.errors:
+        return f"Plan blocked: {len(plan.errors)} preflight error(s); apply will not start until fixed."
+    if not plan.changes:
+        return "No changes. The machine matches the spec."
+    parts = [f"{counts['add']} to add", f"{counts['change']} to change"]
+    if counts["remove"]:
+        parts.append(f"{counts['remove']} to remove")
+    parts.append(f"{counts['restart']} to restart")
+    tail = f" ({stuck} apply cannot fix)" if stuck else ""
+    return "Plan: " + ", ".join(parts) + "." + tail
+
+
+def render_text(plan: Plan, stream: TextIO, *, verbose_info: bool = True, title: str = "plan") -> None:
+    p = _Painter(use_colour(stream))
+    head = f"reconcile {title} · {plan.spec_path} · host {plan.host} · {plan.git}"
+    lines = [p.bold(head), ""]
+    lines.extend(p.dim(f"  note: {n}") for n in plan.notes)
+    if plan.notes:
+        lines.append("")
+    for item in plan.items:
+        if isinstance(item, Ok):
+            lines.append(_line(p, "✓", item.resource, item.summary))
+        else:
+            lines.extend(_change_lines(p, item))
+    order = {"error": 0, "warning": 1, "info": 2}
+    passed: list[str] = []
+    for f in sorted(plan.findings, key=lambda f: order[f.severity]):
+        # Passing rules are one line together; the memory table is the one worth reading in full.
+        if f.severity == "info" and not (verbose_info and f.rule.startswith("memory.")):
+            if f.rule not in passed:
+                passed.append(f.rule)
+            continue
+        lines.extend(_finding_lines(p, f))
+    if passed:
+        lines.append(_line(p, "✓", "preflight", f"{len(passed)} more checks passed: {', '.join(passed)}"))
+    lines += ["", p.bold(summary_line(plan))]
+    stream.write("\n".join(lines) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    fields = getattr(value, "_fields", None)  # a record (NamedTuple): its fields and its type's name
+    if isinstance(value, tuple) and fields is not None:
+        out = {name: _jsonable(v) for name, v in zip(fields, value, strict=True)}
+        out["type"] = type(value).__name__
+        return out
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return _jsonable(value.model_dump())
+    return value
+
+
+def plan_as_data(plan: Plan) -> dict[str, Any]:
+    resources: list[dict[str, Any]] = []
+    for item in plan.items:
+        if isinstance(item, Ok):
+            resources.append({"resource": item.resource, "status": "ok", "summary": item.summary})
+        else:
+            resources.append(
+                {
+                    "resource": item.resource,
+                    "status": "change" if item.actionable else "drift",
+                    "kind": item.kind,
+                    "summary": item.summary,
+                    "reason": item.reason,
+                    "diffs": [{"field": d.field, "old": d.old, "new": d.new} for d in item.diffs],
+                    "depends_on": list(item.depends_on),
+                    "actionable": item.actionable,
+                }
+            )
+    return {
+        "spec": plan.spec_path,
+        "spec_sha256": plan.spec_sha256,
+        "host": plan.host,
+        "git": plan.git,
+        "exit_code": plan.exit_code,
+        "summary": {**plan.counts(), "text": summary_line(plan)},
+        "notes": list(plan.notes),
+        "resources": resources,
+        "findings": [
+            {
+                "rule": f.rule,
+                "severity": f.severity,
+                "message": f.message,
+                "fix": f.fix,
+                "evidence": _jsonable(f.evidence),
+            }
+            for f in plan.findings
+        ],
+        "observed": _jsonable(plan.observed),
+    }
+
+
+def render_json(plan: Plan, stream: TextIO) -> None:
+    json.dump(plan_as_data(plan), stream, indent=2, default=str)
+    stream.write("\n")

@@ -1,0 +1,148 @@
+"""What every preflight rule reads: the inputs (plain facts from the probes), the rule context
+(the server's args by canonical name, TP, the GPUs it uses), and `finding` to make a verdict.
+
+Imported by each rule module and by `reconcile.preflight.gather`, which runs them; it imports no rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from reconcile.engine import limits
+from reconcile.engine.flags import canonical
+from reconcile.plan.records import Finding, Severity
+
+if TYPE_CHECKING:
+    from reconcile.spec.models import ArgValue, Server, Spec
+
+
+class GpuFact(NamedTuple):
+    index: int  # type: ignore[assignment]  # shadows tuple.index(), which records never use
+    name: str
+    compute_capability: str  # "12.0"
+    total_bytes: int
+    free_bytes: int
+
+
+class GpuProcess(NamedTuple):
+    pid: int
+    gpu_index: int
+    used_bytes: int
+    name: str
+
+
+class PortHolder(NamedTuple):
+    pid: int | None
+    name: str
+
+
+class PreflightInputs(NamedTuple):
+    """The facts the rules need, as plain values (the planner fills them from the probes)."""
+
+    vllm_version: str | None = None
+    vllm_version_source: Literal["installed", "spec pin", "unknown"] = "unknown"
+    reasoning_parsers: frozenset[str] | None = None  # registered in that version; None: unknown
+    tool_parsers: frozenset[str] | None = None
+    gpus: tuple[GpuFact, ...] | None = None  # None: not probed (no NVML); then the spec's [gpu] is used
+    foreign_gpu_processes: tuple[GpuProcess, ...] = ()  # not ours: never stopped by reconcile
+    own_gpu_processes: tuple[GpuProcess, ...] = ()  # our server's or its strays': apply frees them
+    nvcc_path: str | None = None  # None: no nvcc under CUDA_HOME nor on PATH
+    nvcc_version: str | None = None  # "13.0"
+    nvcc_arch_list: tuple[str, ...] | None = None  # `nvcc --list-gpu-arch`; None: not run
+    headers_missing: tuple[str, ...] | None = None  # of [cuda] headers; None: toolkit not probed
+    venv_has_ninja: bool | None = None  # None: no venv yet
+    model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
+    hf_quant_config: Mapping[str, Any] | None = None
+    tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
+    model_file_sizes: Mapping[str, int] = MappingProxyType({})  # path in model dir -> bytes
+    model_files: frozenset[str] = frozenset()  # paths relative to the model dir
+    port_state: Literal["free", "ours", "other", "unknown"] = "unknown"
+    port_holder: PortHolder | None = None
+    api_key_configured: bool = False
+
+
+class RuleContext(NamedTuple):
+    spec: Spec
+    server: Server
+    inputs: PreflightInputs
+    args: Mapping[str, ArgValue]  # canonical flag names without "--"
+    written: Mapping[str, str]  # canonical name -> the key as the spec writes it
+    tp: int
+    utilization: float
+    gpus: tuple[GpuFact, ...]  # probed GPUs the server will use
+
+    @property
+    def version(self) -> str:
+        i = self.inputs
+        return (
+            f"vLLM {i.vllm_version} ({i.vllm_version_source})" if i.vllm_version else "vLLM (version unknown)"
+        )
+
+    def arg(self, name: str) -> str:
+        return f"args.{self.written.get(name, name)}"
+
+
+def finding(rule: str, severity: Severity, message: str, fix: str = "", /, **evidence: Any) -> Finding:
+    """A rule's verdict; keyword arguments are its evidence (JSON-able)."""
+    return Finding(rule=rule, severity=severity, message=message, fix=fix, evidence=evidence)
+
+
+def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
+    args: dict[str, ArgValue] = {}
+    written: dict[str, str] = {}
+    for key, value in server.args.items():
+        name = canonical(key)[2:]
+        args[name], written[name] = value, key
+    tp = max(1, int(_number(args.get("tensor-parallel-size"), 1)))
+    gpus: tuple[GpuFact, ...] = ()
+    if inputs.gpus:
+        ordered = sorted(inputs.gpus, key=lambda g: g.index)
+        visible = [p.strip() for p in server.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if p.strip()]
+        if visible and all(p.isdigit() for p in visible):
+            by_index = {g.index: g for g in ordered}
+            ordered = [by_index[int(p)] for p in visible if int(p) in by_index]
+        gpus = tuple(ordered[:tp])
+    return RuleContext(
+        spec=spec,
+        server=server,
+        inputs=inputs,
+        args=args,
+        written=written,
+        tp=tp,
+        utilization=_number(args.get("gpu-memory-utilization"), 0.9),  # vLLM's default
+        gpus=gpus,
+    )
+
+
+def _number(value: object, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        return default
+
+
+def _pin(spec: Spec) -> str:
+    return spec.venv.packages.get("vllm", "") if spec.venv else ""
+
+
+def _pin_is_exact(spec: Spec) -> bool:
+    return _pin(spec).strip().startswith("==")
+
+
+def model_config(c: RuleContext) -> Mapping[str, Any] | None:
+    """config.json as vLLM will read it: the patched file plus args.hf-overrides."""
+    config = c.inputs.model_config
+    return None if config is None else limits.apply_hf_overrides(config, c.args.get("hf-overrides"))
+
+
+def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
+    """(max-model-len as vLLM parses it, an error text); (None, None) for auto or unset."""
+    raw = c.args.get("max-model-len")
+    try:
+        return (None if raw is None else limits.parse_max_model_len(raw)), None
+    except limits.MaxLenError as exc:
+        return None, str(exc)

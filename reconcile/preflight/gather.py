@@ -1,0 +1,171 @@
+"""Turns what the probes saw into the plain facts the preflight rules read, then runs every rule.
+
+Called by the planner. The config the rules judge is the one the server will read: the original
+(the backup, or the local source's) merged with the spec's patch, as apply will write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from probes.common import Absent, Unavailable
+from reconcile.engine.catalogue import known_model
+from reconcile.plan.prober import Observed
+from reconcile.plan.records import Finding
+from reconcile.preflight import arguments, memory, serving, toolchain
+from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, context
+
+if TYPE_CHECKING:
+    from reconcile.spec.models import Spec
+
+
+def _read_json(path: str) -> Mapping[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _vllm_version(spec: Spec, obs: Observed) -> tuple[str | None, str]:
+    from probes.venv import VenvObservation
+
+    if isinstance(obs.venv, VenvObservation) and obs.venv.vllm_version:
+        return obs.venv.vllm_version, "installed"
+    if spec.venv is not None and "vllm" in spec.venv.packages:
+        from reconcile.engine.flags import version_from_pin
+
+        pinned = version_from_pin(spec.venv.packages["vllm"])
+        if pinned:
+            return pinned, "spec pin"
+    return None, "unknown"
+
+
+def _gpus(
+    obs: Observed, own: set[int]
+) -> tuple[tuple[GpuFact, ...] | None, list[GpuProcess], list[GpuProcess]]:
+    from probes.gpu import GpuInventory
+
+    inv = obs.gpu
+    if not isinstance(inv, GpuInventory):
+        return None, [], []
+    facts: list[GpuFact] = []
+    foreign: list[GpuProcess] = []
+    ours: list[GpuProcess] = []
+    for g in inv.gpus:
+        facts.append(GpuFact(g.index, g.name, g.compute_capability, g.memory_total, g.memory_free))
+        if not isinstance(g.processes, Unavailable):
+            for p in g.processes:
+                proc = GpuProcess(p.pid, g.index, p.used_memory or 0, p.name or "?")
+                (ours if p.pid in own else foreign).append(proc)
+    return tuple(facts), foreign, ours
+
+
+def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
+    from actions.model_config import deep_merge
+    from probes.model import JsonDoc, ModelObservation
+
+    out: dict[str, Any] = {}
+    m, want = obs.model, spec.model
+    if want is None:
+        return out
+    base: Mapping[str, Any] | None = None
+    quant: Mapping[str, Any] | None = None
+    files: Mapping[str, int] = {}
+    root = want.dir
+    if isinstance(m, ModelObservation):
+        doc = m.config_backup if isinstance(m.config_backup, JsonDoc) else m.config
+        base = doc.data if isinstance(doc, JsonDoc) else None
+        quant = m.quant_config.data if isinstance(m.quant_config, JsonDoc) else None
+        files = m.files
+    elif want.source:  # not copied yet: judge the source's files, as apply will lay them out
+        root = want.source
+        base = _read_json(os.path.join(root, "config.json"))
+        quant = _read_json(os.path.join(root, "hf_quant_config.json"))
+        files = _sizes(root)
+    elif (known := known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
+        base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
+        out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
+    if base is not None:
+        out["model_config"] = deep_merge(base, want.config)
+    out["hf_quant_config"] = quant
+    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"))
+    out["model_file_sizes"] = dict(files)
+    out.setdefault("model_files", frozenset(files))
+    return out
+
+
+def _sizes(root: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".cache"]
+        for n in names:
+            full = os.path.join(dirpath, n)
+            try:
+                out[os.path.relpath(full, root)] = os.path.getsize(full)
+            except OSError:
+                continue
+    return out
+
+
+def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
+    from probes.cuda import CudaToolkit, Nvcc
+    from probes.server import ServerObservation
+    from probes.venv import VenvObservation
+
+    own = {p.pid for p in obs.server.processes} if isinstance(obs.server, ServerObservation) else set()
+    gpus, foreign, ours = _gpus(obs, own)
+    version, source = _vllm_version(spec, obs)
+    kw: dict[str, Any] = {
+        "vllm_version": version,
+        "vllm_version_source": source,
+        "gpus": gpus,
+        "foreign_gpu_processes": tuple(foreign),
+        "own_gpu_processes": tuple(ours),
+        "api_key_configured": spec.api_key is not None,
+    }
+    if isinstance(obs.cuda, CudaToolkit):
+        kw["headers_missing"] = tuple(h.name for h in obs.cuda.headers if not h.paths)
+        if isinstance(obs.cuda.nvcc, Nvcc):
+            kw["nvcc_path"] = obs.cuda.nvcc.path
+            kw["nvcc_version"] = obs.cuda.nvcc.release
+            kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
+    if isinstance(obs.venv, VenvObservation):
+        kw["venv_has_ninja"] = obs.venv.has_ninja
+    elif isinstance(obs.venv, Absent):
+        kw["venv_has_ninja"] = None
+    kw.update(_model_facts(spec, obs))
+    if isinstance(obs.server, ServerObservation):
+        listener = obs.server.listener
+        kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
+        if listener.state == "foreign":
+            kw["port_holder"] = PortHolder(listener.pid, listener.name or "?")
+    return PreflightInputs(**kw)
+
+
+def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:
+    return run_preflight(spec, inputs_from(spec, obs))
+
+
+def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
+    """Every rule's findings for a spec with a [server]; nothing to check without one."""
+    if spec.server is None:
+        return ()
+    c = context(spec, spec.server, inputs)
+    rules = (*arguments.RULES, *memory.RULES, *toolchain.RULES, *serving.RULES)
+    if spec.cuda is None and spec.gpu is None and not inputs.gpus:
+        # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.
+        rules = (*arguments.RULES, *memory.RULES, *serving.RULES)
+    return tuple(f for rule in rules for f in rule(c))
+
+
+def memory_table(spec: Spec, inputs: PreflightInputs) -> str:
+    """The article-style memory table for a spec's server (or one line saying why there is none)."""
+    if spec.server is None:
+        return "no [server]: nothing to size"
+    e = memory.memory_estimate(context(spec, spec.server, inputs))
+    return e if isinstance(e, str) else memory.memory_table(e)

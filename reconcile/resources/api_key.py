@@ -1,0 +1,64 @@
+"""The API key file: made once, mode and owner as the spec says; its content is never read.
+
+A row of reconcile.resources; probe: probes.files; action: actions.files.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probes.common import Absent, ProbeFailure
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
+from reconcile.resources.common import Progress, failed
+
+if TYPE_CHECKING:
+    from reconcile.plan.prober import Observed
+    from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Spec
+
+
+def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
+    if spec.api_key is None:
+        return None
+    want = spec.api_key
+    k = obs.api_key
+    if isinstance(k, ProbeFailure):
+        return failed("api_key", k, "key file")
+    mode = want.mode if len(want.mode) == 4 else "0" + want.mode
+    if isinstance(k, Absent) or k is None:
+        return Change(
+            "api_key",
+            "+",
+            f"generate {want.file} (mode {mode}, owner {want.owner})",
+            "the key file does not exist",
+            (FieldDiff("file", None, want.file),),
+        )
+    if k.kind != "file":
+        return Change(
+            "api_key",
+            "~",
+            f"{want.file} is a {k.kind}",
+            "move it aside; apply writes a regular file",
+            actionable=False,
+        )
+    diffs: list[FieldDiff] = []
+    if k.mode != mode:
+        diffs.append(FieldDiff("mode", k.mode, mode))
+    if k.owner != want.owner:
+        diffs.append(FieldDiff("owner", k.owner, want.owner))
+    if want.group is not None and k.group != want.group:
+        diffs.append(FieldDiff("group", k.group, want.group))
+    if k.size == 0:
+        diffs.append(FieldDiff("size", 0, "a key"))
+    if diffs:
+        return Change(
+            "api_key", "~", f"fix {want.file}", "the key file is not as the spec says", tuple(diffs)
+        )
+    return Ok("api_key", f"{want.file} ({k.mode}, {k.owner})")
+
+
+def ensure_key(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionResult:
+    from actions import files
+
+    assert loaded.spec.api_key is not None
+    return files.ensure_key(loaded.spec.api_key)

@@ -1,0 +1,51 @@
+"""The GPUs and their driver: checked against [gpu], never changed (outside apply's reach).
+
+A row of reconcile.resources; probe: probes.gpu.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probes.common import ProbeFailure, Unavailable
+from reconcile.engine.versions import numbers
+from reconcile.plan.records import Change, FieldDiff, Item, Ok
+
+if TYPE_CHECKING:
+    from reconcile.plan.prober import Observed
+    from reconcile.spec.models import Spec
+
+
+def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
+    want = spec.gpu
+    if want is None:
+        return None
+    wanted = f"{want.count or 'any number of'}× {want.name or 'GPU'}" + (
+        f" ({want.compute_capability})" if want.compute_capability else ""
+    )
+    inv = obs.gpu
+    if isinstance(inv, (Unavailable, ProbeFailure)):
+        return Change("gpu", "~", f"unavailable: {inv.reason}", f"the spec wants {wanted}", actionable=False)
+    assert inv is not None
+    diffs: list[FieldDiff] = []
+    if want.count is not None and inv.count != want.count:
+        diffs.append(FieldDiff("count", inv.count, want.count))
+    names = sorted({g.name for g in inv.gpus})
+    if want.name and any(g.name != want.name for g in inv.gpus):
+        diffs.append(FieldDiff("name", ", ".join(names), want.name))
+    ccs = sorted({g.compute_capability for g in inv.gpus})
+    if want.compute_capability and any(g.compute_capability != want.compute_capability for g in inv.gpus):
+        diffs.append(FieldDiff("compute_capability", ", ".join(ccs), want.compute_capability))
+    if want.min_driver and numbers(inv.driver_version) < numbers(want.min_driver):
+        diffs.append(FieldDiff("driver", inv.driver_version, f">= {want.min_driver}"))
+    seen = f"{inv.count}× {', '.join(names) or 'no GPU'} ({', '.join(ccs)}), driver {inv.driver_version}"
+    if diffs:
+        return Change(
+            "gpu",
+            "~",
+            seen,
+            f"the spec wants {wanted}; drivers and GPUs are outside apply's reach",
+            tuple(diffs),
+            actionable=False,
+        )
+    return Ok("gpu", seen)

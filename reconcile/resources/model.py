@@ -1,0 +1,209 @@
+"""The model's files (download or copy) and its config.json patch: plan items and actions.
+
+Rows of reconcile.resources; probe: probes.model; actions: actions.model, actions.model_config.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from probes.common import Invalid, ProbeFailure
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
+from reconcile.resources.common import Progress, failed, giB
+
+if TYPE_CHECKING:
+    from reconcile.plan.prober import Observed
+    from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Spec
+
+
+def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
+    if spec.model is None:
+        return None
+    from probes.model import DownloadRecord, ModelObservation
+
+    want = spec.model
+    m = obs.model
+    origin = f"{want.repo}@{want.revision}" if want.repo else (want.source or "?")
+    if isinstance(m, ProbeFailure):
+        return failed("model.files", m, "model")
+    if not isinstance(m, ModelObservation):
+        verb = "download" if want.repo else "copy"
+        return Change(
+            "model.files",
+            "+",
+            f"{verb} {origin} into {want.dir}",
+            "the model directory is absent",
+            (FieldDiff("dir", None, want.dir),),
+        )
+    record = m.record
+    diffs: list[FieldDiff] = []
+    if not isinstance(record, DownloadRecord):
+        diffs.append(FieldDiff("record", None, origin))
+    else:
+        if want.repo and (record.repo != want.repo or not _same_revision(record, want.revision)):
+            had = f"{record.repo}@{record.revision} ({(record.commit or '')[:12]})"
+            diffs.append(FieldDiff("revision", had, origin))
+        # A patched config.json differs from the recorded size by design: judge its backup instead.
+        on_disk = dict(m.files)
+        if "config.json.bak" in on_disk:
+            on_disk["config.json"] = on_disk["config.json.bak"]
+        wrong = [f for f, size in record.files.items() if on_disk.get(f) != size]
+        if wrong:
+            diffs.append(
+                FieldDiff(
+                    "files", f"{len(wrong)} missing or wrong size ({', '.join(wrong[:3])})", "as recorded"
+                )
+            )
+        if want.source and not want.repo:
+            if record.source != want.source:
+                diffs.append(FieldDiff("source", record.source, want.source))
+            drift = _source_drift(want.source, on_disk, want.allow_patterns)
+            if drift:
+                diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
+    if diffs:
+        verb = "download" if want.repo else "copy"
+        return Change(
+            "model.files",
+            "~",
+            f"{verb} {origin} into {want.dir}",
+            "the model's files differ from the spec",
+            tuple(diffs),
+        )
+    if m.missing_required:
+        return Change(
+            "model.files",
+            "~",
+            f"missing {', '.join(m.missing_required)}",
+            f"{origin} does not bring these required files; add them to the model dir or fix "
+            "[model].required_files",
+            actionable=False,
+        )
+    total = sum(m.files.values())
+    commit = f" ({record.commit[:12]})" if isinstance(record, DownloadRecord) and record.commit else ""
+    if isinstance(record, DownloadRecord) and record.source:
+        origin = record.source
+    return Ok("model.files", f"{origin}{commit}: {len(m.files)} files, {giB(total)}")
+
+
+def _same_revision(record: Any, revision: str) -> bool:
+    return bool(record.revision == revision or (record.commit and record.commit.startswith(revision)))
+
+
+def _source_drift(source: str, have: Any, patterns: list[str]) -> list[str]:
+    import os
+
+    from actions.model import selected
+
+    out = []
+    for root, dirs, files in os.walk(source):
+        dirs[:] = [d for d in dirs if d != ".cache"]
+        for f in files:
+            rel = os.path.relpath(os.path.join(root, f), source)
+            if patterns and not selected(rel, patterns):
+                continue
+            try:
+                size = os.path.getsize(os.path.join(root, f))
+            except OSError:
+                continue
+            if have.get(rel) != size:
+                out.append(rel)
+    return out
+
+
+def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
+    if spec.model is None:
+        return None
+    from actions.model_config import deep_merge
+    from probes.model import JsonDoc, ModelObservation
+
+    patch = spec.model.config
+    m = obs.model
+    if not isinstance(m, ModelObservation):
+        if not patch:
+            return None
+        return Change(
+            "model.config",
+            "~",
+            "config.json  + " + _keys(patch),
+            "patch the config once the files are in",
+            tuple(FieldDiff(k, None, v) for k, v in patch.items()),
+        )
+    backup = m.config_backup
+    if isinstance(backup, Invalid) or isinstance(m.config, Invalid):
+        bad = backup if isinstance(backup, Invalid) else m.config
+        assert isinstance(bad, Invalid)
+        return Change(
+            "model.config",
+            "~",
+            f"{bad.path}: {bad.message}",
+            "fix or remove the file by hand",
+            actionable=False,
+        )
+    if not patch and not isinstance(backup, JsonDoc):
+        return None
+    config_now = m.config.data if isinstance(m.config, JsonDoc) else {}
+    original = backup.data if isinstance(backup, JsonDoc) else config_now
+    current = m.config.data if isinstance(m.config, JsonDoc) else None
+    desired = deep_merge(original, patch)
+    if current == desired:
+        if not patch:
+            return Ok("model.config", "config.json is the original")
+        return Ok("model.config", f"config.json has {_keys(patch)}")
+    diffs = _json_diffs(current or {}, desired)
+    sign = "+" if all(d.old is None for d in diffs) else "~"
+    return Change(
+        "model.config",
+        "~",
+        f"config.json  {sign} {', '.join(d.field for d in diffs[:3])}",
+        "config.json differs from the original merged with [model].config",
+        tuple(diffs),
+        params={"dir": spec.model.dir},
+    )
+
+
+def _keys(patch: dict[str, Any]) -> str:
+    return ", ".join(patch)
+
+
+def _json_diffs(old: Any, new: Any) -> list[FieldDiff]:
+    """Per-path old -> new, from deepdiff (imported only when there is a difference to show)."""
+    from deepdiff import DeepDiff
+
+    diff = DeepDiff(old, new, ignore_order=False, verbose_level=2)
+    out: list[FieldDiff] = []
+
+    def path(p: str) -> str:
+        return p.replace("root", "", 1).replace("']['", ".").strip("[]'")
+
+    for p, v in diff.get("dictionary_item_added", {}).items():
+        out.append(FieldDiff(path(p), None, v))
+    for p, v in diff.get("dictionary_item_removed", {}).items():
+        out.append(FieldDiff(path(p), v, None))
+    for key in ("values_changed", "type_changes"):
+        for p, v in diff.get(key, {}).items():
+            out.append(FieldDiff(path(p), v.get("old_value"), v.get("new_value")))
+    for key in ("iterable_item_added", "iterable_item_removed"):
+        for p, v in diff.get(key, {}).items():
+            out.append(
+                FieldDiff(
+                    path(p), v if key.endswith("removed") else None, v if key.endswith("added") else None
+                )
+            )
+    return out or [FieldDiff("config.json", old, new)]
+
+
+def download(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionResult:
+    import sys
+
+    from actions import model
+
+    assert loaded.spec.model is not None
+    return model.download(loaded.spec.model, progress=sys.stderr.isatty())
+
+
+def patch_config(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionResult:
+    from actions import model_config
+
+    assert loaded.spec.model is not None
+    return model_config.patch_config(loaded.spec.model.dir, loaded.spec.model.config)

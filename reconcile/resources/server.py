@@ -1,0 +1,167 @@
+"""The server's part of the plan: start, restart (and why), stop strays, or leave it alone.
+
+A row of reconcile.resources (plan_server, restart_after, perform); probes: probes.server and
+probes.health; action: actions.server. The
+launch identity a start would have is computed here from the same probes the plan used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probes.common import ProbeFailure, Unavailable
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from actions.launching import LaunchInputs
+    from reconcile.plan.prober import Observed
+    from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Spec
+
+
+def launch_inputs(spec: Spec, obs: Observed) -> LaunchInputs:
+    """What the identity covers besides argv/env: installed packages, model commit, config.json."""
+    from actions.launching import LaunchInputs, read_config_json
+    from probes.model import DownloadRecord, ModelObservation
+    from probes.venv import VenvObservation
+
+    packages: dict[str, str] = {}
+    if isinstance(obs.venv, VenvObservation):
+        packages = {d.name: d.version for d in obs.venv.distributions.values()}
+    revision = None
+    if isinstance(obs.model, ModelObservation) and isinstance(obs.model.record, DownloadRecord):
+        revision = obs.model.record.commit or obs.model.record.revision
+    return LaunchInputs(packages=packages, model_revision=revision, config_json=read_config_json(spec))
+
+
+def _describe(p: object) -> str:
+    pid = getattr(p, "pid", "?")
+    cmd = " ".join(getattr(p, "cmdline", ()) or ())[:60] or getattr(p, "name", "")
+    return f"pid {pid} ({cmd})"
+
+
+def plan_server(spec: Spec, obs: Observed) -> Item | None:
+    if spec.server is None:
+        return None
+    from actions.launching import desired_identity
+    from probes.server import ServerObservation, ServerRecord
+    from reconcile.identity import explain_change
+
+    want = spec.server
+    seen = obs.server
+    if isinstance(seen, (ProbeFailure, Unavailable)):
+        return Change(
+            "server", "~", f"cannot be checked: {seen.reason}", "the server probe failed", actionable=False
+        )
+    assert isinstance(seen, ServerObservation)
+    strays = seen.strays
+    stray_diffs = tuple(FieldDiff(f"stray {p.pid}", _describe(p), "stopped") for p in strays)
+    if not want.running:
+        if seen.processes:
+            pids = ", ".join(str(p.pid) for p in seen.processes)
+            return Change(
+                "server", "-", f"stop {want.name} (pids {pids})", "the spec says running = false", stray_diffs
+            )
+        return Ok("server", f"{want.name} stopped, as the spec says")
+    running = seen.server
+    where = f"{want.host}:{want.port}"
+    if running is None:
+        extra = f"; first stop {len(strays)} stray process(es) of a dead server" if strays else ""
+        return Change(
+            "server",
+            "+",
+            f"start {want.name} on {where}{extra}",
+            "no process of this deployment is running"
+            if not strays
+            else "the server is gone but its children still run (they may hold GPU memory)",
+            stray_diffs,
+        )
+    desired = desired_identity(spec, launch_inputs(spec, obs))
+    if running.identity != desired.digest:
+        old = seen.record.components if isinstance(seen.record, ServerRecord) else {}
+        why = explain_change(old, desired.components)
+        return Change(
+            "server",
+            "±",
+            f"restart {want.name}: {why}",
+            why,
+            (FieldDiff("identity", running.identity, desired.digest), *stray_diffs),
+        )
+    health = obs.health
+    state = getattr(health, "state", None)
+    if state == "not_listening":
+        return Change(
+            "server",
+            "~",
+            f"wait for {want.name} (pid {running.pid}) to finish starting",
+            "the process runs but its port does not answer yet",
+            stray_diffs,
+        )
+    if state != "healthy":
+        detail = getattr(health, "error", None) or f"/health answered {getattr(health, 'health_status', '?')}"
+        return Change(
+            "server",
+            "±",
+            f"restart {want.name}: unhealthy ({detail})",
+            "the server is unhealthy",
+            stray_diffs,
+        )
+    if strays:
+        return Change(
+            "server",
+            "-",
+            f"stop {len(strays)} stray process(es) of {want.name}",
+            "processes with this deployment's marker outside the live server's group",
+            stray_diffs,
+        )
+    if seen.pidfile.state != "ours":
+        # Healthy and the right identity, but the pidfile does not name it (apply was killed
+        # between the start and the pidfile write): adopt it, no restart.
+        return Change(
+            "server",
+            "~",
+            f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
+            f"the pidfile is {seen.pidfile.state}",
+            (FieldDiff("pidfile", seen.pidfile.pid, running.pid),),
+        )
+    version = getattr(health, "version", None)
+    cards = getattr(health, "models", ()) or ()
+    served = ", ".join(f"{c.id} (max_model_len {c.max_model_len})" for c in cards)
+    return Ok(
+        "server",
+        f"{want.name} pid {running.pid} healthy on {where}"
+        + (f", vLLM {version}" if version else "")
+        + (f", serving {served}" if served else ""),
+    )
+
+
+def restart_after(item: Item, spec: Spec, obs: Observed, pending: list[str]) -> Item:
+    """A server that is fine now will restart once a pending Change to its identity's inputs is made
+    (`pending`: the resources the table marks as launch-identity inputs, e.g. new packages, model files
+    or config.json): the plan says so, rather than apply surprising."""
+    if not isinstance(item, Ok) or not pending or spec.server is None or not spec.server.running:
+        return item
+    running = getattr(obs.server, "running_identity", None)
+    why = f"{', '.join(pending)} will change and its launch identity covers them"
+    return Change(
+        "server",
+        "±",
+        f"restart {spec.server.name} after {', '.join(pending)}",
+        why,
+        (FieldDiff("identity", running, f"(new, after {', '.join(pending)})"),),
+    )
+
+
+def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None]) -> ActionResult:
+    import sys
+
+    from actions import server
+    from actions.supervising import line_progress, tty_progress
+    from reconcile.plan.prober import probe_some
+
+    spec = loaded.spec
+    obs = probe_some(spec, ("venv", "model"))
+    shown = tty_progress(sys.stderr) or line_progress(progress)
+    return server.apply(change, spec, launch_inputs(spec, obs), progress=shown)

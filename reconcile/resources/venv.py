@@ -1,0 +1,131 @@
+"""The virtual environment and its packages: plan items and the actions that make them true.
+
+Rows of reconcile.resources; probe: probes.venv; action: actions.venv.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from probes.common import Absent, Invalid, ProbeFailure
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Kind, Ok
+from reconcile.resources.common import Progress, failed
+
+if TYPE_CHECKING:
+    from probes.venv import VenvObservation
+    from reconcile.plan.prober import Observed
+    from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Spec, Venv
+
+
+def plan_venv(spec: Spec, obs: Observed) -> Item | None:
+    if spec.venv is None:
+        return None
+    want = spec.venv
+    v = obs.venv
+    if isinstance(v, ProbeFailure):
+        return failed("venv", v, "venv")
+    if isinstance(v, Absent):
+        return Change(
+            "venv",
+            "+",
+            f"create {want.path} with {want.python}",
+            "the venv does not exist",
+            (FieldDiff("path", None, want.path),),
+        )
+    if isinstance(v, Invalid):
+        return Change(
+            "venv",
+            "~",
+            f"{want.path}: {v.message}",
+            "not a virtual environment; move it aside and apply again (apply never deletes it)",
+            actionable=False,
+        )
+    assert v is not None
+    diffs: list[FieldDiff] = []
+    if isinstance(v.interpreter, Absent) or v.interpreter.resolved is None:
+        diffs.append(FieldDiff("interpreter", None, want.python))
+    if v.include_system_site_packages != want.system_site_packages:
+        diffs.append(
+            FieldDiff("system_site_packages", v.include_system_site_packages, want.system_site_packages)
+        )
+    have_pth = {p.path for p in v.pth_paths}
+    for extra in want.extra_site_packages:
+        if extra not in have_pth:
+            diffs.append(FieldDiff("extra_site_packages", None, extra))
+    reason = "the venv differs from the spec"
+    if _needs_pip(want, v):
+        # What a `python -m venv` killed during ensurepip leaves: the venv exists, pip does not.
+        diffs.append(FieldDiff("pip", None, "installed"))
+        reason = "pip is missing (a venv whose creation was interrupted): it cannot install the packages"
+    if diffs:
+        return Change("venv", "~", f"fix {want.path}", reason, tuple(diffs))
+    return Ok("venv", f"{want.path} (Python {v.version or '?'})")
+
+
+def _needs_pip(want: Venv, v: VenvObservation) -> bool:
+    """pip is absent, and packages are to be installed with it."""
+    if "pip" in v.distributions or all(_satisfies(v.version_of(n), s) for n, s in want.packages.items()):
+        return False
+    from actions.venv import installer_for
+
+    return installer_for(want) == "pip"
+
+
+def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
+    if spec.venv is None or not spec.venv.packages:
+        return None
+    from probes.venv import VenvObservation
+
+    v = obs.venv
+    installed = v if isinstance(v, VenvObservation) else None
+    wanted: dict[str, str] = {}
+    diffs: list[FieldDiff] = []
+    for name, spec_text in spec.venv.packages.items():
+        have = installed.version_of(name) if installed else None
+        if not _satisfies(have, spec_text):
+            wanted[name] = spec_text
+            diffs.append(FieldDiff(name, have, spec_text))
+    n = len(spec.venv.packages)
+    if not wanted:
+        assert installed is not None
+        shown = ", ".join(f"{k} {installed.version_of(k)}" for k in list(spec.venv.packages)[:3])
+        return Ok("venv.packages", f"{n} packages satisfied ({shown}{', …' if n > 3 else ''})")
+    kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
+    shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
+    return Change(
+        "venv.packages",
+        kind,
+        f"install {shown}",
+        f"{len(wanted)} of {n} packages missing or not satisfying the spec",
+        tuple(diffs),
+        params={"packages": wanted},
+    )
+
+
+def _satisfies(version: str | None, spec_text: str) -> bool:
+    if version is None:
+        return False
+    if spec_text == "*":
+        return True
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec_text, prereleases=True).contains(Version(version))
+    except InvalidVersion:
+        return False
+
+
+def create(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionResult:
+    from actions import venv
+
+    assert loaded.spec.venv is not None
+    return venv.create(loaded.spec.venv)
+
+
+def install(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionResult:
+    from actions import venv
+
+    assert loaded.spec.venv is not None
+    return venv.install(loaded.spec.venv, dict(change.params["packages"]))

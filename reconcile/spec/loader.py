@@ -1,0 +1,232 @@
+"""Spec file -> validated `Spec`: TOML, `extends`, `{section.key}` references, one-line errors.
+
+Called by the CLI commands and the executor (`find_spec`, `load_spec`), and by `reconcile schema`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ValidationError
+
+from reconcile.errors import SpecError
+from reconcile.spec.errors import describe, schema_text, show, unwrap
+from reconcile.spec.lines import Part, dotted, syntax_error
+from reconcile.spec.lines import Scan as _Scan  # tests reach the scanner here too
+from reconcile.spec.loaded import LoadedSpec, find_spec
+from reconcile.spec.models import Spec
+
+__all__ = ["LoadedSpec", "dotted", "find_spec", "load_spec", "schema_text", "spec_from_resolved"]
+
+_PATH = r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*"
+_REF = re.compile(rf"\{{\{{({_PATH})\}}\}}|\{{({_PATH})\}}")  # {{escaped.path}} | {section.key}
+_MISSING = object()
+
+
+class _File(NamedTuple):
+    display: str
+    abspath: str
+    text: str
+    doc: dict[str, Any]
+    lines: dict[str, int]
+
+
+def _read(display: str, abspath: str) -> _File:
+    try:
+        with open(abspath, "rb") as fh:
+            raw = fh.read()
+    except OSError as e:
+        raise SpecError(display, None, "", f"cannot read ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SpecError(display, line, "", "not UTF-8 text (a TOML file is UTF-8)") from None
+    # tomlkit is pure Python and slow to import: only a spec-cache miss pays for it.
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        doc = tomlkit.parse(text).unwrap()
+    except (TOMLKitError, ValueError) as e:
+        raise syntax_error(display, text, e) from None
+    return _File(display, abspath, text, doc, _Scan(text).lines)
+
+
+def _read_chain(path: str) -> list[_File]:
+    chain = [_read(path, os.path.abspath(path))]
+    while (target := chain[-1].doc.pop("extends", None)) is not None:
+        here = chain[-1]
+        where = (here.display, here.lines.get("extends"), "extends")
+        if not isinstance(target, str) or not target.strip():
+            raise SpecError(*where, f"{show(target)} is not a file name (a base spec, relative to here)")
+        nxt = os.path.normpath(os.path.join(os.path.dirname(here.abspath), target))
+        display = os.path.normpath(os.path.join(os.path.dirname(here.display), target))
+        real = [os.path.realpath(f.abspath) for f in chain]
+        if os.path.realpath(nxt) in real:
+            if real[-1] == os.path.realpath(nxt):
+                raise SpecError(*where, f"{show(target)} is this file itself (a spec cannot extend itself)")
+            loop = " -> ".join([f.display for f in chain[real.index(os.path.realpath(nxt)) :]] + [display])
+            raise SpecError(*where, f"{show(target)} makes a cycle: {loop} (bases cannot extend back)")
+        if not os.path.isfile(nxt):
+            raise SpecError(*where, f"{show(target)} not found (looked at {nxt}; relative to this file)")
+        chain.append(_read(display, nxt))
+    return chain
+
+
+def _merge(
+    into: dict[str, Any], over: dict[str, Any], rank: int, origin: dict[str, int], at: list[Part]
+) -> None:
+    """Tables merge key by key; arrays and scalars of `over` replace. `origin`: dotted key -> file rank."""
+    for key, value in over.items():
+        parts = [*at, key]
+        name = dotted(parts)
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            origin[name] = rank
+            _merge(into[key], value, rank, origin, parts)
+            continue
+        for old in [k for k in origin if k == name or k.startswith((name + ".", name + "["))]:
+            del origin[old]
+        into[key] = value
+        _note_origin(value, rank, origin, parts)
+
+
+def _note_origin(value: Any, rank: int, origin: dict[str, int], parts: list[Part]) -> None:
+    origin[dotted(parts)] = rank
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        _note_origin(item, rank, origin, [*parts, key])
+
+
+class _Located(Exception):
+    def __init__(self, parts: list[Part], message: str) -> None:
+        super().__init__(message)
+        self.parts, self.message = parts, message
+
+
+class _Refs:
+    """Resolves `{section.key}` in every string of the merged document (escape: `{{section.key}}`)."""
+
+    def __init__(self, doc: dict[str, Any], spec_dir: str) -> None:
+        self.doc, self.spec_dir, self.done = doc, spec_dir, dict[str, str]()
+        self.errors: list[_Located] = []
+        self.failed: set[str] = set()  # values left unresolved: their validation errors would mislead
+
+    def walk(self, node: Any, parts: list[Part]) -> Any:
+        if isinstance(node, dict):
+            return {k: self.walk(v, [*parts, k]) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self.walk(v, [*parts, n]) for n, v in enumerate(node)]
+        if isinstance(node, str) and "{" in node:
+            try:
+                return self.expand(node, parts, (dotted(parts),))
+            except _Located as e:
+                self.errors.append(e)
+                self.failed.add(dotted(parts))
+        return node
+
+    def expand(self, text: str, parts: list[Part], stack: tuple[str, ...]) -> str:
+        used_dir = False
+
+        def one(m: re.Match[str]) -> str:
+            nonlocal used_dir
+            if m.group(1):
+                return "{" + m.group(1) + "}"
+            used_dir = used_dir or m.group(2) == "spec_dir"
+            return self.value(m.group(2), parts, stack)
+
+        out = _REF.sub(one, text)
+        return os.path.normpath(out) if used_dir else out
+
+    def value(self, path: str, parts: list[Part], stack: tuple[str, ...]) -> str:
+        if path == "spec_dir":
+            return self.spec_dir
+        node: Any = self.doc
+        for key in path.split("."):
+            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
+        node = _default_of(path.split(".")) if node is _MISSING else node
+        if node is _MISSING:
+            raise _Located(parts, f"{{{path}}} refers to nothing (a key of this spec, e.g. {{model.dir}})")
+        if isinstance(node, (dict, list)):
+            kind = "a table" if isinstance(node, dict) else "an array"
+            raise _Located(parts, f"{{{path}}} is {kind} (a reference names one string, number or boolean)")
+        if isinstance(node, bool):
+            return "true" if node else "false"
+        if not isinstance(node, str):
+            return str(node)
+        if path in stack:
+            loop = " -> ".join([stack[-1], *stack[stack.index(path) :]])  # from the value that holds it
+            raise _Located(parts, f"{{{path}}} makes a cycle: {loop} (no value may refer back to itself)")
+        if path not in self.done:
+            self.done[path] = self.expand(node, [*path.split(".")], (*stack, path))
+        return self.done[path]
+
+
+def _default_of(keys: list[str]) -> Any:
+    """`{machine.state_dir}` works when the spec leaves it at its default."""
+    model: Any = Spec
+    for n, key in enumerate(keys):
+        is_model = isinstance(model, type) and issubclass(model, BaseModel)
+        field = model.model_fields.get(key) if is_model else None
+        if field is None:
+            return _MISSING
+        if n == len(keys) - 1:
+            value = field.get_default(call_default_factory=True)
+            return value if isinstance(value, (str, int, float)) else _MISSING
+        model = unwrap(field.annotation, [])[0]
+    return _MISSING
+
+
+def _locate(chain: list[_File], origin: dict[str, int], parts: list[Part]) -> tuple[int, str, int | None]:
+    """The file and line that hold a key; a missing key is reported at its section's header."""
+    for n in range(len(parts), 0, -1):
+        rank = origin.get(dotted(parts[:n]))
+        if rank is not None and dotted(parts[:n]) in chain[rank].lines:
+            return rank, chain[rank].display, chain[rank].lines[dotted(parts[:n])]
+    return 0, chain[0].display, None
+
+
+def _first(chain: list[_File], origin: dict[str, int], found: list[tuple[list[Part], str]]) -> SpecError:
+    """Several problems: the first in file order (the main file, then its bases)."""
+    where = [(*_locate(chain, origin, parts), dotted(parts), msg) for parts, msg in found]
+    _, file, line, key, msg = min(where, key=lambda w: (w[0], 10**9 if w[2] is None else w[2]))
+    return SpecError(file, line, key, msg)
+
+
+def _finish(
+    chain: list[_File], merged: dict[str, Any], origin: dict[str, int], path: str, resolve: bool = True
+) -> LoadedSpec:
+    refs = _Refs(merged, os.path.dirname(chain[0].abspath))
+    resolved = refs.walk(merged, []) if resolve else merged
+    found = [(e.parts, e.message) for e in refs.errors]
+    try:
+        spec = Spec.model_validate(resolved)
+    except ValidationError as e:
+        described = (describe(err, resolved) for err in e.errors())
+        found += [(parts, msg) for parts, msg in described if dotted(parts) not in refs.failed]
+    if found:
+        raise _first(chain, origin, found)
+    canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    return LoadedSpec(spec, path, chain[0].text, digest, tuple(f.abspath for f in chain), resolved)
+
+
+def load_spec(path: str) -> LoadedSpec:
+    """Read, merge bases, resolve references, validate. Raises one `SpecError` (FILE:LINE: key: ...)."""
+    chain = _read_chain(path)
+    merged: dict[str, Any] = {}
+    origin: dict[str, int] = {}
+    for rank in reversed(range(len(chain))):
+        _merge(merged, chain[rank].doc, rank, origin, [])
+    return _finish(chain, merged, origin, path)
+
+
+def spec_from_resolved(resolved: dict[str, Any], text: str, path: str) -> LoadedSpec:
+    """A recorded generation's document back into a LoadedSpec (rollback); errors carry no line."""
+    doc = json.loads(json.dumps(resolved))
+    chain = [_File(path, os.path.abspath(path), text, doc, {})]
+    return _finish(chain, doc, {}, path, resolve=False)

@@ -1,0 +1,327 @@
+"""The desired state of one machine, as frozen pydantic models.
+
+Built by `reconcile.spec.loader` from a TOML file; read by the planner, the probes (to know what to
+look at) and the actions. Every field's description is its documentation (`reconcile schema`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'
+
+
+class Expect(NamedTuple):
+    """What a value must be, in words; read by the loader's error messages and `reconcile schema`."""
+
+    noun: str  # "a port": completes "X is not ..."
+    allowed: str  # "an integer 1-65535": what to write instead
+
+
+def _q(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
+
+
+def parse_duration(value: object) -> float:
+    """`90`, `"90s"`, `"15m"`, `"1h"`, `"500ms"` -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a duration ({_DURATIONS})")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"{_q(value)} is not a duration ({_DURATIONS})")
+    if seconds <= 0:
+        raise ValueError(f"{_q(value)} is not a positive duration ({_DURATIONS})")
+    return seconds
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{_q(value)} is a relative path (an absolute path, starting with /)")
+    if "\x00" in value:
+        raise ValueError("a path cannot contain a NUL byte (an absolute path, starting with /)")
+    return value
+
+
+def _specifier(value: str) -> str:
+    if value.strip() in ("*", ""):
+        return "*"
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise ValueError(
+            f'{_q(value)} is not a version specifier ("*", "==0.26.0", ">=0.26.0rc1", "~=1.11")'
+        ) from None
+    return value
+
+
+def _package_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+        raise ValueError(f"{_q(value)} is not a package name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def _apt_name(value: str) -> str:
+    name, _, version = value.partition("=")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", name):
+        raise ValueError(f'{_q(value)} is not an apt package (a lowercase name, optionally "name=version")')
+    if "=" in value and not re.fullmatch(r"[A-Za-z0-9.+~:-]+", version):
+        raise ValueError(f'{_q(value)} has a bad version after "=" (digits, letters, ".+~:-")')
+    return value
+
+
+def _flag_names(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        if key.startswith("-"):
+            message = "write the flag without its leading dashes ({name} = ...)"
+            raise PydanticCustomError("spec", message, {"at": (key,), "name": key.lstrip("-")})
+    return value
+
+
+AbsPath = Annotated[str, AfterValidator(_absolute), Expect("an absolute path", "a path starting with /")]
+Duration = Annotated[float, BeforeValidator(parse_duration), Expect("a duration", _DURATIONS)]
+VersionSpec = Annotated[
+    str, AfterValidator(_specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
+]
+PackageName = Annotated[
+    str, AfterValidator(_package_name), Expect("a package name", "letters, digits, '.', '_', '-'")
+]
+AptPackage = Annotated[
+    str, AfterValidator(_apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
+]
+Port = Annotated[int, Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")]
+Scalar = str | int | float | bool
+ArgValue = Annotated[
+    Scalar | list[Scalar] | dict[str, Any],
+    Expect("a flag value", "a string, number, true/false, a list of those, or a table for a JSON flag"),
+]
+GpuArch = Annotated[
+    str,
+    Field(pattern=r"^(compute|sm|lto)_\d+[a-z]?$"),
+    Expect("an nvcc arch", 'as `nvcc --list-gpu-arch` prints it, e.g. "compute_120"'),
+]
+
+
+def _at(key: str, message: str) -> PydanticCustomError:
+    """A model-level error pinned to one of the model's keys (the loader reports that key's line)."""
+    return PydanticCustomError("spec", message, {"at": tuple(key.split("."))})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=False, validate_default=True, defer_build=True
+    )
+
+
+class Machine(_Model):
+    hostname: str | None = Field(
+        None, description="Host this spec is for; plan warns when it runs elsewhere."
+    )
+    state_dir: AbsPath = Field(
+        "/var/lib/reconcile", description="Where the lock, generations and last-run report live."
+    )
+    description: str = Field("", description="Free text shown in the plan header.")
+
+
+class Gpu(_Model):
+    count: int | None = Field(None, ge=0, description="How many GPUs must be visible (None: any).")
+    name: str | None = Field(None, description='Expected GPU name as NVML reports it, e.g. "NVIDIA H200".')
+    compute_capability: Annotated[str | None, Expect("a compute capability", 'major.minor, e.g. "12.0"')] = (
+        Field(None, pattern=r"^\d+\.\d+$", description='Expected compute capability, e.g. "12.0" for sm_120.')
+    )
+    memory_gib: float | None = Field(
+        None, gt=0, description="Memory per GPU in GiB, used by the preflight when no GPU can be probed."
+    )
+    min_driver: Annotated[str | None, Expect("a driver version", 'dotted numbers, e.g. "580.95"')] = Field(
+        None, pattern=r"^\d+(\.\d+)*$", description='Lowest acceptable driver version, e.g. "580.95".'
+    )
+
+
+class Cuda(_Model):
+    home: AbsPath = Field("/usr/local/cuda", description="CUDA_HOME: a symlink to the toolkit in use.")
+    target: AbsPath | None = Field(
+        None, description="Where `home` must point (None: leave the symlink alone, only check it)."
+    )
+    gpu_arch: list[GpuArch] = Field(
+        default_factory=list,
+        description='Entries that `nvcc --list-gpu-arch` must print, e.g. ["compute_120"].',
+    )
+    min_version: Annotated[str | None, Expect("a CUDA version", 'major.minor, e.g. "12.9"')] = Field(
+        None, pattern=r"^\d+\.\d+$", description='Lowest nvcc release, e.g. "12.9" (sm_120 needs it).'
+    )
+    headers: list[str] = Field(
+        default_factory=list,
+        description="Headers FlashInfer's JIT compiles against; looked up in the toolkit's include dirs.",
+    )
+
+
+class AptRepository(_Model):
+    name: str = Field(description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).")
+    uri: str = Field(description="Repository URI (http(s):// or file:/).")
+    suite: str = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
+    components: list[str] = Field(default_factory=list, description="Components (empty for flat).")
+    keyring: AbsPath | None = Field(
+        None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings)."
+    )
+    key_source: AbsPath | None = Field(
+        None, description="A local key file that apply copies to `keyring` when that is missing."
+    )
+    trusted: StrictBool = Field(
+        False, description="Mark the source [trusted=yes] (local test repositories only)."
+    )
+
+    @model_validator(mode="after")
+    def _key_or_trusted(self) -> AptRepository:
+        if not self.trusted and self.keyring is None:
+            raise _at("keyring", "missing (a keyring path, or trusted = true for a local test repository)")
+        return self
+
+
+class Apt(_Model):
+    packages: list[AptPackage] = Field(
+        default_factory=list, description='Packages that must be installed; "name=version" pins.'
+    )
+    repositories: list[AptRepository] = Field(default_factory=list, description="Extra apt sources.")
+    sources_dir: AbsPath = Field("/etc/apt/sources.list.d", description="Where repository files are written.")
+
+
+class Venv(_Model):
+    path: AbsPath = Field(description="The virtual environment's directory.")
+    python: str = Field("python3", description="Interpreter used to create it (a name on PATH or a path).")
+    index_url: str | None = Field(None, description="pip --index-url.")
+    extra_index_urls: list[str] = Field(default_factory=list, description="pip --extra-index-url, in order.")
+    packages: Annotated[
+        dict[PackageName, VersionSpec],
+        Expect("a table", 'name = "version specifier" pairs, e.g. { vllm = ">=0.26", ninja = "*" }'),
+    ] = Field(default_factory=dict, description='Distribution -> version specifier ("*" for any).')
+    wheelhouse: AbsPath | None = Field(
+        None, description="Install offline from this directory (--no-index --find-links)."
+    )
+    no_deps: StrictBool = Field(False, description="pip --no-deps (an explicit, complete package list).")
+    system_site_packages: StrictBool = Field(False, description="Create with --system-site-packages.")
+    extra_site_packages: list[AbsPath] = Field(
+        default_factory=list,
+        description="Other environments' site-packages made visible through a .pth file.",
+    )
+    installer: Literal["auto", "pip", "uv"] = Field(
+        "auto", description="auto: uv when it is on PATH, else pip."
+    )
+
+
+class Model(_Model):
+    repo: str | None = Field(None, description='Hugging Face repo id, e.g. "nvidia/NVIDIA-Nemotron-...".')
+    revision: str = Field("main", description="Branch, tag or commit; resolved to a commit and recorded.")
+    source: AbsPath | None = Field(None, description="A local directory to copy from instead of the hub.")
+    dir: AbsPath = Field(description="Where the model's files live.")
+    allow_patterns: list[str] = Field(default_factory=list, description="Only these files (globs).")
+    max_workers: int = Field(8, ge=1, le=64, description="Parallel downloads.")
+    offline: StrictBool = Field(
+        False, description="Never contact the hub: use what is there, name what is missing."
+    )
+    required_files: list[str] = Field(
+        default_factory=list,
+        description="Files that must exist in `dir` (e.g. the reasoning-parser plugin, the chat template).",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Deep-merged into config.json (original kept as config.json.bak)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Model:
+        if self.repo and self.source:
+            raise _at("source", "set with repo too (one of them: repo for the hub, source for a directory)")
+        if self.repo is not None and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", self.repo):
+            raise _at("repo", f"{_q(self.repo)} is not a hub repo id (owner/name)")
+        return self
+
+
+class ApiKey(_Model):
+    file: AbsPath = Field(description="Key file: generated once, mode 0600, passed as VLLM_API_KEY.")
+    owner: str = Field("root", description="Owner of the key file.")
+    group: str | None = Field(None, description="Group of the key file (None: the owner's group).")
+    mode: Annotated[str, Expect("a file mode", 'octal digits, e.g. "0600"')] = Field(
+        "0600", pattern=r"^0?[0-7]{3}$", description="File mode in octal."
+    )
+
+
+class CrashLoop(_Model):
+    max_starts: int = Field(3, ge=1, description="Failed starts allowed within `window`.")
+    window: Duration = Field(600.0, description='The window, e.g. "10m".')
+
+
+class Server(_Model):
+    name: Annotated[
+        str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
+    ] = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Deployment name (marker, unit).")
+    supervisor: Literal["process", "systemd"] = Field(
+        "process", description="process: a detached session of our own; systemd: a generated unit."
+    )
+    running: StrictBool = Field(True, description="Whether the server must be running.")
+    executable: AbsPath | None = Field(None, description="The vllm executable (default: <venv>/bin/vllm).")
+    model: str | None = Field(None, description="What `vllm serve` is given (default: model.dir).")
+    host: str = Field("127.0.0.1", description="--host.")
+    port: Port = Field(8000, description="--port.")
+    served_model_name: str | None = Field(None, description="--served-model-name.")
+    log: AbsPath = Field(description="Log file the server appends to.")
+    pidfile: AbsPath | None = Field(None, description="Pidfile (default: <state_dir>/<name>.pid).")
+    startup_timeout: Duration = Field(900.0, description="How long to wait for /health = 200.")
+    stop_timeout: Duration = Field(30.0, description="Grace period between SIGTERM and SIGKILL.")
+    args: Annotated[dict[str, ArgValue], AfterValidator(_flag_names)] = Field(
+        default_factory=dict,
+        description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
+    crash_loop: CrashLoop = Field(default_factory=CrashLoop, description="Crash-loop guard.")
+
+    @model_validator(mode="after")
+    def _no_key_flag(self) -> Server:
+        if "api-key" in self.args:
+            raise _at("args.api-key", "puts the key on the command line (use [api_key] file = ... instead)")
+        return self
+
+
+class Health(_Model):
+    timeout: Duration = Field(5.0, description="Per-request timeout for health probes.")
+    check_models: StrictBool = Field(True, description="/v1/models must list the served name.")
+    smoke_prompt: str = Field(
+        "In one sentence, what is the capital of France?", description="`reconcile check` prompt."
+    )
+
+
+class Spec(_Model):
+    machine: Machine = Field(default_factory=Machine, description="Which machine, and where state lives.")
+    gpu: Gpu | None = Field(None, description="GPUs and driver.")
+    cuda: Cuda | None = Field(None, description="The CUDA toolkit FlashInfer's JIT uses.")
+    apt: Apt | None = Field(None, description="apt packages and repositories.")
+    venv: Venv | None = Field(None, description="The Python environment holding vLLM.")
+    model: Model | None = Field(None, description="The model's files and config.json patch.")
+    api_key: ApiKey | None = Field(None, description="The server's API key file.")
+    server: Server | None = Field(None, description="The `vllm serve` process.")
+    health: Health = Field(default_factory=Health, description="Health checks.")
+
+    @model_validator(mode="after")
+    def _server_needs(self) -> Spec:
+        if self.server is not None and self.server.executable is None and self.venv is None:
+            raise _at("server", "nothing to run (set executable, or add a [venv] holding vllm)")
+        if self.server is not None and self.server.model is None and self.model is None:
+            raise _at("server", "nothing to serve (set model, or add a [model] section)")
+        return self

@@ -1,0 +1,168 @@
+"""The Prometheus textfile of a run, for node_exporter's textfile collector: names and labels in
+Prometheus conventions (`_seconds`, `_total` counters, 0/1 gauges), written atomically.
+
+Called by `reconcile.unattended.report` with the run's last-run record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from reconcile.host import atomic_write
+
+RESULTS = ("changed", "already-true", "failed", "blocked", "cannot-fix")
+OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error")
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: float | int | bool) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+class _Text:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def metric(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        samples: list[tuple[Mapping[str, object], float | int | bool]],
+    ) -> None:
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for labels, value in samples:
+            shown = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            self.lines.append(f"{name}{{{shown}}} {_num(value)}" if shown else f"{name} {_num(value)}")
+
+
+def render_textfile(record: Mapping[str, Any]) -> str:
+    """The metrics of one run, in the Prometheus text exposition format (0.0.4)."""
+    t = _Text()
+    g = "gauge"
+    t.metric(
+        "reconcile_last_run_timestamp_seconds",
+        g,
+        "When the last plan or apply finished (unix time).",
+        [({}, float(record["timestamp"]))],
+    )
+    t.metric(
+        "reconcile_last_run_duration_seconds",
+        g,
+        "How long the last run took.",
+        [({}, float(record["duration_seconds"]))],
+    )
+    t.metric(
+        "reconcile_last_run_exit_code",
+        g,
+        "Exit code of the last run (0 ok, 2 changed/drift, 1 error, 4 failed).",
+        [({}, int(record["exit_code"]))],
+    )
+    t.metric(
+        "reconcile_last_run_success",
+        g,
+        "1 when the last run exited 0 or 2.",
+        [({}, record["outcome"] != "error" and int(record["exit_code"]) in (0, 2))],
+    )
+    if record.get("last_success_timestamp") is not None:
+        t.metric(
+            "reconcile_last_success_timestamp_seconds",
+            g,
+            "When a run last succeeded (unix time).",
+            [({}, float(record["last_success_timestamp"]))],
+        )
+    counts = record.get("result_counts") or {}
+    t.metric(
+        "reconcile_last_run_changes",
+        g,
+        "Changes of the last run, by result.",
+        [({"result": r}, int(counts.get(r, 0))) for r in RESULTS],
+    )
+    t.metric(
+        "reconcile_last_run_failures",
+        g,
+        "Failed, blocked or unfixable changes, preflight errors and errors of the last run.",
+        [({}, int(record.get("failures", 0)))],
+    )
+    t.metric(
+        "reconcile_pending_changes",
+        g,
+        "Changes still between the machine and the spec after the last run.",
+        [({}, len(record.get("pending") or []))],
+    )
+    t.metric(
+        "reconcile_converged",
+        g,
+        "1 when the machine matched the spec at the end of the last run.",
+        [({}, bool(record.get("converged")))],
+    )
+    if record.get("server_healthy") is not None:
+        t.metric(
+            "reconcile_server_healthy",
+            g,
+            "1 when the vLLM server answered /health with 200.",
+            [({}, bool(record["server_healthy"]))],
+        )
+    t.metric(
+        "reconcile_paused",
+        g,
+        "1 while scheduled applies are paused (`reconcile pause`).",
+        [({}, record.get("paused") is not None)],
+    )
+    counters = record.get("counters") or {}
+    t.metric(
+        "reconcile_changes_total",
+        "counter",
+        "Changes made or attempted by applies, by result.",
+        [({"result": r}, int(counters.get("changes_total", {}).get(r, 0))) for r in RESULTS],
+    )
+    t.metric(
+        "reconcile_runs_total",
+        "counter",
+        "Runs, by outcome.",
+        [({"outcome": o}, int(counters.get("runs_total", {}).get(o, 0))) for o in OUTCOMES],
+    )
+    info = {
+        "spec": record.get("spec") or "",
+        "command": record.get("command") or "",
+        "git": record.get("git") or "unknown",
+    }
+    t.metric(
+        "reconcile_last_run_info", g, "The last run's spec, command and git commit (always 1).", [(info, 1)]
+    )
+    return "\n".join(t.lines) + "\n"
+
+
+_COUNTER_LINE = re.compile(r'^reconcile_(changes|runs)_total\{(result|outcome)="([^"]*)"\} (\S+)$')
+_SUCCESS_LINE = re.compile(r"^reconcile_last_success_timestamp_seconds (\S+)$")
+
+
+def previous_from_textfile(path: str) -> dict[str, Any]:
+    """Counters and the last success of a textfile this module wrote (when no last-run.json is known)."""
+    counters: dict[str, dict[str, int]] = {"changes_total": {}, "runs_total": {}}
+    out: dict[str, Any] = {"counters": counters, "last_success_timestamp": None}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if m := _COUNTER_LINE.match(line.strip()):
+                    counters[f"{m.group(1)}_total"][m.group(3)] = int(float(m.group(4)))
+                elif m := _SUCCESS_LINE.match(line.strip()):
+                    out["last_success_timestamp"] = float(m.group(1))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def write_textfile(path: str, record: Mapping[str, Any]) -> None:
+    """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.XXXX.tmp`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    atomic_write(path, render_textfile(record).encode(), mode=0o644)

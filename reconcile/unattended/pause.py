@@ -1,0 +1,142 @@
+"""`reconcile pause` / `resume`: a file under `machine.state_dir` that holds off scheduled applies.
+
+Written by the CLI; read by the executor (a `--scheduled` apply only plans while it exists), the
+planner (a note) and the reports. It says who paused (user, pid, tty or ssh client), when and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from reconcile.errors import ReconcileError
+from reconcile.host import atomic_write
+
+PAUSE_FILE = "paused.json"
+
+
+class Pause(NamedTuple):
+    reason: str
+    user: str
+    pid: int
+    since: float  # seconds since the epoch
+    until: float | None = None  # None: until `reconcile resume`
+    tty: str | None = None
+    ssh_client: str | None = None  # the client address of $SSH_CONNECTION, when paused over ssh
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.until is not None and (now if now is not None else time.time()) >= self.until
+
+    def who(self) -> str:
+        where = [w for w in (self.tty, f"ssh from {self.ssh_client}" if self.ssh_client else None) if w]
+        return f"{self.user} (pid {self.pid}{', ' + ', '.join(where) if where else ''})"
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.since))
+        until = (
+            f", until {time.strftime('%Y-%m-%d %H:%M:%S %z', time.localtime(self.until))}"
+            if self.until is not None
+            else ""
+        )
+        return f"paused by {self.who()} since {since}{until}: {self.reason}"
+
+    def as_data(self) -> dict[str, Any]:
+        return dict(self._asdict())
+
+
+def pause_path(state_dir: str) -> str:
+    return os.path.join(state_dir, PAUSE_FILE)
+
+
+def _user(env: Mapping[str, str]) -> str:
+    # sudo keeps the person's name in SUDO_USER; root's own name says nothing about who it was.
+    for key in ("SUDO_USER", "LOGNAME", "USER"):
+        if env.get(key):
+            return env[key]
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+def _tty() -> str | None:
+    for fd in (0, 1, 2):
+        try:
+            return os.ttyname(fd)
+        except OSError:
+            continue
+    return None
+
+
+def who_am_i(env: Mapping[str, str] | None = None) -> tuple[str, str | None, str | None]:
+    """(user, tty, ssh client address) of the calling process."""
+    env = os.environ if env is None else env
+    ssh = (env.get("SSH_CONNECTION") or env.get("SSH_CLIENT") or "").split()
+    return _user(env), _tty() or env.get("SSH_TTY") or None, ssh[0] if ssh else None
+
+
+def pause(
+    state_dir: str, reason: str, *, duration: float | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Pause, Pause | None]:
+    """Write the pause file; returns (the new pause, the one it replaced)."""
+    if not reason.strip():
+        raise ReconcileError("--reason is empty: say why, for the next person who finds the box paused")
+    previous = read_pause(state_dir)
+    user, tty, ssh = who_am_i(env)
+    now = time.time()
+    new = Pause(reason.strip(), user, os.getpid(), now, now + duration if duration else None, tty, ssh)
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    atomic_write(pause_path(state_dir), (json.dumps(new.as_data(), indent=2) + "\n").encode(), mode=0o644)
+    return new, previous
+
+
+def resume(state_dir: str) -> Pause | None:
+    """Remove the pause file; returns the pause it held (None when nothing was paused)."""
+    held = read_pause(state_dir, include_expired=True)
+    try:
+        os.unlink(pause_path(state_dir))
+    except FileNotFoundError:
+        return None
+    return held
+
+
+def read_pause(state_dir: str, *, include_expired: bool = False) -> Pause | None:
+    """The pause in force, or None. A damaged pause file still pauses: holding off is the safe side."""
+    path = pause_path(state_dir)
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return Pause(f"{path} cannot be read ({exc.strerror}); remove it to resume", "?", 0, 0.0)
+    try:
+        data = json.loads(raw)
+        found = Pause(
+            reason=str(data["reason"]),
+            user=str(data["user"]),
+            pid=int(data["pid"]),
+            since=float(data["since"]),
+            until=None if data.get("until") is None else float(data["until"]),
+            tty=data.get("tty"),
+            ssh_client=data.get("ssh_client"),
+        )
+    except (ValueError, KeyError, TypeError):
+        mtime = os.stat(path).st_mtime if os.path.exists(path) else 0.0
+        return Pause(f"{path} is not a pause file reconcile wrote; remove it to resume", "?", 0, mtime)
+    if found.expired() and not include_expired:
+        return None
+    return found
+
+
+def pause_notes(state_dir: str) -> list[str]:
+    """One line for a plan's notes when scheduled applies are held off."""
+    held = read_pause(state_dir)
+    if held is None:
+        return []
+    return [f"scheduled applies are {held.describe()} (`reconcile resume` ends it)"]
