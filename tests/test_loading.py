@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -419,7 +418,7 @@ def test_a_spec_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
 
 def test_loaded_spec_is_frozen(tmp_path: Path) -> None:
     loaded = load_spec(_write(tmp_path / "s.toml", ""))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         loaded.path = "other"  # type: ignore[misc]
 
 
