@@ -1,0 +1,118 @@
+"""`reconcile validate DIR`: the fleet repository's own CI check, like `terraform validate` or
+`nix flake check`. Loads every spec in a directory and runs the preflight against what each spec
+declares (its [gpu], its pinned vLLM, the model config reconcile knows or the spec's local source),
+offline and without probing this machine: one line per problem, exit 1 on any error.
+
+Called by the CLI. Rules that judge the machine the check runs on (its nvcc and headers, free GPU
+memory, who holds the port, the files in a model dir) are left out: the CI runner is not the host.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import NamedTuple, TextIO
+
+from reconcile.errors import ReconcileError
+from reconcile.plan.records import Finding
+
+# Rules whose verdict is about the machine that runs them, not about the spec.
+MACHINE_RULES = frozenset(
+    {
+        "toolchain.nvcc",
+        "toolchain.arch",
+        "toolchain.headers",
+        "toolchain.ninja",
+        "host.gpu-free",
+        "host.port",
+        "model.plugin",
+        "model.chat-template",
+    }
+)
+
+
+class SpecVerdict(NamedTuple):
+    path: str
+    error: str | None  # the spec does not load: its one-line FILE:LINE message
+    findings: tuple[Finding, ...]
+    extended_by: tuple[str, ...] = ()  # a base: checked through the specs that extend it
+
+
+def _bases(paths: list[str]) -> dict[str, list[str]]:
+    """base path -> the specs of the directory that extend it (read as text: a spec that does not
+    parse is reported by its own load)."""
+    import re
+
+    out: dict[str, list[str]] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for m in re.finditer(r'^\s*extends\s*=\s*"([^"]+)"', text, re.M):
+            base = os.path.normpath(os.path.join(os.path.dirname(path), m.group(1)))
+            out.setdefault(base, []).append(path)
+    return out
+
+
+def check_spec(path: str) -> SpecVerdict:
+    """One spec: loaded (lock file pins applied) and preflighted against what it declares."""
+    from reconcile.plan.prober import PROBE_NAMES, Observed
+    from reconcile.preflight.gather import findings_for
+    from reconcile.spec.loader import load_spec
+    from reconcile.spec.pins import apply_lock_pins
+
+    try:
+        loaded = apply_lock_pins(load_spec(path))
+    except ReconcileError as exc:
+        return SpecVerdict(path, str(exc), ())
+    nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))  # type: ignore[arg-type]
+    found = findings_for(loaded.spec, nothing_probed)
+    return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
+
+
+def validate_dir(directory: str) -> list[SpecVerdict]:
+    if not os.path.isdir(directory):
+        raise ReconcileError(f"{directory}: not a directory (give the directory that holds the specs)")
+    paths = sorted(glob.glob(os.path.join(directory, "*.toml")))
+    if not paths:
+        raise ReconcileError(f"{directory}: no *.toml spec in it")
+    bases = _bases(paths)
+    out = []
+    for path in paths:
+        users = bases.get(os.path.normpath(path))
+        if users:
+            out.append(SpecVerdict(path, None, (), tuple(users)))
+        else:
+            out.append(check_spec(path))
+    return out
+
+
+def render(verdicts: list[SpecVerdict], stream: TextIO, *, strict: bool) -> int:
+    """One line per problem (`PATH: severity rule: message (fix: ...)`), a summary line; the exit
+    code: 1 when a spec does not load or has a preflight error (with `strict`, a warning too)."""
+    failed = 0
+    for v in verdicts:
+        if v.extended_by:
+            names = ", ".join(os.path.basename(p) for p in v.extended_by)
+            stream.write(f"{v.path}: a base, checked through {names}\n")
+            continue
+        if v.error is not None:
+            stream.write(f"{v.error}\n")
+            failed += 1
+            continue
+        bad = [f for f in v.findings if f.severity == "error" or (strict and f.severity == "warning")]
+        for f in v.findings:
+            if f.severity == "info":
+                continue
+            fix = f" (fix: {f.fix.splitlines()[0]})" if f.fix else ""
+            stream.write(f"{v.path}: {f.severity} {f.rule}: {f.message}{fix}\n")
+        warnings = sum(1 for f in v.findings if f.severity == "warning")
+        if bad:
+            failed += 1
+        else:
+            stream.write(f"{v.path}: ok" + (f" ({warnings} warning(s) above)" if warnings else "") + "\n")
+    checked = sum(1 for v in verdicts if not v.extended_by)
+    stream.write(f"{checked} spec(s) checked, {failed} failed\n")
+    return 1 if failed else 0
