@@ -224,3 +224,32 @@ def test_the_rolling_playbook_gates_the_fleet_then_converges_and_checks(
         assert demo.server_pids(), "the server runs after the rollout"
     finally:
         gen.close()
+
+
+def test_the_module_documents_exactly_the_options_it_takes(collections: Path) -> None:
+    # What `ansible-test sanity`'s validate-modules checks first (it does not run offline: it fetches
+    # a pip bootstrap script): DOCUMENTATION, EXAMPLES and RETURN parse, and the documented options
+    # are the argument_spec's, with the same types and defaults.
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        "ANSIBLE_HOME": str(collections.parent),
+    }
+    proc = subprocess.run(
+        [_tool("ansible-doc"), "-t", "module", "--json", "reconcile.vllm.apply"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)["reconcile.vllm.apply"]
+    assert doc["examples"].strip() and set(doc["return"]) >= {"exit_code", "resources", "ansible_facts"}
+    options = doc["doc"]["options"]
+    source = (COLLECTION_SRC / "plugins" / "modules" / "apply.py").read_text()
+    spec_text = source[source.index("argument_spec={") : source.index("supports_check_mode")]
+    for name, opt in options.items():
+        assert f'"{name}": {{"type": "{opt["type"]}"' in spec_text, name
+        if "default" in opt:
+            assert f'"default": {json.dumps(opt["default"]).replace("true", "True")}' in spec_text, name
+    assert spec_text.count('"type":') == len(options)

@@ -18,7 +18,7 @@ description:
     machine has drift that apply would fix. The preflight runs there too, so a check-mode pass over a
     fleet is the gate before a rollout.
   - Otherwise it runs C(reconcile apply --json). Exit 0 is ok, 2 is changed (and converged); 1 (a bad
-    spec or a preflight error: nothing was changed) and 4 (a change failed, or the machine did not
+    spec or a preflight error; nothing was changed) and 4 (a change failed, or the machine did not
     converge) fail the task with reconcile's first error, such as the C(FILE:LINE) line of a bad spec
     or the preflight rule and its fix.
   - With C(--diff), each resource that differs is shown as its own before/after.
