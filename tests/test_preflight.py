@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +104,7 @@ GOOD = PreflightInputs(
 
 
 def findings(s: Spec, inputs: PreflightInputs = GOOD, **changes: Any) -> list[Finding]:
-    return list(run_preflight(s, replace(inputs, **changes)))
+    return list(run_preflight(s, inputs._replace(**changes)))
 
 
 def of(found: list[Finding], rule: str) -> list[Finding]:
@@ -452,4 +451,4 @@ def test_memory_table_for_a_spec_or_why_not() -> None:
 
     table = memory_table(spec(), GOOD)
     assert table.splitlines()[0].startswith("budget") and "= 28.22 GiB" in table.splitlines()[0]
-    assert memory_table(spec(), replace(GOOD, model_config=None)) == "config.json not available yet"
+    assert memory_table(spec(), GOOD._replace(model_config=None)) == "config.json not available yet"

@@ -160,7 +160,7 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
         data = {
             "spec": report.spec_path,
             "exit_code": report.exit_code,
-            "conditions": [c.__dict__ for c in report.conditions],
+            "conditions": [c._asdict() for c in report.conditions],
             "server": report.server,
             "gpu_processes": report.gpu_processes,
             "findings": report.findings,
