@@ -67,7 +67,7 @@ def check_spec(path: str) -> SpecVerdict:
         loaded = apply_lock_pins(load_spec(path))
     except ReconcileError as exc:
         return SpecVerdict(path, str(exc), ())
-    nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))  # type: ignore[arg-type]
+    nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))
     found = findings_for(loaded.spec, nothing_probed)
     return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
 
