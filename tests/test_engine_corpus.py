@@ -202,3 +202,14 @@ def test_deepseek_yarn_alias_scales_the_unscaled_length() -> None:
     cfg["rope_scaling"] = {**cfg["rope_scaling"], "type": "deepseek_yarn"}
     d = derive_max_model_len(cfg, "0.26.0")
     assert d.value == 163840 * 40 and "alias" in d.note
+
+
+def test_mamba_prefix_caching_all_mode_aligns_blocks_to_the_ssd_chunk() -> None:
+    # vLLM's "all" mode: attention tokens per Mamba state ceil(4,255,744 / 4,096) = 1,039, rounded up
+    # to lcm(chunk_size 128 (NemotronHConfig default), 16) = 128: 9 x 128 = 1,152-token blocks; the
+    # Mamba layers then keep a state per block: ceil(8192 / 1152) = 8 blocks a request.
+    specs = layer_specs(load("nemotron-h-8b-base-8k")["config"], mamba_ssm_bytes=4, max_model_len=8192,
+                        mamba_mode="all")  # fmt: skip
+    assert {s.block_size for s in specs} == {1152}
+    mamba = next(s for s in specs if s.kind == "mamba")
+    assert mamba.max_memory_bytes(8192, 8192, "all") == 8 * 1152 * 4096
