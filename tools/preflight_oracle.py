@@ -219,7 +219,10 @@ def _figures(vc: Any, specs: dict[str, Any]) -> dict[str, Any]:
         figures["one_request_bytes"] = needed(vc, groups)
     else:
         figures["one_request_bytes"] = ku.max_memory_usage_bytes(vc, specs.values())
-    config = ku.get_kv_cache_config_from_groups(vc, groups, BUDGET)
+    try:
+        config = ku.get_kv_cache_config_from_groups(vc, groups, BUDGET)
+    except TypeError:  # releases where it also takes the per-layer specs
+        config = ku.get_kv_cache_config_from_groups(vc, groups, dict(specs), BUDGET)
     min_block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
     figures["capacity_tokens"] = config.num_blocks // len(config.kv_cache_groups) * min_block
     return figures
