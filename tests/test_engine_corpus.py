@@ -213,3 +213,16 @@ def test_mamba_prefix_caching_all_mode_aligns_blocks_to_the_ssd_chunk() -> None:
     assert {s.block_size for s in specs} == {1152}
     mamba = next(s for s in specs if s.kind == "mamba")
     assert mamba.max_memory_bytes(8192, 8192, "all") == 8 * 1152 * 4096
+
+
+def test_nemotron_saved_by_transformers_5_has_no_layer_count() -> None:
+    # transformers 5 writes NemotronH's layer list as layers_block_type and drops num_hidden_layers
+    # (a property: the list's length). Same 52 layers, same 4 attention + 24 Mamba.
+    names = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    cfg = dict(load("nemotron-h-8b-base-8k")["config"])
+    cfg["layers_block_type"] = [names[ch] for ch in cfg.pop("hybrid_override_pattern")]
+    del cfg["num_hidden_layers"]
+    resolved = resolve(cfg)
+    assert resolved.config["num_hidden_layers"] == 52
+    assert "len(layers_block_type)" in resolved.sources["num_hidden_layers"]
+    assert kinds_summary(layer_specs(cfg, max_model_len=8192)) == {"mamba": 24, "full": 4}
