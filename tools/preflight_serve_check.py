@@ -118,6 +118,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
             "mamba_head_dim": 32,
             "n_groups": 1,
             "ssm_state_size": 64,
+            "use_mamba_kernels": False,
             "conv_kernel": 4,
             "expand": 1,
             "max_position_embeddings": 8192,
