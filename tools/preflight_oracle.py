@@ -171,19 +171,28 @@ def _at_tp(vc: Any, specs: dict[str, Any], tp: int) -> dict[str, Any]:
     block = cc.block_size
     padded = None
     shapes = None
+    mamba_block = None
     if any(isinstance(s, MambaSpec) for s in specs.values()):
         from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
 
         cls, _ = ModelRegistry.resolve_model_cls(mc.architectures, model_config=mc)
         shapes = cls.get_mamba_state_shape_from_config(vc)
+        saved_mamba_block = getattr(cc, "mamba_block_size", None)
         cc.block_size = None
         cc.mamba_page_size_padded = None
+        if hasattr(cc, "mamba_block_size"):
+            cc.mamba_block_size = None  # else the TP-1 value is taken for the user's choice
         HybridAttentionMambaModelConfig.verify_and_update_config(vc)
         block, padded = cc.block_size, cc.mamba_page_size_padded
+        mamba_block = getattr(cc, "mamba_block_size", None)
+        if hasattr(cc, "mamba_block_size"):
+            cc.mamba_block_size = saved_mamba_block
     out = {}
     for n, s in specs.items():
         if isinstance(s, MambaSpec):
-            out[n] = dataclasses.replace(s, shapes=shapes, page_size_padded=padded)
+            out[n] = dataclasses.replace(
+                s, shapes=shapes, page_size_padded=padded, block_size=mamba_block or s.block_size
+            )
         elif isinstance(s, AttentionSpec):
             mla = type(s).__name__ == "MLAAttentionSpec"
             out[n] = dataclasses.replace(s, num_kv_heads=s.num_kv_heads if mla else heads, block_size=block)
