@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from reconcile.engine.kvgroups import kv_layout  # noqa: E402
 from reconcile.engine.kvspec import MAMBA, layer_specs  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
-from reconcile.engine.memory import cuda_total  # noqa: E402
+from reconcile.engine.memory import DTYPE_BYTES, cuda_total, ssm_dtype  # noqa: E402
+from reconcile.engine.shape import model_shape  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "model_configs"
 GiB = 1024**3
@@ -39,20 +40,29 @@ def reconcile_side(entry: dict[str, Any], batched: int) -> dict[str, Any]:
     cfg, tp = entry["config"], entry["tp"]
     d = derive_max_model_len(cfg, VERSION)
     out: dict[str, Any] = {"derived": d.value, "max_model_len": d.default}
-    ssm = 4 if cfg.get("model_type") == "nemotron_h" else 2  # NemotronHConfig.mamba_ssm_cache_dtype float32
+    ssm, mode = reconcile_mamba(cfg)
+    out["mamba_cache_mode"] = mode
     for key, t in (("tp1", 1), ("tp", tp)):
-        specs = layer_specs(cfg, tp=t, max_model_len=d.default, mamba_ssm_bytes=ssm)
+        specs = layer_specs(cfg, tp=t, max_model_len=d.default, mamba_ssm_bytes=ssm, mamba_mode=mode)
         layout = kv_layout(specs)
         out[key] = {
             "kinds": _count([s.kind for s in specs]),
             "kv_bytes_per_token": layout.kv_bytes_per_token,
             "block_size": layout.min_block_size,
             "groups": len(layout.groups),
-            "one_request_bytes": layout.one_request_bytes(d.default, batched),
+            "one_request_bytes": layout.one_request_bytes(d.default, batched, mode),
             "capacity_tokens": layout.capacity_tokens(BUDGET),
             "mamba_page_bytes": max((s.page_bytes for s in specs if s.kind == MAMBA), default=0),
         }
     return out
+
+
+def reconcile_mamba(config: dict[str, Any]) -> tuple[int, str]:
+    """(SSM state bytes, Mamba cache mode) as engine.memory.estimate picks them for a bf16 model with
+    vLLM's default prefix caching on."""
+    shape = model_shape(config)
+    ssm = DTYPE_BYTES.get(ssm_dtype(None, shape, "bfloat16"), 2)
+    return ssm, "align" if shape.mamba is not None else "none"
 
 
 def _count(kinds: list[str]) -> dict[str, int]:
@@ -245,6 +255,8 @@ def compare(v: dict[str, Any], r: dict[str, Any]) -> list[str]:
     diffs = []
     if v.get("max_model_len") != r["max_model_len"]:
         diffs.append(f"max_model_len: vLLM {v.get('max_model_len')} reconcile {r['max_model_len']}")
+    if r["mamba_cache_mode"] != "none" and v.get("mamba_cache_mode") != r["mamba_cache_mode"]:
+        diffs.append(f"mamba_cache_mode: vLLM {v.get('mamba_cache_mode')} reconcile {r['mamba_cache_mode']}")
     if v.get("derived") not in (None, r["derived"]):
         diffs.append(f"derived: vLLM {v.get('derived')} reconcile {r['derived']}")
     for key in ("tp1", "tp"):

@@ -222,7 +222,10 @@ def estimate(
     batched_arg = args.get("max-num-batched-tokens")
     batched = int(batched_arg) if isinstance(batched_arg, int) else batched
     block_arg = args.get("block-size")
-    mamba_mode = "align" if shape.mamba is not None and args.get("enable-prefix-caching") is True else "none"
+    # vLLM turns prefix caching on by default; for Mamba layers that is its "align" mode (seen on
+    # 0.17: 2 blocks a Mamba group a request). Models with Mamba prefix caching proper use "all".
+    caching = args.get("enable-prefix-caching") is not False
+    mamba_mode = "align" if shape.mamba is not None and caching else "none"
     specs = layer_specs(
         resolved,
         tp=tp,
