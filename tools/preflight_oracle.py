@@ -285,6 +285,18 @@ def memory_totals() -> dict[str, Any]:
     return out
 
 
+def cuda_probe() -> dict[str, Any]:
+    """What probes.gpu.cuda_mem_info costs from a cold process (a CUDA context), and its total."""
+    from probes.gpu import cuda_mem_info
+
+    started = time.monotonic()
+    got = cuda_mem_info(0)
+    took = round(time.monotonic() - started, 3)
+    if isinstance(got, tuple):
+        return {"cuMemGetInfo_total": got[1], "cuMemGetInfo_seconds": took}
+    return {"cuMemGetInfo_error": str(got), "cuMemGetInfo_seconds": took}
+
+
 def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
     lines = [
         f"vLLM {VERSION} oracle; KV budget {BUDGET // GiB} GiB; bf16 KV; figures per GPU at the corpus TP.",
@@ -318,6 +330,7 @@ def main(argv: list[str]) -> int:
     state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle"))
     state.mkdir(parents=True, exist_ok=True)
     names = argv or sorted(p.stem for p in CORPUS.glob("*.json"))
+    probe = cuda_probe()  # first, before anything in this process has a CUDA context
     rows = []
     for name in names:
         done = state / f"{name}.json"
@@ -340,7 +353,7 @@ def main(argv: list[str]) -> int:
         print(f"{name}: {'agree' if row.get('agree') else row.get('diffs') or row.get('error')}", flush=True)
         done.write_text(json.dumps(row, indent=1))
         rows.append(row)
-    totals = memory_totals()
+    totals = {**memory_totals(), **probe}
     (out_dir / "preflight-oracle.json").write_text(json.dumps({"totals": totals, "rows": rows}, indent=1))
     (out_dir / "preflight-oracle.md").write_text(markdown(rows, totals))
     print(markdown(rows, totals))
