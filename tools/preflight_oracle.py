@@ -294,7 +294,7 @@ def cuda_probe() -> dict[str, Any]:
     took = round(time.monotonic() - started, 3)
     if isinstance(got, tuple):
         return {"cuMemGetInfo_total": got[1], "cuMemGetInfo_seconds": took}
-    return {"cuMemGetInfo_error": str(got), "cuMemGetInfo_seconds": took}
+    return {"cuMemGetInfo_error": got.reason, "cuMemGetInfo_seconds": took}
 
 
 def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
