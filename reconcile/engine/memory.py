@@ -1,6 +1,7 @@
 """GPU memory math for a vLLM deployment: weights, KV cache and Mamba state per GPU, against the budget.
 
-The formulas are vLLM's own (vllm-facts.md, "Memory math"). Called by the preflight's
+The KV cache is laid out as vLLM lays it (engine.kvspec per-layer specs, engine.kvgroups groups);
+the budget is gpu-memory-utilization x CUDA's total memory, as vLLM's. Called by the preflight's
 `memory.fit` rule, which prints `memory_table()` the way the reference article works it by hand.
 """
 
@@ -10,62 +11,42 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from reconcile.engine.budget import (
+    CUDA_GRAPH_BYTES,
+    NVML_RESERVED_FALLBACK,
+    GiB,
+    MiB,
+    Overhead,
+    cuda_budget,
+    cuda_total,
+    default_batch,
+    overhead,
+    size,
+)
+from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
+from reconcile.engine.families import resolve
+from reconcile.engine.kvgroups import KVLayout, kv_layout
+from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
 from reconcile.engine.shape import ModelShape, model_shape
 
-GiB = 1024**3
-MiB = 1024**2
-DTYPE_BYTES: Mapping[str, int] = {
-    "float32": 4, "float": 4, "fp32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1, "uint8": 1,
-}  # fmt: skip
+__all__ = [
+    "CUDA_GRAPH_BYTES",
+    "NVML_RESERVED_FALLBACK",
+    "GiB",
+    "MemoryEstimate",
+    "MiB",
+    "Overhead",
+    "cuda_budget",
+    "cuda_total",
+    "default_batch",
+    "estimate",
+    "kv_cache_dtype",
+    "overhead",
+    "size",
+    "weight_files",
+]  # fmt: skip
+
 _WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)$")
-
-# Overhead estimate (per GPU, inside the gpu-memory-utilization budget): the terms vLLM's memory
-# profile reports besides weights. Calibration: vLLM's profile of Llama-3.1-8B (hidden 4096) on an
-# 80 GB H100 logs "non_torch_memory takes 0.12GiB; PyTorch activation peak memory takes 1.19GiB;
-# ... KV Cache is 54.93GiB"; at 8,192 batched tokens, 36 bytes per hidden unit per batched token
-# gives 1.13 GiB of activations and 54.74 GiB of cache (tests/test_engine_memory.py).
-NON_TORCH_BYTES = GiB // 4  # cuBLAS/NCCL workspaces, allocator slack
-NON_TORCH_TP_BYTES = GiB // 4  # tensor parallel: NCCL and custom all-reduce buffers
-ACTIVATION_BYTES_PER_HIDDEN_TOKEN = 36
-LOGITS_BYTES = 4  # the sampler's dummy run: fp32 logits for max-num-seqs rows
-CUDA_GRAPH_BYTES = GiB // 2  # captured graphs' pools; 0 with --enforce-eager
-BLOCK_TOKENS = 16
-
-
-def model_dtype(dtype_arg: str | None, shape: ModelShape) -> str:
-    """The dtype vLLM runs the model in: --dtype, else the config's (float32 is served as bfloat16)."""
-    if dtype_arg and dtype_arg.lower() != "auto":
-        return dtype_arg.lower()
-    return "bfloat16" if shape.dtype in ("float32", "float") else shape.dtype
-
-
-def _fp8(value: object) -> bool:
-    return isinstance(value, str) and value.lower().startswith("fp8")
-
-
-def kv_cache_dtype(
-    kv_arg: str | None,
-    hf_quant_config: Mapping[str, Any] | None,
-    config: Mapping[str, Any],
-    serve_dtype: str,
-) -> tuple[str, int, str]:
-    """(dtype, bytes per element, where it came from) of the KV cache."""
-    arg = (kv_arg or "auto").lower()
-    if arg != "auto":
-        return arg, DTYPE_BYTES.get(arg, 2), "--kv-cache-dtype"
-    quant = (hf_quant_config or {}).get("quantization")
-    if isinstance(quant, Mapping) and _fp8(quant.get("kv_cache_quant_algo")):
-        return "fp8", 1, "hf_quant_config.json kv_cache_quant_algo"
-    qc = config.get("quantization_config")
-    if isinstance(qc, Mapping):
-        scheme = qc.get("kv_cache_scheme")
-        if _fp8(qc.get("kv_cache_quant_algo")) or (
-            isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
-        ):
-            return "fp8", 1, "config.json quantization_config"
-    return serve_dtype, DTYPE_BYTES.get(serve_dtype, 2), "model dtype"
 
 
 def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
@@ -90,15 +71,6 @@ def mamba_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int, ssm_bytes: 
     return (conv * conv_bytes + ssm * ssm_bytes) * m.layers
 
 
-def ssm_dtype(arg: str | None, shape: ModelShape, serve_dtype: str) -> str:
-    """--mamba-ssm-cache-dtype, else the config's, else float32 for NemotronH, else the model dtype."""
-    if arg and arg.lower() != "auto":
-        return arg.lower()
-    if shape.mamba and shape.mamba.ssm_dtype:
-        return str(shape.mamba.ssm_dtype)
-    return "float32" if shape.model_type.startswith("nemotron_h") else serve_dtype
-
-
 def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
     """The files vLLM loads weights from: safetensors when any, else .bin/.pt; Mistral's duplicate
     consolidated.safetensors is left out when sharded model-*.safetensors are there."""
@@ -110,38 +82,11 @@ def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
     return {n: s for n, s in found.items() if not n.endswith(("training_args.bin", "optimizer.pt"))}
 
 
-def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
-    """vLLM's `vllm serve` defaults (max-num-batched-tokens, max-num-seqs) for a GPU (get_batch_defaults)."""
-    if total_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        return 8192, 1024
-    return 2048, 256
-
-
-class Overhead(NamedTuple):
-    non_torch: int
-    activation: int
-    logits: int
-    cuda_graphs: int
-
-    @property
-    def total(self) -> int:
-        return self.non_torch + self.activation + self.logits + self.cuda_graphs
-
-
-def overhead(shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int, eager: bool) -> Overhead:
-    return Overhead(
-        non_torch=NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
-        activation=batched_tokens * shape.hidden_size * ACTIVATION_BYTES_PER_HIDDEN_TOKEN,
-        logits=shape.vocab_size * max_num_seqs * LOGITS_BYTES,
-        cuda_graphs=0 if eager else CUDA_GRAPH_BYTES,
-    )
-
-
 class MemoryEstimate(NamedTuple):
-    """Everything the memory table shows, per GPU."""
+    """Everything the memory table shows, per GPU (the pipeline rank with the least room)."""
 
     gpu: str  # "NVIDIA GeForce RTX 5090" or "spec [gpu] memory_gib"
-    total: int
+    total: int  # CUDA's total memory of one GPU (what vLLM budgets from)
     utilization: float
     tp: int
     weights_total: int
@@ -151,26 +96,35 @@ class MemoryEstimate(NamedTuple):
     kv_dtype_bytes: int
     kv_heads: int
     shape: ModelShape
-    kv_per_token: int
+    kv_per_token: int  # KV bytes per token on one GPU, all attention layers (sliding ones included)
     max_model_len: int | None  # None: "auto" (vLLM fits it to memory)
-    mamba_per_seq: int
+    mamba_per_seq: int  # one sequence's Mamba state on one GPU, unpadded
     ssm_dtype: str
     max_num_seqs: int
     max_num_seqs_source: str  # "--max-num-seqs" or "vLLM default"
     overhead: Overhead
     notes: tuple[str, ...] = ()
+    pp: int = 1
+    layout: KVLayout | None = None  # vLLM's KV cache groups on this GPU; None: no cache-holding layer
+    specs: tuple[LayerSpec, ...] = ()
+    batched_tokens: int = 8192
+    mamba_mode: str = "none"
 
     @property
     def budget(self) -> int:
-        return int(self.total * self.utilization)
+        return cuda_budget(self.total, self.utilization)
 
     @property
     def weights_per_gpu(self) -> int:
-        return self.weights_total // self.tp
+        return self.weights_total // (self.tp * self.pp)
 
     @property
     def kv_at_max_len(self) -> int:
-        return self.kv_per_token * (self.max_model_len or 0)
+        """KV cache one request of max-model-len takes on this GPU (vLLM's startup check, Mamba
+        state and block padding included; sliding-window layers keep only their window)."""
+        if self.layout is None or not self.max_model_len:
+            return 0
+        return self.layout.one_request_bytes(self.max_model_len, self.batched_tokens, self.mamba_mode)
 
     @property
     def mamba_total(self) -> int:
@@ -183,8 +137,8 @@ class MemoryEstimate(NamedTuple):
 
     @property
     def one_request(self) -> int:
-        """Cache one request of max-model-len needs: its KV plus one sequence's Mamba state."""
-        return self.kv_at_max_len + self.mamba_per_seq
+        """Cache one request of max-model-len needs (its Mamba state is in the layout's figure)."""
+        return self.kv_at_max_len
 
     @property
     def fits(self) -> bool:
@@ -192,23 +146,47 @@ class MemoryEstimate(NamedTuple):
 
     @property
     def headroom(self) -> int:
-        return self.available_for_cache - self.kv_at_max_len - self.mamba_total
+        return self.available_for_cache - self.kv_at_max_len - max(0, self.mamba_total - self.mamba_per_seq)
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """Predicted "GPU KV cache size: N tokens": the cache left after max-num-seqs Mamba states,
-        in whole 16-token blocks. For hybrid models vLLM pages both kinds of state from one pool,
-        so its number can differ by the Mamba share."""
-        free = max(0, self.available_for_cache - self.mamba_total)
-        if not self.kv_per_token:
+        """Predicted "GPU KV cache size: N tokens" (vLLM's own block accounting)."""
+        if self.layout is None:
             return 0
-        return free // self.kv_per_token // BLOCK_TOKENS * BLOCK_TOKENS
+        return self.layout.capacity_tokens(max(0, self.available_for_cache))
 
     @property
     def max_len_that_fits(self) -> int:
         """The longest max-model-len one request can have (vLLM's "estimated maximum model length")."""
-        free = max(0, self.available_for_cache - self.mamba_per_seq)
-        return free // self.kv_per_token // BLOCK_TOKENS * BLOCK_TOKENS if self.kv_per_token else 0
+        if self.layout is None or self.available_for_cache <= 0:
+            return 0
+        upper = max(self.max_model_len or 0, 1 << 24)
+        return self.layout.max_len_that_fits(
+            self.available_for_cache, self.batched_tokens, upper, self.mamba_mode
+        )
+
+
+def hybrid_manager(args: Mapping[str, Any], specs: tuple[LayerSpec, ...]) -> bool:
+    """Whether vLLM keeps separate KV cache groups. It turns its hybrid manager off by default for
+    chunked local attention (Llama 4: a latency regression), and --disable-hybrid-kv-cache-manager
+    turns it off for every model."""
+    flag = args.get("disable-hybrid-kv-cache-manager")
+    if isinstance(flag, bool):
+        return not flag
+    return not any(s.kind == CHUNKED for s in specs)
+
+
+def gpu_layout(
+    specs: tuple[LayerSpec, ...], pp: int, layers: int, hybrid_manager: bool = True
+) -> KVLayout | None:
+    """The layout of the pipeline rank with the fewest blocks per byte (the one that limits vLLM)."""
+    if not specs:
+        return None
+    whole = kv_layout(specs, hybrid_manager=hybrid_manager)
+    if pp <= 1:
+        return whole
+    ranks = [whole.project(pp_layers(layers, pp, r)) for r in range(pp)]
+    return max(ranks, key=lambda lay: lay.block_bytes)
 
 
 def estimate(
@@ -222,11 +200,14 @@ def estimate(
     utilization: float,
     max_model_len: int | None,
     args: Mapping[str, Any],
+    pp: int = 1,
 ) -> MemoryEstimate:
     """The memory table's numbers from config.json, the weight files and the server's flags
     (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
-    mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager)."""
-    shape = model_shape(config)
+    mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager, block-size, enable-prefix-caching,
+    disable-hybrid-kv-cache-manager). `total_bytes` is CUDA's total (see cuda_total)."""
+    resolved = resolve(config)
+    shape = model_shape(resolved.config)
     serve = model_dtype(_str(args.get("dtype")), shape)
     kv_name, kv_bytes, kv_source = kv_cache_dtype(
         _str(args.get("kv-cache-dtype")), hf_quant_config, config, serve
@@ -237,6 +218,23 @@ def estimate(
     batched, seqs = default_batch(total_bytes, gpu)
     seqs_arg = args.get("max-num-seqs")
     batched_arg = args.get("max-num-batched-tokens")
+    batched = int(batched_arg) if isinstance(batched_arg, int) else batched
+    block_arg = args.get("block-size")
+    # vLLM turns prefix caching on by default; for Mamba layers that is its "align" mode (seen on
+    # 0.17: 2 blocks a Mamba group a request). Models with Mamba prefix caching proper use "all".
+    caching = args.get("enable-prefix-caching") is not False
+    mamba_mode = "align" if shape.mamba is not None and caching else "none"
+    specs = layer_specs(
+        resolved,
+        tp=tp,
+        kv_dtype_bytes=kv_bytes,
+        mamba_conv_bytes=DTYPE_BYTES.get(conv, 2),
+        mamba_ssm_bytes=DTYPE_BYTES.get(ssm, 4),
+        block_size=int(block_arg) if isinstance(block_arg, int) else None,
+        max_model_len=max_model_len or 0,
+        mamba_mode=mamba_mode,
+    )
+    layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
     files = weight_files(file_sizes)
     notes = []
     if not files:
@@ -253,31 +251,27 @@ def estimate(
         kv_dtype_bytes=kv_bytes,
         kv_heads=kv_heads_per_gpu(shape, tp),
         shape=shape,
-        kv_per_token=kv_bytes_per_token(shape, tp, kv_bytes),
+        kv_per_token=layout.kv_bytes_per_token if layout else 0,
         max_model_len=max_model_len,
-        mamba_per_seq=mamba_bytes_per_seq(shape, tp, DTYPE_BYTES.get(conv, 2), DTYPE_BYTES.get(ssm, 4)),
+        mamba_per_seq=sum(s.real_page_bytes for s in specs if s.kind == MAMBA),
         ssm_dtype=ssm,
         max_num_seqs=int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
         max_num_seqs_source="--max-num-seqs" if isinstance(seqs_arg, int) else "vLLM default",
         overhead=overhead(
             shape,
             tp,
-            int(batched_arg) if isinstance(batched_arg, int) else batched,
+            batched,
             int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
             args.get("enforce-eager") is True,
         ),
         notes=tuple(notes),
+        pp=pp,
+        layout=layout,
+        specs=specs,
+        batched_tokens=batched,
+        mamba_mode=mamba_mode,
     )
 
 
 def _str(value: object) -> str | None:
     return value.lower() if isinstance(value, str) else None
-
-
-def size(n: int) -> str:
-    """3,072 B / 24.5 MiB / 1.50 GiB."""
-    if abs(n) >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    if abs(n) >= MiB:
-        return f"{n / MiB:.1f} MiB"
-    return f"{n:,} B"
