@@ -77,7 +77,14 @@ class RuleContext:
     written: Mapping[str, str]  # canonical name -> the key as the spec writes it
     tp: int
     utilization: float
-    gpus: tuple[GpuFact, ...]  # probed GPUs the server will use
+    gpus: tuple[GpuFact, ...]  # probed GPUs the server will use (TP x PP x DP of them)
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def world(self) -> int:
+        """GPUs one `vllm serve` uses: tensor x pipeline x data parallel ranks."""
+        return self.tp * self.pp * self.dp
 
     @property
     def version(self) -> str:
@@ -102,6 +109,8 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         name = canonical(key)[2:]
         args[name], written[name] = value, key
     tp = max(1, int(_number(args.get("tensor-parallel-size"), 1)))
+    pp = max(1, int(_number(args.get("pipeline-parallel-size"), 1)))
+    dp = max(1, int(_number(args.get("data-parallel-size"), 1)))
     gpus: tuple[GpuFact, ...] = ()
     if inputs.gpus:
         ordered = sorted(inputs.gpus, key=lambda g: g.index)
@@ -109,7 +118,7 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         if visible and all(p.isdigit() for p in visible):
             by_index = {g.index: g for g in ordered}
             ordered = [by_index[int(p)] for p in visible if int(p) in by_index]
-        gpus = tuple(ordered[:tp])
+        gpus = tuple(ordered[: tp * pp * dp])
     return RuleContext(
         spec=spec,
         server=server,
@@ -119,6 +128,8 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         tp=tp,
         utilization=_number(args.get("gpu-memory-utilization"), 0.9),  # vLLM's default
         gpus=gpus,
+        pp=pp,
+        dp=dp,
     )
 
 
@@ -267,12 +278,13 @@ Rule = Callable[[RuleContext], list[Finding]]
 
 
 def _rules() -> tuple[Rule, ...]:
-    from reconcile import preflight_memory, preflight_serving, preflight_toolchain
+    from reconcile import preflight_memory, preflight_parallel, preflight_serving, preflight_toolchain
 
     return (
         _flags,
         _max_model_len,
         *preflight_memory.RULES,
+        *preflight_parallel.RULES,
         *preflight_toolchain.RULES,
         *preflight_serving.RULES,
     )

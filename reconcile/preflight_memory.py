@@ -46,14 +46,6 @@ def _memory(c: RuleContext) -> list[Finding]:
     if isinstance(e, str):
         return [finding("memory.fit", "warning", f"memory not checked: {e}")]
     out = []
-    if c.inputs.gpus is not None and len(c.gpus) < c.tp:
-        msg = f"tensor-parallel-size {c.tp} needs {c.tp} GPUs; {len(c.gpus)} visible"
-        out.append(finding("memory.tp", "error", msg, f"set {c.arg('tensor-parallel-size')} = {len(c.gpus)}"))
-    if e.shape.num_attention_heads % c.tp:
-        msg = f"{e.shape.num_attention_heads} attention heads do not divide by tensor-parallel-size {c.tp}"
-        out.append(
-            finding("memory.tp", "error", msg, "use a tensor-parallel-size that divides the head count")
-        )
     evidence = {
         "table": memory_table(e),
         "kv_bytes_per_token_per_gpu": e.kv_per_token,
