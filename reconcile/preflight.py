@@ -58,6 +58,8 @@ class PreflightInputs:
     nvcc_arch_list: tuple[str, ...] | None = None  # `nvcc --list-gpu-arch`; None: not run
     headers_missing: tuple[str, ...] | None = None  # of [cuda] headers; None: toolkit not probed
     venv_has_ninja: bool | None = None  # None: no venv yet
+    venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
+    vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
@@ -278,13 +280,20 @@ Rule = Callable[[RuleContext], list[Finding]]
 
 
 def _rules() -> tuple[Rule, ...]:
-    from reconcile import preflight_memory, preflight_parallel, preflight_serving, preflight_toolchain
+    from reconcile import (
+        preflight_hardware,
+        preflight_memory,
+        preflight_parallel,
+        preflight_serving,
+        preflight_toolchain,
+    )
 
     return (
         _flags,
         _max_model_len,
         *preflight_memory.RULES,
         *preflight_parallel.RULES,
+        *preflight_hardware.RULES,
         *preflight_toolchain.RULES,
         *preflight_serving.RULES,
     )
