@@ -211,6 +211,24 @@ def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
         return None, str(exc)
 
 
+def served_len(c: RuleContext) -> tuple[int | None, str]:
+    """The max-model-len vLLM will serve and how it was set: the explicit value, else (unset) the
+    length it derives from the config; (None, "auto") when it fits the length to memory."""
+    requested, error = requested_len(c)
+    if requested is not None or error or c.args.get("max-model-len") is not None:
+        return requested, "max-model-len" if requested is not None else "auto"
+    config = model_config(c)
+    if config is None:
+        return None, "unset"
+    d = limits.derive_max_model_len(
+        config,
+        c.inputs.vllm_version or "0.30.0",
+        tokenizer_config=c.inputs.tokenizer_config,
+        disable_sliding_window=c.args.get("disable-sliding-window") is True,
+    )
+    return d.value, f"unset: the derived {d.value:,}"
+
+
 def _max_model_len(c: RuleContext) -> list[Finding]:
     rule = "max-model-len.derived"
     raw = c.args.get("max-model-len")
@@ -281,6 +299,7 @@ Rule = Callable[[RuleContext], list[Finding]]
 
 def _rules() -> tuple[Rule, ...]:
     from reconcile import (
+        preflight_batching,
         preflight_hardware,
         preflight_memory,
         preflight_parallel,
@@ -294,6 +313,7 @@ def _rules() -> tuple[Rule, ...]:
         *preflight_memory.RULES,
         *preflight_parallel.RULES,
         *preflight_hardware.RULES,
+        *preflight_batching.RULES,
         *preflight_toolchain.RULES,
         *preflight_serving.RULES,
     )
