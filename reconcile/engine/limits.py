@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from reconcile.engine.families import resolve, text_part
 from reconcile.engine.flags import release
 
 # Checked in this order; the smallest present wins (the order only decides the key named in messages).
@@ -34,6 +35,10 @@ ROPE_PARAMETERS_FROM = (0, 12, 0)
 AUTO_MAX_LEN_FROM = (0, 14, 0)
 # transformers' ALLOWED_LAYER_TYPES: a rope_parameters dict keyed by these is per layer type.
 _LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "linear_attention", "hybrid"}
+# Rope types vLLM of 0.26 leaves unscaled; others multiply the length by `factor`. An alias such as
+# DeepSeek's "deepseek_yarn" is not "yarn" there: max_position_embeddings x factor, no original base.
+UNSCALED_ROPE = ("su", "longrope", "llama3")
+YARN_ALIASES = ("deepseek_yarn",)
 _HUMAN = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT])$")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -77,12 +82,7 @@ def parse_max_model_len(value: object) -> int | None:
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language model's part of a config (multimodal configs nest it under text_config)."""
-    nested = config.get("text_config")
-    if isinstance(nested, Mapping) and nested:
-        merged = dict(nested)
-        merged.setdefault("model_type", config.get("model_type", ""))
-        return merged
-    return config
+    return text_part(config)[0]
 
 
 def rope_parameters(config: Mapping[str, Any], version: str | None) -> dict[str, Mapping[str, Any]] | None:
@@ -124,6 +124,10 @@ class Derived:
     factor: float  # the rope factor applied (1.0 when none)
     model_max_length: int | None  # config's model_max_length: a user value up to it is allowed
     note: str  # for humans: "original_max_position_embeddings 262,144 x 4 (yarn)"
+    # What vLLM takes when max-model-len is unset: the limit, except LongRoPE models, which default
+    # to original_max_position_embeddings (Phi-3 128k: 4,096) to keep short prompts accurate.
+    default: int = 0
+    default_reason: str = ""
 
     def vllm_message(self, requested: int) -> str:
         """The line vLLM raises when `requested` is above this limit."""
@@ -145,8 +149,9 @@ def derive_max_model_len(
     tokenizer_config: Mapping[str, Any] | None = None,
     disable_sliding_window: bool = False,
 ) -> Derived:
-    """The max_model_len vLLM of `version` derives from `config` (already patched, text part)."""
-    cfg = text_config(config)
+    """The max_model_len vLLM of `version` derives from `config` (already patched), read with its
+    transformers config class's defaults (engine.families)."""
+    cfg = resolve(config).config
     derived: float = math.inf
     key = ""
     for k in LENGTH_KEYS:
@@ -177,7 +182,7 @@ def derive_max_model_len(
         rel = release(version) if version else None
         for params in rope.values():
             rope_type = str(params.get("rope_type"))
-            if rope_type in ("su", "longrope", "llama3"):
+            if rope_type in UNSCALED_ROPE:
                 continue
             factor = float(params.get("factor", factor))
             if rope_type == "yarn":
@@ -193,8 +198,16 @@ def derive_max_model_len(
     note = f"{base_key} {base:,}"
     if factor != 1.0:
         note += f" x {factor:g} ({rope_type})"
+        if rope_type in YARN_ALIASES:
+            note += "; vLLM treats this alias unlike yarn: no original_max_position_embeddings base"
     elif rope_type:
         note += f" ({rope_type}: not scaled{unscaled})"
+    default, default_reason = int(derived), ""
+    if rope is not None and any(p.get("rope_type") in ("longrope", "su") for p in rope.values()):
+        omp = cfg.get("original_max_position_embeddings")
+        if isinstance(omp, (int, float)) and not isinstance(omp, bool):
+            default = int(omp)
+            default_reason = f"LongRoPE: unset max-model-len is original_max_position_embeddings {default:,}"
     return Derived(
         value=int(derived),
         raw=derived,
@@ -204,6 +217,8 @@ def derive_max_model_len(
         factor=factor,
         model_max_length=model_max_length,
         note=note + default_note,
+        default=default,
+        default_reason=default_reason,
     )
 
 

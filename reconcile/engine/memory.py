@@ -1,6 +1,7 @@
 """GPU memory math for a vLLM deployment: weights, KV cache and Mamba state per GPU, against the budget.
 
-The formulas are vLLM's own (vllm-facts.md, "Memory math"). Called by the preflight's
+The KV cache is laid out as vLLM lays it (engine.kvspec per-layer specs, engine.kvgroups groups);
+the budget is gpu-memory-utilization x CUDA's total memory, as vLLM's. Called by the preflight's
 `memory.fit` rule, which prints `memory_table()` the way the reference article works it by hand.
 """
 
@@ -11,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconcile.engine.families import resolve
+from reconcile.engine.kvgroups import KVLayout, kv_layout
+from reconcile.engine.kvspec import MAMBA, LayerSpec, layer_specs, pp_layers
 from reconcile.engine.shape import ModelShape, model_shape
 
 GiB = 1024**3
@@ -33,6 +37,19 @@ ACTIVATION_BYTES_PER_HIDDEN_TOKEN = 36
 LOGITS_BYTES = 4  # the sampler's dummy run: fp32 logits for max-num-seqs rows
 CUDA_GRAPH_BYTES = GiB // 2  # captured graphs' pools; 0 with --enforce-eager
 BLOCK_TOKENS = 16
+# NVML's total counts memory the driver reserves, which cudaMemGetInfo's total (vLLM's) leaves out:
+# 616 MiB on an H200 with driver 580 (NVML v2 memory info reports it as `reserved`).
+NVML_RESERVED_FALLBACK = 616 * MiB
+
+
+def cuda_total(nvml_total: int, nvml_reserved: int | None) -> int:
+    """CUDA's total memory (what vLLM budgets from) from NVML's: total less the driver's reserve."""
+    return nvml_total - (NVML_RESERVED_FALLBACK if nvml_reserved is None else nvml_reserved)
+
+
+def cuda_budget(cuda_total_bytes: int, utilization: float) -> int:
+    """vLLM's memory budget per GPU: gpu_memory_utilization x cudaMemGetInfo's total."""
+    return int(cuda_total_bytes * utilization)
 
 
 def model_dtype(dtype_arg: str | None, shape: ModelShape) -> str:
@@ -141,10 +158,10 @@ def overhead(shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int,
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Everything the memory table shows, per GPU."""
+    """Everything the memory table shows, per GPU (the pipeline rank with the least room)."""
 
     gpu: str  # "NVIDIA GeForce RTX 5090" or "spec [gpu] memory_gib"
-    total: int
+    total: int  # CUDA's total memory of one GPU (what vLLM budgets from)
     utilization: float
     tp: int
     weights_total: int
@@ -154,26 +171,35 @@ class MemoryEstimate:
     kv_dtype_bytes: int
     kv_heads: int
     shape: ModelShape
-    kv_per_token: int
+    kv_per_token: int  # KV bytes per token on one GPU, all attention layers (sliding ones included)
     max_model_len: int | None  # None: "auto" (vLLM fits it to memory)
-    mamba_per_seq: int
+    mamba_per_seq: int  # one sequence's Mamba state on one GPU, unpadded
     ssm_dtype: str
     max_num_seqs: int
     max_num_seqs_source: str  # "--max-num-seqs" or "vLLM default"
     overhead: Overhead
     notes: tuple[str, ...] = field(default=())
+    pp: int = 1
+    layout: KVLayout | None = None  # vLLM's KV cache groups on this GPU; None: no cache-holding layer
+    specs: tuple[LayerSpec, ...] = ()
+    batched_tokens: int = 8192
+    mamba_mode: str = "none"
 
     @property
     def budget(self) -> int:
-        return int(self.total * self.utilization)
+        return cuda_budget(self.total, self.utilization)
 
     @property
     def weights_per_gpu(self) -> int:
-        return self.weights_total // self.tp
+        return self.weights_total // (self.tp * self.pp)
 
     @property
     def kv_at_max_len(self) -> int:
-        return self.kv_per_token * (self.max_model_len or 0)
+        """KV cache one request of max-model-len takes on this GPU (vLLM's startup check, Mamba
+        state and block padding included; sliding-window layers keep only their window)."""
+        if self.layout is None or not self.max_model_len:
+            return 0
+        return self.layout.one_request_bytes(self.max_model_len, self.batched_tokens, self.mamba_mode)
 
     @property
     def mamba_total(self) -> int:
@@ -186,8 +212,8 @@ class MemoryEstimate:
 
     @property
     def one_request(self) -> int:
-        """Cache one request of max-model-len needs: its KV plus one sequence's Mamba state."""
-        return self.kv_at_max_len + self.mamba_per_seq
+        """Cache one request of max-model-len needs (its Mamba state is in the layout's figure)."""
+        return self.kv_at_max_len
 
     @property
     def fits(self) -> bool:
@@ -195,23 +221,37 @@ class MemoryEstimate:
 
     @property
     def headroom(self) -> int:
-        return self.available_for_cache - self.kv_at_max_len - self.mamba_total
+        return self.available_for_cache - self.kv_at_max_len - max(0, self.mamba_total - self.mamba_per_seq)
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """Predicted "GPU KV cache size: N tokens": the cache left after max-num-seqs Mamba states,
-        in whole 16-token blocks. For hybrid models vLLM pages both kinds of state from one pool,
-        so its number can differ by the Mamba share."""
-        free = max(0, self.available_for_cache - self.mamba_total)
-        if not self.kv_per_token:
+        """Predicted "GPU KV cache size: N tokens" (vLLM's own block accounting)."""
+        if self.layout is None:
             return 0
-        return free // self.kv_per_token // BLOCK_TOKENS * BLOCK_TOKENS
+        return self.layout.capacity_tokens(max(0, self.available_for_cache))
 
     @property
     def max_len_that_fits(self) -> int:
         """The longest max-model-len one request can have (vLLM's "estimated maximum model length")."""
-        free = max(0, self.available_for_cache - self.mamba_per_seq)
-        return free // self.kv_per_token // BLOCK_TOKENS * BLOCK_TOKENS if self.kv_per_token else 0
+        if self.layout is None or self.available_for_cache <= 0:
+            return 0
+        upper = max(self.max_model_len or 0, 1 << 24)
+        return self.layout.max_len_that_fits(
+            self.available_for_cache, self.batched_tokens, upper, self.mamba_mode
+        )
+
+
+def gpu_layout(
+    specs: tuple[LayerSpec, ...], pp: int, layers: int, hybrid_manager: bool = True
+) -> KVLayout | None:
+    """The layout of the pipeline rank with the fewest blocks per byte (the one that limits vLLM)."""
+    if not specs:
+        return None
+    whole = kv_layout(specs, hybrid_manager=hybrid_manager)
+    if pp <= 1:
+        return whole
+    ranks = [whole.project(pp_layers(layers, pp, r)) for r in range(pp)]
+    return max(ranks, key=lambda lay: lay.block_bytes)
 
 
 def estimate(
@@ -225,11 +265,14 @@ def estimate(
     utilization: float,
     max_model_len: int | None,
     args: Mapping[str, Any],
+    pp: int = 1,
 ) -> MemoryEstimate:
     """The memory table's numbers from config.json, the weight files and the server's flags
     (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
-    mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager)."""
-    shape = model_shape(config)
+    mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager, block-size, enable-prefix-caching,
+    disable-hybrid-kv-cache-manager). `total_bytes` is CUDA's total (see cuda_total)."""
+    resolved = resolve(config)
+    shape = model_shape(resolved.config)
     serve = model_dtype(_str(args.get("dtype")), shape)
     kv_name, kv_bytes, kv_source = kv_cache_dtype(
         _str(args.get("kv-cache-dtype")), hf_quant_config, config, serve
@@ -240,6 +283,20 @@ def estimate(
     batched, seqs = default_batch(total_bytes, gpu)
     seqs_arg = args.get("max-num-seqs")
     batched_arg = args.get("max-num-batched-tokens")
+    batched = int(batched_arg) if isinstance(batched_arg, int) else batched
+    block_arg = args.get("block-size")
+    mamba_mode = "align" if shape.mamba is not None and args.get("enable-prefix-caching") is True else "none"
+    specs = layer_specs(
+        resolved,
+        tp=tp,
+        kv_dtype_bytes=kv_bytes,
+        mamba_conv_bytes=DTYPE_BYTES.get(conv, 2),
+        mamba_ssm_bytes=DTYPE_BYTES.get(ssm, 4),
+        block_size=int(block_arg) if isinstance(block_arg, int) else None,
+        max_model_len=max_model_len or 0,
+        mamba_mode=mamba_mode,
+    )
+    layout = gpu_layout(specs, pp, shape.layers, args.get("disable-hybrid-kv-cache-manager") is not True)
     files = weight_files(file_sizes)
     notes = []
     if not files:
@@ -256,20 +313,25 @@ def estimate(
         kv_dtype_bytes=kv_bytes,
         kv_heads=kv_heads_per_gpu(shape, tp),
         shape=shape,
-        kv_per_token=kv_bytes_per_token(shape, tp, kv_bytes),
+        kv_per_token=layout.kv_bytes_per_token if layout else 0,
         max_model_len=max_model_len,
-        mamba_per_seq=mamba_bytes_per_seq(shape, tp, DTYPE_BYTES.get(conv, 2), DTYPE_BYTES.get(ssm, 4)),
+        mamba_per_seq=sum(s.real_page_bytes for s in specs if s.kind == MAMBA),
         ssm_dtype=ssm,
         max_num_seqs=int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
         max_num_seqs_source="--max-num-seqs" if isinstance(seqs_arg, int) else "vLLM default",
         overhead=overhead(
             shape,
             tp,
-            int(batched_arg) if isinstance(batched_arg, int) else batched,
+            batched,
             int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
             args.get("enforce-eager") is True,
         ),
         notes=tuple(notes),
+        pp=pp,
+        layout=layout,
+        specs=specs,
+        batched_tokens=batched,
+        mamba_mode=mamba_mode,
     )
 
 

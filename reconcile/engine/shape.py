@@ -1,7 +1,8 @@
 """The shape of a model as far as memory goes: attention vs Mamba layers, KV heads, head_dim, Mamba dims.
 
-Read from config.json (NemotronH `hybrid_override_pattern`, `layers_block_type`/`layer_types`,
-dense models, multimodal `text_config`). Used by `reconcile.engine.memory`.
+Read from config.json as its transformers config class sees it (engine.families: defaults, Jamba's
+`layers_block_type`, NemotronH `hybrid_override_pattern`, `layer_types`, multimodal `text_config`).
+Used by `reconcile.engine.memory` and engine.kvspec.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reconcile.engine.limits import text_config
+from reconcile.engine.families import resolve
 
-_ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention"}
+_ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid"}
 _MAMBA = {"m", "mamba", "mamba2", "linear_attention"}
 
 
@@ -73,7 +74,7 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> tuple[int, int, str]:
 
 
 def model_shape(config: Mapping[str, Any]) -> ModelShape:
-    cfg = text_config(config)
+    cfg = resolve(config).config
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _int(cfg, "num_attention_heads", "n_head")
     hidden = _int(cfg, "hidden_size", "d_model", "n_embd")
@@ -82,17 +83,22 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     if isinstance(cfg.get("kv_lora_rank"), int):
         mla = int(cfg["kv_lora_rank"]) + _int(cfg, "qk_rope_head_dim", default=0)
     mamba = None
+    if str(cfg.get("model_type", "")).startswith("falcon_h1"):
+        mamba_layers = layers  # every Falcon-H1 layer runs attention and Mamba side by side
     if mamba_layers:
-        num_heads = _int(cfg, "mamba_num_heads", "num_heads")
-        head_dim = _int(cfg, "mamba_head_dim", "head_dim")
+        # Mamba-1 (Jamba) has no heads; Qwen3-Next's linear attention names its dims differently.
         mamba = MambaShape(
             layers=mamba_layers,
-            num_heads=num_heads,
-            head_dim=head_dim,
-            state_size=_int(cfg, "ssm_state_size", "state_size", "mamba_d_state"),
-            n_groups=_int(cfg, "n_groups", "mamba_n_groups", default=1),
-            conv_kernel=_int(cfg, "conv_kernel", "mamba_d_conv", "mamba_conv_kernel"),
-            ssm_dtype=cfg.get("mamba_ssm_cache_dtype"),
+            num_heads=_int(cfg, "mamba_num_heads", "mamba_n_heads", "linear_num_value_heads", default=0),
+            head_dim=_int(cfg, "mamba_head_dim", "mamba_d_head", "linear_value_head_dim", default=0),
+            state_size=_int(
+                cfg, "ssm_state_size", "state_size", "mamba_d_state", "linear_key_head_dim", default=0
+            ),
+            n_groups=_int(cfg, "n_groups", "mamba_n_groups", "linear_num_key_heads", default=1),
+            conv_kernel=_int(
+                cfg, "conv_kernel", "mamba_d_conv", "mamba_conv_kernel", "linear_conv_kernel_dim", default=4
+            ),
+            ssm_dtype=cfg.get("mamba_ssm_cache_dtype") if cfg.get("model_type") == "nemotron_h" else None,
         )
     return ModelShape(
         model_type=str(cfg.get("model_type", "")),

@@ -1,0 +1,165 @@
+"""config.json as the model's transformers config class sees it: class defaults and derived properties.
+
+vLLM reads a model's config through transformers' config classes, so a key the file leaves out takes
+the class default, and some "keys" (Jamba's `layers_block_type`) are properties computed from others.
+`resolve()` fills both in from the table in reconcile/data/model_families.json (each value names the
+transformers class and field it comes from). Called by engine.shape, engine.limits and engine.kvspec.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "model_families.json"
+
+
+class Resolved(NamedTuple):
+    """The language model's config with defaults and derived values filled in."""
+
+    config: dict[str, Any]
+    family: str | None  # the model_type whose table entry applied; None: unknown, read raw
+    sources: dict[str, str]  # key -> where its value came from, for every value not in the file
+
+
+@cache
+def table() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(TABLE_PATH.read_text(encoding="utf-8"))
+    return data
+
+
+def _num(cfg: Mapping[str, Any], key: str) -> int | None:
+    v = cfg.get(key)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _pattern_types(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """`layer_types` from a period rule: a layer is `every` when (i + 1) % period == 0 (Gemma, gpt-oss)."""
+    rule = entry["period"]
+    if isinstance(cfg.get("layer_types"), list):
+        return None
+    period = _num(cfg, rule["key"]) if rule.get("key") else None
+    period = period or int(rule["default"])
+    layers = _num(cfg, "num_hidden_layers") or 0
+    every, other = rule["every"], rule["other"]
+    cfg["layer_types"] = [every if (i + 1) % period == 0 else other for i in range(layers)]
+    return str(rule["source"])
+
+
+def _qwen_window(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """Qwen2/Qwen3: sliding_window is None unless use_sliding_window; layers from max_window_layers slide."""
+    rule = entry["qwen_window"]
+    if not cfg.get("use_sliding_window"):
+        cfg["sliding_window"] = None
+    window = cfg.get("sliding_window")
+    layers = _num(cfg, "num_hidden_layers") or 0
+    start = _num(cfg, "max_window_layers") or 0
+    if isinstance(cfg.get("layer_types"), list):
+        return str(rule["source"])
+    cfg["layer_types"] = [
+        "sliding_attention" if window is not None and i >= start else "full_attention" for i in range(layers)
+    ]
+    return str(rule["source"])
+
+
+def _jamba_blocks(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """Jamba's layers_block_type property: attention where i % attn_layer_period == attn_layer_offset."""
+    rule = entry["jamba_blocks"]
+    if isinstance(cfg.get("layers_block_type"), list):
+        return None
+    period = _num(cfg, "attn_layer_period") or 1
+    offset = _num(cfg, "attn_layer_offset") or 0
+    layers = _num(cfg, "num_hidden_layers") or 0
+    cfg["layers_block_type"] = ["attention" if i % period == offset else "mamba" for i in range(layers)]
+    return str(rule["source"])
+
+
+def _granite_blocks(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """GraniteMoeHybrid: `layer_types` of "mamba"/"attention", all mamba when absent."""
+    rule = entry["granite_blocks"]
+    layers = _num(cfg, "num_hidden_layers") or 0
+    if not isinstance(cfg.get("layer_types"), list):
+        cfg["layer_types"] = ["mamba"] * layers
+        return str(rule["source"])
+    return None
+
+
+def _interval_types(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """Qwen3-Next/Qwen3.5: every full_attention_interval-th layer is full attention, the rest linear."""
+    rule = entry["interval"]
+    if isinstance(cfg.get("layer_types"), list):
+        return None
+    interval = _num(cfg, rule["key"]) or int(rule["default"])
+    layers = _num(cfg, "num_hidden_layers") or 0
+    cfg["layer_types"] = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+    ]
+    return str(rule["source"])
+
+
+_DERIVE: Mapping[str, Callable[[dict[str, Any], Mapping[str, Any]], str | None]] = {
+    "period": _pattern_types,
+    "qwen_window": _qwen_window,
+    "jamba_blocks": _jamba_blocks,
+    "granite_blocks": _granite_blocks,
+    "interval": _interval_types,
+}
+
+
+def text_part(config: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """(the language model's config, outer model_type): multimodal configs nest it under text_config."""
+    outer = str(config.get("model_type", ""))
+    nested = config.get("text_config")
+    if isinstance(nested, Mapping) and nested:
+        merged = dict(nested)
+        # The outer config's dtype and quantization apply to the text model too.
+        for key in ("torch_dtype", "dtype", "quantization_config"):
+            if key in config and key not in merged:
+                merged[key] = config[key]
+        if "model_type" not in merged:
+            inner = table()["text_config_model_type"].get(outer)
+            merged["model_type"] = inner or outer
+        merged["outer_model_type"] = outer
+        return merged, outer
+    return dict(config), outer
+
+
+def resolve(config: Mapping[str, Any]) -> Resolved:
+    """config.json's text part with its family's class defaults and derived properties applied."""
+    cfg, _ = text_part(config)
+    model_type = str(cfg.get("model_type", ""))
+    families: Mapping[str, Any] = table()["families"]
+    entry = families.get(model_type)
+    sources: dict[str, str] = {}
+    if entry is None:
+        return Resolved(cfg, None, sources)
+    for key, spec in entry.get("defaults", {}).items():
+        if key not in cfg:
+            cfg[key] = spec["value"]
+            sources[key] = spec["source"]
+    for key, spec in entry.get("derived_defaults", {}).items():
+        # None in the file means "computed": head_dim = hidden_size // num_attention_heads and the like.
+        if cfg.get(key) is None:
+            value = _computed(cfg, spec["from"])
+            if value is not None:
+                cfg[key] = value
+                sources[key] = spec["source"]
+    for name in entry.get("derive", ()):
+        before = {k: cfg.get(k) for k in ("layer_types", "layers_block_type", "sliding_window")}
+        source = _DERIVE[name](cfg, entry)
+        for k, old in before.items():
+            if source and cfg.get(k) != old:
+                sources[k] = source
+    return Resolved(cfg, model_type, sources)
+
+
+def _computed(cfg: Mapping[str, Any], rule: str) -> int | None:
+    """The few derived defaults the config classes compute: "a // b" or "a" (copy of another key)."""
+    if "//" in rule:
+        a, b = (part.strip() for part in rule.split("//"))
+        na, nb = _num(cfg, a), _num(cfg, b)
+        return na // nb if na is not None and nb else None
+    return _num(cfg, rule.strip())

@@ -1,0 +1,253 @@
+"""Per-layer KV-cache specs of a model on one GPU, as vLLM's model runner builds them (v1 engine).
+
+Mirrors vllm/v1/kv_cache_interface.py: full attention, sliding window, chunked local attention, MLA
+and Mamba-style state layers, with vLLM's page sizes and the hybrid Mamba block-size/padding rule
+(vllm/model_executor/models/config.py, HybridAttentionMambaModelConfig). Grouped by engine.kvgroups.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LayerSpec", "ShapeError", "layer_kinds", "layer_specs", "mamba_state", "pp_layers"]
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from reconcile.engine.families import Resolved, resolve
+from reconcile.engine.shape import ShapeError
+
+FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
+ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)
+DEFAULT_BLOCK = 16  # CacheConfig.block_size on CUDA
+MLA_BLOCK = 64  # FlashMLA (the Hopper default MLA backend) needs 64-token blocks
+_ATTN_NAMES = {"*", "attention", "full_attention", "global", "hybrid"}
+_MAMBA1 = {"jamba", "mamba", "falcon_mamba"}  # Mamba-1 mixers: (conv, ssm) of expand x hidden
+_MAMBA_NAMES = {"m", "mamba", "mamba2", "linear_attention", "linear"}
+
+
+class LayerSpec(NamedTuple):
+    """The cache one layer keeps on one GPU (vLLM's KVCacheSpec of that layer)."""
+
+    layer: int  # decoder layer index
+    kind: str  # FULL | SLIDING | CHUNKED | MLA | MAMBA
+    num_kv_heads: int  # per GPU (MLA: 1, the latent vector)
+    head_size: int
+    dtype_bytes: int
+    window: int | None  # sliding window or attention chunk size
+    block_size: int  # tokens per block (Mamba without prefix caching: max_model_len)
+    page_bytes: int  # one block of this layer after vLLM's padding
+    mamba_shapes: tuple[tuple[int, ...], ...] = ()
+    mamba_dtype_bytes: tuple[int, ...] = ()
+
+    @property
+    def real_page_bytes(self) -> int:
+        """Page size before padding (what the state or the tokens actually take)."""
+        if self.kind == MAMBA:
+            return sum(
+                math.prod(s) * b for s, b in zip(self.mamba_shapes, self.mamba_dtype_bytes, strict=True)
+            )
+        factor = 1 if self.kind == MLA else 2  # MLA keeps one latent vector, not K and V
+        return self.block_size * self.num_kv_heads * self.head_size * factor * self.dtype_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token takes in this layer on this GPU (0 for Mamba: fixed per sequence)."""
+        return 0 if self.kind == MAMBA else self.page_bytes // self.block_size
+
+    def max_memory_bytes(
+        self, max_model_len: int, max_num_batched_tokens: int, mamba_mode: str = "none"
+    ) -> int:
+        """vLLM's `max_memory_usage_bytes`: what one request of max_model_len needs in this layer."""
+        if self.kind == MAMBA:
+            if mamba_mode == "all":
+                return _cdiv(max_model_len, self.block_size) * self.page_bytes
+            return self.page_bytes * (2 if mamba_mode == "align" else 1)
+        if self.kind == SLIDING and self.window is not None:
+            tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
+            return (_cdiv(tokens, self.block_size) + 1) * self.page_bytes  # the window may straddle a block
+        if self.kind == CHUNKED and self.window is not None:
+            tokens = min(self.window + max_num_batched_tokens, max_model_len)
+            return _cdiv(tokens, self.block_size) * self.page_bytes
+        return _cdiv(max_model_len, self.block_size) * self.page_bytes
+
+    def with_block_size(self, block_size: int) -> LayerSpec:
+        """The spec with larger blocks (vLLM's copy_with_new_block_size: padding scales too)."""
+        ratio = block_size // self.block_size
+        return self._replace(block_size=block_size, page_bytes=self.page_bytes * ratio)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+    if default is None:
+        raise ShapeError(f"config.json has none of {', '.join(keys)}")
+    return default
+
+
+def layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """For each decoder layer, the caches it holds: () for MLP-only layers, (MAMBA,), (FULL,), or
+    (FULL, MAMBA) for Falcon-H1's parallel hybrid layers. Sliding/chunked come from layer_types."""
+    mla = isinstance(cfg.get("kv_lora_rank"), int)
+    attn = MLA if mla else (SLIDING if isinstance(cfg.get("sliding_window"), int) else FULL)
+    pattern = cfg.get("hybrid_override_pattern")
+    names: list[str] | None = None
+    if isinstance(pattern, str) and pattern:
+        names = list(pattern.lower())
+    else:
+        for key in ("layers_block_type", "layer_types"):
+            value = cfg.get(key)
+            if isinstance(value, list) and value:
+                names = [str(n).lower() for n in value]
+                break
+    if str(cfg.get("model_type", "")).startswith("falcon_h1"):
+        return tuple((attn, MAMBA) for _ in range(_int(cfg, "num_hidden_layers")))
+    if names is None:
+        return tuple((attn,) for _ in range(_int(cfg, "num_hidden_layers", "n_layer", "num_layers")))
+    out: list[tuple[str, ...]] = []
+    for n in names:
+        if n == "sliding_attention":
+            out.append((SLIDING if isinstance(cfg.get("sliding_window"), int) else FULL,))
+        elif n == "chunked_attention":
+            out.append((CHUNKED if isinstance(cfg.get("attention_chunk_size"), int) else FULL,))
+        elif n in _ATTN_NAMES:
+            out.append((MLA if mla else FULL,))
+        elif n in _MAMBA_NAMES:
+            out.append((MAMBA,))
+        else:  # "-", "e", "mlp", "moe": no cache
+            out.append(())
+    return tuple(out)
+
+
+class MambaState(NamedTuple):
+    shapes: tuple[tuple[int, ...], ...]
+    dtype_bytes: tuple[int, ...]
+
+
+def mamba_state(cfg: Mapping[str, Any], tp: int, conv_bytes: int, ssm_bytes: int) -> MambaState:
+    """State shapes of one Mamba-style layer on one GPU (vLLM's MambaStateShapeCalculator)."""
+    mt = str(cfg.get("model_type", ""))
+    if mt in _MAMBA1:
+        inner = _int(cfg, "mamba_expand") * _int(cfg, "hidden_size")  # Mamba-1
+        kernel = _int(cfg, "mamba_d_conv", "conv_kernel")
+        state = _int(cfg, "mamba_d_state", "ssm_state_size", "state_size")
+        return MambaState(((kernel - 1, inner // tp), (inner // tp, state)), (conv_bytes, ssm_bytes))
+    if "linear_num_value_heads" in cfg:  # Qwen3-Next / Qwen3.5 gated delta net
+        kh, vh = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
+        kd, vd = _int(cfg, "linear_key_head_dim"), _int(cfg, "linear_value_head_dim")
+        kernel = _int(cfg, "linear_conv_kernel_dim")
+        conv = (kernel - 1, (2 * kh * kd + vh * vd) // tp)
+        return MambaState((conv, (vh // tp, vd, kd)), (conv_bytes, ssm_bytes))
+    heads = _int(cfg, "mamba_num_heads", "mamba_n_heads")  # Mamba-2
+    head_dim = _int(cfg, "mamba_head_dim", "mamba_d_head")
+    state = _int(cfg, "ssm_state_size", "mamba_d_state", "state_size")
+    groups = _int(cfg, "n_groups", "mamba_n_groups", default=1)
+    kernel = _int(cfg, "conv_kernel", "mamba_d_conv")
+    inner = _int(cfg, "mamba_d_ssm", default=heads * head_dim)
+    if groups % tp:  # vLLM replicates groups so each head shard has its group
+        groups += tp - groups
+    conv = (kernel - 1, (inner + 2 * groups * state) // tp)
+    return MambaState((conv, (heads // tp, head_dim, state)), (conv_bytes, ssm_bytes))
+
+
+def pp_layers(num_layers: int, pp: int, rank: int) -> range:
+    """The layers pipeline rank `rank` of `pp` holds (vLLM's get_pp_indices: the remainder goes to
+    the ranks before the last)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    start = sum(parts[:rank])
+    return range(start, start + parts[rank])
+
+
+def attention_geometry(cfg: Mapping[str, Any], tp: int) -> tuple[int, int]:
+    """(KV heads per GPU, head size) vLLM's ModelConfig.get_num_kv_heads / get_head_size give."""
+    if isinstance(cfg.get("kv_lora_rank"), int):
+        return 1, int(cfg["kv_lora_rank"]) + _int(cfg, "qk_rope_head_dim", default=0)
+    heads = _int(cfg, "num_attention_heads", "n_head")
+    kv = _int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    hidden = _int(cfg, "hidden_size", "d_model", "n_embd")
+    head = _int(cfg, "head_dim", "attention_head_dim", default=hidden // heads)
+    return max(1, kv // tp), head
+
+
+def layer_specs(
+    config: Mapping[str, Any] | Resolved,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    pp_rank: int | None = None,
+    kv_dtype_bytes: int = 2,
+    mamba_conv_bytes: int = 2,
+    mamba_ssm_bytes: int = 2,
+    block_size: int | None = None,
+    max_model_len: int = 0,
+    mamba_mode: str = "none",
+) -> tuple[LayerSpec, ...]:
+    """The KV-cache spec of every cache-holding layer on one GPU, in layer order.
+
+    `pp_rank` None: all layers (PP ranks are projected by engine.kvgroups). `block_size` None: vLLM's
+    default, 16, or 64 for MLA. Hybrid Mamba models get vLLM's attention block size and Mamba padding.
+    """
+    resolved = config if isinstance(config, Resolved) else resolve(config)
+    cfg = resolved.config
+    kinds = layer_kinds(cfg)
+    rank_layers = set(range(len(kinds))) if pp_rank is None else set(pp_layers(len(kinds), pp, pp_rank))
+    kv_heads, head = attention_geometry(cfg, tp) if any(k != (MAMBA,) and k for k in kinds) else (0, 0)
+    has_mla = any(MLA in k for k in kinds)
+    bs = block_size or (MLA_BLOCK if has_mla else DEFAULT_BLOCK)
+    one_token = kv_heads * head * (1 if has_mla else 2) * kv_dtype_bytes
+    mamba: MambaState | None = None
+    mamba_page = 0
+    if any(MAMBA in k for k in kinds):
+        mamba = mamba_state(cfg, tp, mamba_conv_bytes, mamba_ssm_bytes)
+        mamba_page = sum(math.prod(s) * b for s, b in zip(mamba.shapes, mamba.dtype_bytes, strict=True))
+        if one_token:
+            align = MLA_BLOCK if has_mla else DEFAULT_BLOCK
+            needed = align * _cdiv(mamba_page, align * one_token)
+            if block_size is None or block_size < needed:
+                bs = needed
+            if bs * one_token < mamba_page:
+                bs = _cdiv(mamba_page, one_token)
+    attn_page = bs * one_token
+    mamba_block = bs if mamba_mode in ("align", "all") else max(max_model_len, 1)
+    windows = {SLIDING: cfg.get("sliding_window"), CHUNKED: cfg.get("attention_chunk_size")}
+    out: list[LayerSpec] = []
+    for index, held in enumerate(kinds):
+        if index not in rank_layers:
+            continue
+        for kind in held:
+            if kind == MAMBA:
+                assert mamba is not None
+                page = max(mamba_page, attn_page) if one_token else mamba_page
+                out.append(
+                    LayerSpec(index, MAMBA, 0, 0, 0, None, mamba_block, page, mamba.shapes, mamba.dtype_bytes)
+                )
+            else:
+                window = windows.get(kind)
+                out.append(
+                    LayerSpec(
+                        index,
+                        kind,
+                        kv_heads,
+                        head,
+                        kv_dtype_bytes,
+                        int(window) if window else None,
+                        bs,
+                        attn_page,
+                    )
+                )
+    return tuple(out)
+
+
+def kinds_summary(specs: Sequence[LayerSpec]) -> dict[str, int]:
+    """{kind: number of layers}, for messages and the oracle table."""
+    out: dict[str, int] = {}
+    for s in specs:
+        out[s.kind] = out.get(s.kind, 0) + 1
+    return out
