@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from reconcile.engine import limits
 from reconcile.engine.failures import removed_flag_fix
@@ -34,6 +34,14 @@ class GpuProcess:
     gpu_index: int
     used_bytes: int
     name: str
+
+
+class WeightsFact(NamedTuple):
+    """The weights' size while the model dir has none: a safetensors index or the hub's listing."""
+
+    total: int
+    files: int  # shards (0: only the index's total is known)
+    source: str  # "model.safetensors.index.json in /src", "the hub's listing of R@abc123456789"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class PreflightInputs:
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
     model_file_sizes: Mapping[str, int] = field(default_factory=dict)  # path in model dir -> bytes
     model_files: frozenset[str] = frozenset()  # paths relative to the model dir
+    weights: WeightsFact | None = None  # before download; None: from model_file_sizes, else estimated
     port_state: Literal["free", "ours", "other", "unknown"] = "unknown"
     port_holder: PortHolder | None = None
     api_key_configured: bool = False
@@ -226,7 +235,7 @@ def served_len(c: RuleContext) -> tuple[int | None, str]:
         tokenizer_config=c.inputs.tokenizer_config,
         disable_sliding_window=c.args.get("disable-sliding-window") is True,
     )
-    return d.value, f"unset: the derived {d.value:,}"
+    return d.default, f"unset: the derived {d.default:,}"
 
 
 def _max_model_len(c: RuleContext) -> list[Finding]:
@@ -287,11 +296,12 @@ def _max_model_len(c: RuleContext) -> list[Finding]:
 def memory_table(spec: Spec, inputs: PreflightInputs) -> str:
     """The article-style memory table for a spec's server (or one line saying why there is none)."""
     from reconcile import preflight_memory
+    from reconcile.preflight_memory_table import memory_table as table
 
     if spec.server is None:
         return "no [server]: nothing to size"
-    e = preflight_memory.memory_estimate(context(spec, spec.server, inputs))
-    return e if isinstance(e, str) else preflight_memory.memory_table(e)
+    s = preflight_memory.sizing(context(spec, spec.server, inputs))
+    return s if isinstance(s, str) else table(s.e, s.weights)
 
 
 Rule = Callable[[RuleContext], list[Finding]]

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 from probes.common import Absent
 from reconcile.engine.catalogue import known_model
 from reconcile.plan import Finding
-from reconcile.preflight import GpuFact, GpuProcess, PortHolder, PreflightInputs, run_preflight
+from reconcile.preflight import (
+    GpuFact,
+    GpuProcess,
+    PortHolder,
+    PreflightInputs,
+    WeightsFact,
+    run_preflight,
+)
 from reconcile.probing import Observed
 
 if TYPE_CHECKING:
@@ -91,11 +98,42 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
+        out["weights"] = _weights_before_download(spec, root, files)
     out["hf_quant_config"] = quant
     out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"))
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
     return out
+
+
+def _weights_before_download(spec: Spec, root: str, files: Mapping[str, int]) -> WeightsFact | None:
+    """The weights' size while no weight file is there: the safetensors index's total_size (model dir
+    or local source), else the hub's listing (one cached metadata call; never when offline)."""
+    from reconcile.engine.memory import weight_files
+    from reconcile.engine.weights import index_total
+
+    if weight_files(files):
+        return None  # on disk: the memory rule counts the files themselves
+    index = _read_json(os.path.join(root, "model.safetensors.index.json"))
+    total = index_total(index) if index else None
+    if total:
+        return WeightsFact(total, 0, f"model.safetensors.index.json in {root}")
+    m = spec.model
+    if m is None or not m.repo or m.source:
+        return None
+    from probes.hub import HubListing, listing
+
+    offline = m.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    cache = os.path.join(spec.machine.state_dir, "cache", "hub")
+    found = listing(m.repo, m.revision, cache, offline=offline)
+    if not isinstance(found, HubListing):
+        return None
+    shards = weight_files(found.sizes)
+    if not shards:
+        return None
+    return WeightsFact(
+        sum(shards.values()), len(shards), f"the hub's listing of {m.repo}@{found.commit[:12]}"
+    )
 
 
 def _sizes(root: str) -> dict[str, int]:
