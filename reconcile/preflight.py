@@ -310,6 +310,7 @@ Rule = Callable[[RuleContext], list[Finding]]
 def _rules() -> tuple[Rule, ...]:
     from reconcile import (
         preflight_batching,
+        preflight_features,
         preflight_hardware,
         preflight_memory,
         preflight_parallel,
@@ -324,6 +325,7 @@ def _rules() -> tuple[Rule, ...]:
         *preflight_parallel.RULES,
         *preflight_hardware.RULES,
         *preflight_batching.RULES,
+        *preflight_features.RULES,
         *preflight_toolchain.RULES,
         *preflight_serving.RULES,
     )

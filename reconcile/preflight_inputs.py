@@ -25,6 +25,7 @@ from reconcile.preflight import (
 from reconcile.probing import Observed
 
 if TYPE_CHECKING:
+    from probes.venv import VenvObservation
     from reconcile.spec import Spec
 
 
@@ -149,6 +150,20 @@ def _sizes(root: str) -> dict[str, int]:
     return out
 
 
+def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
+    """Every distribution the server's interpreter sees (the venv's site-packages and the dirs its
+    .pth files add, as the lab's torch is) and vLLM's declared requirements."""
+    from probes.venv import requires, scan_site_packages
+
+    dists = {name: d.version for name, d in venv.distributions.items()}
+    for entry in venv.pth_paths:
+        if entry.exists and entry.path not in venv.site_packages:
+            found, _, _ = scan_site_packages(entry.path)
+            dists.update({name: d.version for name, d in found.items() if name not in dists})
+    vllm = venv.distributions.get("vllm")
+    return {"venv_distributions": dists, "vllm_requires": requires(vllm) if vllm else None}
+
+
 def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
     from probes.cuda import CudaToolkit, Nvcc
     from probes.server import ServerObservation
@@ -173,6 +188,7 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
             kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
     if isinstance(obs.venv, VenvObservation):
         kw["venv_has_ninja"] = obs.venv.has_ninja
+        kw.update(_venv_facts(obs.venv))
     elif isinstance(obs.venv, Absent):
         kw["venv_has_ninja"] = None
     kw.update(_model_facts(spec, obs))
