@@ -1,12 +1,14 @@
 """GPU probe: driver, CUDA driver version, each GPU and its compute processes, read through NVML.
 
 Called by reconcile.probing. `parse_nvidia_smi_csv` reads `nvidia-smi --query-gpu` output so NVML's
-view can be compared with nvidia-smi's on a real machine.
+view can be compared with nvidia-smi's on a real machine. `cuda_mem_info` asks the CUDA driver itself
+(what vLLM budgets from); it needs a context, so the plan uses `GpuDevice.cuda_total` instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,15 @@ class GpuDevice:
     memory_reserved: int | None  # None: only v1 memory info is available
     # Unavailable where NVML refuses to list processes (some containers and vGPU setups).
     processes: tuple[GpuProcess, ...] | Unavailable
+
+    @property
+    def cuda_total(self) -> int:
+        """The total CUDA reports (cudaMemGetInfo, what vLLM's gpu-memory-utilization multiplies):
+        NVML's total less the memory the driver reserves (615 MiB on an H200, driver 580). Old
+        drivers without v2 memory info count the reserve as used: 616 MiB is taken off then."""
+        from reconcile.engine.memory import cuda_total  # the one conversion, shared with the oracle
+
+        return cuda_total(self.memory_total, self.memory_reserved)
 
 
 @dataclass(frozen=True)
@@ -227,3 +238,33 @@ def parse_nvidia_smi_csv(text: str) -> tuple[NvidiaSmiGpu, ...]:
         except ValueError as exc:
             raise ParseError(f"bad number in {line!r}: {exc}", raw=text) from None
     return tuple(rows)
+
+
+def cuda_mem_info(index: int = 0, lib: str = "libcuda.so.1") -> tuple[int, int] | Unavailable:
+    """(free, total) bytes from the CUDA driver (cuMemGetInfo in the device's primary context).
+
+    Costs a CUDA context on the GPU (hundreds of MiB and a fraction of a second), so the plan does
+    not call it; the lab oracle (tools/preflight_oracle.py) measures it against `cuda_total`.
+    """
+    try:
+        cuda = ctypes.CDLL(lib)
+    except OSError as exc:
+        return Unavailable(f"CUDA driver library not loadable: {exc}")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    steps = (
+        ("cuInit", (0,)),
+        ("cuDeviceGet", (ctypes.byref(dev), index)),
+        ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev)),
+        ("cuCtxSetCurrent", (ctx,)),
+        ("cuMemGetInfo_v2", (ctypes.byref(free), ctypes.byref(total))),
+    )
+    try:
+        for name, args in steps:
+            rc = getattr(cuda, name)(*args)
+            if rc != 0:
+                return Unavailable(f"{name} failed (CUresult {rc})")
+    finally:
+        if ctx.value:
+            cuda.cuDevicePrimaryCtxRelease(dev)
+    return int(free.value), int(total.value)

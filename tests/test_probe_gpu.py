@@ -228,3 +228,36 @@ def test_nonsense_cuda_driver_version_is_a_failure_not_a_guess() -> None:
     result = gpu.probe(SPEC, nvml=FakeNvml([], cuda_driver_version=0))
     assert isinstance(result, ProbeFailure)
     assert result.reason == "NVML: not a CUDA driver version: 0"
+
+
+def test_cuda_total_leaves_out_what_the_driver_reserves() -> None:
+    # vLLM budgets gpu-memory-utilization x cudaMemGetInfo's total, which has no driver reserve.
+    result = gpu.probe(SPEC, nvml=fake_nvml.h200())
+    assert isinstance(result, gpu.GpuInventory)
+    assert result.gpus[0].cuda_total == (143771 - 615) * MIB
+
+
+def test_cuda_total_without_memory_v2_takes_off_the_h200_reserve() -> None:
+    gpus = [FakeGpu("NVIDIA H200", "GPU-1", (9, 0), 143771 * MIB, memory_reserved=615 * MIB)]
+    result = gpu.probe(SPEC, nvml=FakeNvml(gpus, memory_v2=False))
+    assert isinstance(result, gpu.GpuInventory)
+    assert result.gpus[0].cuda_total == (143771 - 616) * MIB
+
+
+def test_cuda_mem_info_without_the_driver_library_is_unavailable() -> None:
+    result = gpu.cuda_mem_info(lib="libcuda-not-here.so.1")
+    assert isinstance(result, Unavailable) and "not loadable" in result.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_nvml(), reason="needs an NVIDIA GPU")
+def test_cuda_total_matches_the_cuda_driver_on_a_real_gpu() -> None:
+    result = gpu.probe(SPEC)
+    assert isinstance(result, gpu.GpuInventory), result
+    started = time.monotonic()
+    cuda = gpu.cuda_mem_info(0)
+    took = time.monotonic() - started
+    assert not isinstance(cuda, Unavailable), cuda
+    nvml_based = result.gpus[0].cuda_total
+    print(f"cuMemGetInfo total {cuda[1]:,} B in {took:.3f} s; NVML total - reserved {nvml_based:,} B")
+    assert cuda[1] == result.gpus[0].cuda_total

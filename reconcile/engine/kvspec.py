@@ -210,12 +210,17 @@ def layer_specs(
         if one_token:
             align = MLA_BLOCK if has_mla else DEFAULT_BLOCK
             needed = align * _cdiv(mamba_page, align * one_token)
+            if mamba_mode == "all":  # prefix caching of Mamba state: blocks of whole SSD kernel chunks
+                chunk = math.lcm(_int(cfg, "mamba_chunk_size", "chunk_size", default=256), align)
+                needed = chunk * _cdiv(_cdiv(mamba_page, one_token), chunk)
             if block_size is None or block_size < needed:
                 bs = needed
             if bs * one_token < mamba_page:
                 bs = _cdiv(mamba_page, one_token)
     attn_page = bs * one_token
-    mamba_block = bs if mamba_mode in ("align", "all") else max(max_model_len, 1)
+    # Without prefix caching a Mamba "block" is a whole sequence (vLLM: mamba_block_size =
+    # max_model_len); unknown length (auto): the attention block, so token counts stay sane.
+    mamba_block = bs if mamba_mode in ("align", "all") or not max_model_len else max_model_len
     windows = {SLIDING: cfg.get("sliding_window"), CHUNKED: cfg.get("attention_chunk_size")}
     out: list[LayerSpec] = []
     for index, held in enumerate(kinds):

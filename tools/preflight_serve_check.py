@@ -1,0 +1,344 @@
+"""Real `vllm serve` on tiny random models of 6 architectures vs reconcile's prediction (issue 14, b).
+
+Dense, MoE, MLA, sliding window, interleaved local/global and a Mamba hybrid, plus two verdict cases
+(a dense model whose derived length does not fit, a sliding-window one that does). Each model is
+built offline with transformers, served with --enforce-eager at a small gpu-memory-utilization, and
+its log's "Available KV cache memory" and "GPU KV cache size: N tokens", or its refusal, set beside
+reconcile's figures. Resumable per model (ORACLE_STATE). Writes $OUT/preflight-serve.{json,md}.
+Usage: tools/preflight_oracle.sh --serve [names...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from reconcile.engine.kvgroups import kv_layout  # noqa: E402
+from reconcile.engine.kvspec import layer_specs  # noqa: E402
+from reconcile.engine.limits import derive_max_model_len  # noqa: E402
+from reconcile.engine.memory import cuda_total, estimate  # noqa: E402
+
+GiB = 1024**3
+UTIL = 0.10
+COMMON = {
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+# name -> (transformers config class, its kwargs); every size is the smallest the kernels accept.
+MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dense": (
+        "LlamaConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    "moe": (
+        "Qwen3MoeConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    "mla": (
+        "DeepseekV2Config",
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "kv_lora_rank": 512,
+            "q_lora_rank": None,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 128,
+            "first_k_dense_replace": 1,
+            "topk_method": "greedy",
+            "n_group": 1,
+            "topk_group": 1,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    "sliding": (
+        "MistralConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "sliding_window": 512,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    "interleaved": (
+        "Gemma3TextConfig",
+        {
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 128,
+            "sliding_window": 256,
+            "layer_types": ["sliding_attention", "full_attention"] * 3,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    "mamba-hybrid": (
+        "NemotronHConfig",
+        {
+            "layers_block_type": ["linear_attention", "full_attention", "linear_attention", "mlp"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 32,
+            "n_groups": 1,
+            "ssm_state_size": 64,
+            "conv_kernel": 4,
+            "expand": 1,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # Verdicts: 32 KiB a token x 1,048,576 tokens = 32 GiB > 0.1 x 140 GiB: vLLM refuses to start.
+    "dense-nofit": (
+        "LlamaConfig",
+        {
+            "num_hidden_layers": 8,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 1048576,
+        },
+    ),
+    # The same size with a 512-token window: one request keeps ~8.7k tokens a layer, and fits.
+    "sliding-fits": (
+        "MistralConfig",
+        {
+            "num_hidden_layers": 8,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "sliding_window": 512,
+            "max_position_embeddings": 1048576,
+        },
+    ),
+}
+ARCH = {
+    "LlamaConfig": "LlamaForCausalLM",
+    "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
+    "DeepseekV2Config": "DeepseekV2ForCausalLM",
+    "MistralConfig": "MistralForCausalLM",
+    "Gemma3TextConfig": "Gemma3ForCausalLM",
+    "NemotronHConfig": "NemotronHForCausalLM",
+}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+}
+
+
+def build(name: str, out: Path) -> None:
+    """A random model of `name`'s shape and a tiny byte-level BPE tokenizer, saved to `out`."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "<pad>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(
+        ["a tiny model for checking vLLM's KV cache size", "0123456789 abc xyz"] * 20, trainer
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    fast.save_pretrained(out)
+    cls_name, kwargs = MODELS[name]
+    ids = {
+        "bos_token_id": fast.bos_token_id,
+        "eos_token_id": fast.eos_token_id,
+        "pad_token_id": fast.pad_token_id,
+    }
+    config = getattr(transformers, cls_name)(**{**COMMON, **kwargs, **ids})
+    config.architectures = [ARCH[cls_name]]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def serve(model: Path, port: int, log: Path, timeout: float = 240) -> dict[str, Any]:
+    """Start `vllm serve`, wait until it is up or has exited, stop it; what its log says."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        str(model),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        str(UTIL),
+    ]
+    env = {**os.environ, **OFFLINE}
+    started = time.monotonic()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    up = False
+    while time.monotonic() - started < timeout:
+        text = log.read_text(errors="replace")
+        if "Application startup complete" in text:
+            up = True
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(1)
+    seconds = time.monotonic() - started
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    text = log.read_text(errors="replace")
+    tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
+    avail = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
+    return {
+        "started": up,
+        "refused_kv": "larger than the available KV cache memory" in text,
+        "logged_tokens": int(tokens[-1].replace(",", "")) if tokens else None,
+        "available_gib": float(avail[-1]) if avail else None,
+        "seconds": round(seconds, 1),
+        "tail": text[-1500:] if not up else "",
+    }
+
+
+def predict(model: Path, total: int) -> dict[str, Any]:
+    config = json.loads((model / "config.json").read_text())
+    files = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
+    d = derive_max_model_len(config, "0.26.0")
+    e = estimate(
+        config,
+        None,
+        files,
+        tp=1,
+        total_bytes=total,
+        gpu="NVIDIA H200",
+        utilization=UTIL,
+        max_model_len=d.default,
+        args={"enforce-eager": True},
+    )
+    return {
+        "max_model_len": d.default,
+        "fits": e.fits,
+        "predicted_tokens": e.kv_capacity_tokens,
+        "available_predicted_gib": round(e.available_for_cache / GiB, 2),
+        "one_request_gib": round(e.one_request / GiB, 3),
+        "kv_bytes_per_token": e.kv_per_token,
+    }
+
+
+def layout_tokens(model: Path, available_gib: float) -> int:
+    """Reconcile's block math alone, on the memory vLLM logged as available (rounded to 0.01 GiB)."""
+    config = json.loads((model / "config.json").read_text())
+    d = derive_max_model_len(config, "0.26.0")
+    ssm = 4 if config.get("model_type") == "nemotron_h" else 2
+    specs = layer_specs(config, tp=1, max_model_len=d.default, mamba_ssm_bytes=ssm)
+    return kv_layout(specs).capacity_tokens(int(available_gib * GiB))
+
+
+def gpu_total() -> int:
+    """CUDA's total from NVML (total less the driver's reserve), without a CUDA context here."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    m = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0), version=pynvml.nvmlMemory_v2)
+    return cuda_total(int(m.total), int(m.reserved))
+
+
+def main(argv: list[str]) -> int:
+    out_dir = Path(os.environ.get("OUT") or ".")
+    state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle")) / "serve"
+    state.mkdir(parents=True, exist_ok=True)
+    total = gpu_total()
+    rows = []
+    for i, name in enumerate(argv or list(MODELS)):
+        done = state / f"{name}.json"
+        if done.exists():
+            rows.append(json.loads(done.read_text()))
+            continue
+        model = state / "models" / name
+        if not (model / "config.json").exists():
+            build(name, model)
+        row: dict[str, Any] = {"name": name, **predict(model, total)}
+        row.update(serve(model, 8300 + i, state / f"{name}.log"))
+        if row["available_gib"] is not None:
+            row["layout_tokens"] = layout_tokens(model, row["available_gib"])
+        logged, predicted = row["logged_tokens"], row["predicted_tokens"]
+        row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
+        row["verdict_agrees"] = row["fits"] == row["started"]
+        print(json.dumps({k: v for k, v in row.items() if k != "tail"}), flush=True)
+        done.write_text(json.dumps(row, indent=1))
+        rows.append(row)
+    lines = [
+        f"vLLM 0.26.0 serve, --enforce-eager, gpu-memory-utilization {UTIL}, "
+        f"CUDA total {total / GiB:.2f} GiB",
+        "",
+        "| model | max_model_len | fits (rec.) | started (vLLM) | KV tokens logged | predicted | error | "
+        "from logged memory | available GiB logged / pred. |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['max_model_len']:,} | {r['fits']} | {r['started']} | {r['logged_tokens']} | "
+            f"{r['predicted_tokens']:,} | {r['capacity_error_pct']}% | {r.get('layout_tokens')} | "
+            f"{r['available_gib']} / {r['available_predicted_gib']} |"
+        )
+    (out_dir / "preflight-serve.json").write_text(json.dumps({"cuda_total": total, "rows": rows}, indent=1))
+    (out_dir / "preflight-serve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["verdict_agrees"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
