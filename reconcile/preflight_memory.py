@@ -22,7 +22,7 @@ from reconcile.preflight_memory_table import memory_table
 class Sizing(NamedTuple):
     e: memory.MemoryEstimate
     weights: str  # where the weights' size came from: "files", an index, the hub, or "estimate: ..."
-    length: str  # how max-model-len was set: "max-model-len", "unset: the derived N", "auto"
+    length: str  # how max-model-len was set: "max-model-len", "unset: the derived length", "auto"
 
     @property
     def estimated(self) -> bool:
@@ -147,7 +147,8 @@ def _memory(c: RuleContext) -> list[Finding]:
     if e.max_model_len is None:
         msg = f"max-model-len auto: about {e.max_len_that_fits:,} tokens fit ({e.kv_per_token:,} B/token/GPU)"
         return [finding("memory.fit", "warning" if s.estimated else "info", msg + est, **evidence)]
-    length = f"{e.max_model_len:,} tokens" + (f" ({s.length})" if s.length.startswith("unset") else "")
+    unset = s.length.startswith("unset")
+    length = f"{e.max_model_len:,} tokens" + (" (max-model-len unset: the derived length)" if unset else "")
     if not e.fits:
         # vLLM: "To serve at least one request with the models's max seq len (N), (X GiB KV cache is
         # needed, which is larger than the available KV cache memory (Y GiB)" (kv_cache_utils.py).
@@ -173,7 +174,10 @@ def _memory(c: RuleContext) -> list[Finding]:
         )
         fits = max(1, (e.available_for_cache - e.kv_at_max_len) // max(1, e.mamba_per_seq) + 1)
         return [finding("memory.fit", "warning", msg, f"lower {c.arg('max-num-seqs')} to {fits}", **evidence)]
-    msg = f"KV cache {size(e.kv_at_max_len)}/GPU at {length} ({e.kv_dtype}); fits{est}"
+    at = f"{e.max_model_len:,} tokens ({e.kv_dtype}" + (
+        "; max-model-len unset: the derived length)" if unset else ")"
+    )
+    msg = f"KV cache {size(e.kv_at_max_len)}/GPU at {at}; fits{est}"
     return [finding("memory.fit", "warning" if s.estimated else "info", msg, **evidence)]
 
 

@@ -35,7 +35,7 @@ def test_batched_tokens_below_max_model_len_without_chunked_prefill_fails() -> N
 def test_an_unset_max_model_len_is_the_derived_one() -> None:
     # Llama 3.1 derives 131,072: a request of that length cannot be scheduled in 8,192 batched tokens.
     f = batched(**{"max-model-len": None, "max-num-batched-tokens": 8192, "enable-chunked-prefill": False})
-    assert f.severity == "error" and "max-model-len 131,072 (unset: the derived 131,072)" in f.message
+    assert f.severity == "error" and "max-model-len 131,072 (unset: the derived length)" in f.message
 
 
 def test_batched_tokens_below_max_num_seqs_fails() -> None:

@@ -76,9 +76,14 @@ def test_an_unset_max_model_len_is_checked_as_the_derived_one() -> None:
     }
     f = fit(s, gpus=RTX4090, **common)
     assert f.severity == "error"
-    assert f.message.startswith("one request of 131,072 tokens (unset: the derived 131,072) needs 16.00 GiB")
+    assert f.message.startswith(
+        "one request of 131,072 tokens (max-model-len unset: the derived length) needs 16.00 GiB"
+    )
     ok = fit(s, gpus=(H100,), **common)
-    assert ok.severity == "info" and "at 131,072 tokens (unset: the derived 131,072)" in ok.message
+    assert (
+        ok.severity == "info"
+        and "at 131,072 tokens (bfloat16; max-model-len unset: the derived length)" in ok.message
+    )
 
 
 def test_pipeline_parallel_divides_the_weights_per_gpu() -> None:
