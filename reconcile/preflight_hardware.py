@@ -120,7 +120,7 @@ def _dtype(c: RuleContext) -> list[Finding]:
         other = "bfloat16" if cc is None or cc >= BF16_CAPABILITY else "float32"
         return [finding(rule, "error", msg, f'set {c.arg("dtype")} = "{other}"', dtype=dtype)]
     if cc is None:
-        return [finding(rule, "info", f"dtype {dtype} ({why}); compute capability unknown: not checked")]
+        return []  # no GPU probed nor declared (a CPU-only spec): nothing to compare with
     if dtype == "bfloat16" and cc < BF16_CAPABILITY:
         msg = (
             f'{why} = bfloat16 on {gpu}: vLLM fails with "Bfloat16 is only supported on GPUs with compute '
@@ -177,9 +177,10 @@ def _quantization(c: RuleContext) -> list[Finding]:
         msg = f'{shown} runs in bfloat16 only; vLLM fails: "{dtype} is not supported for quantization method"'
         return [finding(rule, "error", msg, f'set {c.arg("dtype")} = "bfloat16"', method=method)]
     least = MIN_CAPABILITY.get(method)
-    if cc is None or least is None:
-        why = "compute capability unknown" if cc is None else "no minimum known for it"
-        return [finding(rule, "info", f"quantization {shown}: {why}, not checked", method=method)]
+    if cc is None:
+        return []
+    if least is None:
+        return [finding(rule, "info", f"quantization {shown}: no minimum known for it, not checked")]
     if cc < least:
         msg = (
             f'quantization {shown} needs compute capability {least / 10:.1f}; {gpu}. vLLM: "The quantization '
