@@ -383,17 +383,25 @@ TOOL_ARGS = {
 
 
 def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_shows_the_500() -> None:
-    """Issue 14: the --no-deps venv lacks lm-format-enforcer. vLLM answers a named tool call with
+    """Issue 14: a --no-deps venv without lm-format-enforcer. vLLM answers a named tool call with
     HTTP 500 (plain chat fine); the plan's venv.features names the missing distributions and apply
-    refuses; `reconcile check` prints the server's answer. With them listed: apply installs them and
-    check passes."""
-    tools = variant("tools", TOOL_ARGS)
+    refuses; `reconcile check` prints the server's answer. With them listed (as the lab spec lists
+    them): apply installs them and check passes."""
+    lmfe = 'lm-format-enforcer = "==0.11.3"\ninteregular = "==0.3.3"\n'
+    assert lmfe in SPEC.read_text()
+    venv_python = str(LAB / "venv" / "bin" / "python")
+    removed = subprocess.run(
+        [venv_python, "-m", "pip", "uninstall", "-y", "-q", "lm-format-enforcer", "interegular"],
+        capture_output=True,
+        text=True,
+    )
+    FIGURES["uninstall_lmfe"] = removed.returncode
+    tools = variant("tools", {**TOOL_ARGS, lmfe: ""})
     data = plan_json(tools)
     missing = [f for f in data["findings"] if f["rule"] == "venv.features" and f["severity"] == "error"]
     FIGURES["features_missing"] = [f["message"] for f in missing]
-    if not missing:
-        pytest.skip("the lab venv already has lm-format-enforcer (nothing to show)")
-    assert "lm-format-enforcer" in missing[0]["message"] and data["_code"] == 1
+    assert missing and "lm-format-enforcer, interegular" in missing[0]["message"], data["findings"]
+    assert data["_code"] == 1
     assert get("/health", with_key=False)[0] == 200  # the running server (no tool flags) looks fine
     body = {
         "model": "tiny",
@@ -411,9 +419,7 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
     FIGURES["check_without_lmfe"] = out.strip().splitlines()[-3:]
     assert code == 1 and "HTTP 500: " in out and "no tool call with JSON arguments" not in out
 
-    pins = 'setproctitle = "==1.3.7"'
-    added = f'{pins}\nlm-format-enforcer = "==0.11.3"\ninteregular = "==0.3.3"'  # both in gpu-lab/wheels.txt
-    fixed = variant("tools-fixed", {**TOOL_ARGS, pins: added})
+    fixed = variant("tools-fixed", TOOL_ARGS)  # the lab spec lists both
     data = plan_json(fixed)
     assert not [f for f in data["findings"] if f["rule"] == "venv.features" and f["severity"] == "error"]
     code, _out, _err, took = cli("apply", "--spec", fixed)
