@@ -221,14 +221,17 @@ def _kv_cache(c: RuleContext) -> list[Finding]:
     other = "bfloat16" if cc >= BF16_CAPABILITY else "float16"
     fix = f'set {c.arg("kv-cache-dtype")} = "{other}"'
     dists = c.inputs.venv_distributions
-    if cc >= BF16_CAPABILITY and dists is not None and "flashinfer-python" in dists:
+    # MLA below sm_89 has no escape: FlashInfer's MLA backend needs sm_100, FlashMLA and FlashAttention
+    # MLA sm_90 (vllm/platforms/cuda.py _get_backend_priorities), and Triton MLA refuses fp8 there.
+    mla = isinstance(text_config(config).get("kv_lora_rank"), int)
+    if not mla and cc >= BF16_CAPABILITY and dists is not None and "flashinfer-python" in dists:
         msg = f"fp8 KV cache ({source}) on {gpu}: only FlashInfer's attention serves it below sm_89"
         return [finding(rule, "warning", msg, f"keep flashinfer-python in the venv, or {fix}")]
     msg = (
         f'fp8 KV cache ({source}) on {gpu}: vLLM fails with "FP8 KV cache is not supported by the Triton '
         'attention backend ... native FP8 (fp8e4nv) requires SM89+"'
     )
-    if cc >= BF16_CAPABILITY:
+    if cc >= BF16_CAPABILITY and not mla:
         fix += ", or add flashinfer-python to [venv] packages (FlashInfer serves fp8 KV from sm_80)"
     return [finding(rule, "error", msg, fix)]
 

@@ -133,6 +133,13 @@ def test_fp8_kv_cache_needs_sm_89_or_flashinfer() -> None:
     )
     assert turing.severity == "error" and turing.fix == 'set args.kv-cache-dtype = "float16"'
     assert one(s, "hardware.kv-cache-dtype", gpus=L4, **common).severity == "info"
+    # Latent attention (DeepSeek): no MLA backend stores fp8 below sm_89, FlashInfer or not.
+    mla = {**llama(), "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    fi = {"flashinfer-python": "0.6.14"}
+    f = one(
+        s, "hardware.kv-cache-dtype", gpus=A100, model_config=mla, hf_quant_config=None, venv_distributions=fi
+    )
+    assert f.severity == "error" and "flashinfer" not in f.fix
     # The checkpoint's own fp8 KV (hf_quant_config.json kv_cache_quant_algo) counts the same.
     nvfp4 = load("nemotron-h-nano", "hf_quant_config.json")
     ckpt = one(
