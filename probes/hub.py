@@ -7,6 +7,7 @@ never gets here (the files are on disk), and an offline one answers from the cac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from probes.common import Unavailable
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
+FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on the hub again for this
 TIMEOUT_S = 10.0
 
 
@@ -52,23 +54,35 @@ def _read_cache(path: str, revision: str) -> HubListing | None:
     return HubListing(str(data.get("repo")), revision, data["commit"], clean, cached=True)
 
 
-def _write_cache(path: str, listing: HubListing) -> None:
-    """Best effort, 0600 in 0700 dirs: a plan run by a user who cannot write the state dir still works."""
-    data = {
-        "repo": listing.repo,
-        "revision": listing.revision,
-        "commit": listing.commit,
-        "sizes": listing.sizes,
-    }
+def _recent_failure(path: str) -> str | None:
+    try:
+        if time.time() - os.path.getmtime(path + ".failed") >= FAILED_TTL_S:
+            return None
+        with open(path + ".failed", encoding="utf-8") as f:
+            return f.read().strip() + " (asked less than 15 minutes ago)"
+    except OSError:
+        return None
+
+
+def _write_private(path: str, text: str) -> None:
+    """Best effort, 0600 in 0700 dirs, atomically: a plan run by a user who cannot write the state
+    dir still works."""
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
+            f.write(text)
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def _write_cache(path: str, found: HubListing) -> None:
+    data = {"repo": found.repo, "revision": found.revision, "commit": found.commit, "sizes": found.sizes}
+    _write_private(path, json.dumps(data))
+    with contextlib.suppress(OSError):
+        os.unlink(path + ".failed")
 
 
 def listing(
@@ -85,6 +99,9 @@ def listing(
         return cached
     if offline:
         return Unavailable(f"offline, and no cached listing of {repo}@{revision}")
+    failed = _recent_failure(path)
+    if failed is not None:
+        return Unavailable(failed)
     from huggingface_hub import HfApi
 
     try:
@@ -93,7 +110,9 @@ def listing(
         )
     except Exception as exc:  # huggingface_hub's errors (network, 401, 404) carry the hub's answer
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        return Unavailable(f"the hub did not list {repo}@{revision}: {first[:200]}")
+        reason = f"the hub did not list {repo}@{revision}: {first[:200]}"
+        _write_private(path + ".failed", reason)
+        return Unavailable(reason)
     if not info.sha or not _COMMIT.match(info.sha):
         return Unavailable(f"the hub answered without a commit for {repo}@{revision}")
     sizes = {

@@ -94,7 +94,12 @@ def test_offline_never_asks_the_hub_and_the_memory_rule_estimates(tmp_path: Path
 def test_a_hub_that_does_not_know_the_repo_leaves_the_weights_unknown(tmp_path: Path, hub: FakeHub) -> None:
     found = listing("nobody/nothing", "main", str(tmp_path / "cache"), offline=False)
     assert isinstance(found, Unavailable) and "nobody/nothing@main" in found.reason
-    assert not (tmp_path / "cache").exists()
+    assert metadata_calls(hub) == 1
+    # The next plans (a timer's) do not wait on the hub again for a while.
+    again = listing("nobody/nothing", "main", str(tmp_path / "cache"), offline=False)
+    assert isinstance(again, Unavailable) and "asked less than 15 minutes ago" in again.reason
+    assert metadata_calls(hub) == 1
+    assert not list((tmp_path / "cache").rglob("*.json"))
 
 
 def test_repo_ids_that_would_escape_the_cache_dir_are_refused(tmp_path: Path, hub: FakeHub) -> None:
