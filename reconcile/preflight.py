@@ -68,6 +68,7 @@ class PreflightInputs:
     venv_has_ninja: bool | None = None  # None: no venv yet
     venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
     vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
+    venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length

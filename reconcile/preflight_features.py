@@ -120,11 +120,14 @@ def _requirements(c: RuleContext) -> list[Finding]:
     from packaging.requirements import InvalidRequirement, Requirement
 
     have = {_normalize(n) for n in installed}
+    # Markers are judged for the venv's interpreter, not reconcile's ("six; python_version > '3.11'").
+    py = c.inputs.venv_python
+    env = {"python_version": ".".join(py.split(".")[:2]), "python_full_version": py} if py else {}
     missing, counted = [], 0
     for line in reqs:
         try:
             r = Requirement(line)
-            if r.marker is not None and ("extra" in str(r.marker) or not r.marker.evaluate()):
+            if r.marker is not None and ("extra" in str(r.marker) or not r.marker.evaluate(env)):
                 continue
         except (InvalidRequirement, InvalidMarker, UndefinedEnvironmentName):
             continue

@@ -161,7 +161,11 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
             found, _, _ = scan_site_packages(entry.path)
             dists.update({name: d.version for name, d in found.items() if name not in dists})
     vllm = venv.distributions.get("vllm")
-    return {"venv_distributions": dists, "vllm_requires": requires(vllm) if vllm else None}
+    return {
+        "venv_distributions": dists,
+        "vllm_requires": requires(vllm) if vllm else None,
+        "venv_python": venv.version,
+    }
 
 
 def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:

@@ -12,7 +12,7 @@ from probes.venv import read_venv, requires
 from reconcile.preflight_inputs import inputs_from
 from reconcile.probing import Observed
 from reconcile.spec import Spec
-from tests.test_preflight import BASE, findings, of, spec
+from tests.test_preflight import BASE, findings, of, spec, the
 
 # What the H200 lab's --no-deps venv held on 2026-12-01 before lm-format-enforcer was added.
 LAB = {"vllm": "0.26.0", "xgrammar": "0.2.6", "llguidance": "1.7.6", "compressed-tensors": "0.17.0",
@@ -23,6 +23,7 @@ VLLM_REQUIRES = (
     'xgrammar<1.0.0,>=0.2.1; platform_machine == "x86_64" or platform_machine == "aarch64"',
     "flashinfer-python==0.6.14",
     'pandas; extra == "bench"',
+    'six>=1.16.0; python_version > "3.11"',
 )
 
 
@@ -87,13 +88,16 @@ def test_a_venv_pip_will_fill_with_vllm_requirements_is_not_judged_before_it_exi
 
 
 def test_the_other_declared_requirements_are_an_info_line() -> None:
-    found = findings(no_deps(), venv_distributions=LAB, vllm_requires=VLLM_REQUIRES)
+    found = findings(no_deps(), venv_distributions=LAB, vllm_requires=VLLM_REQUIRES, venv_python="3.10.12")
     (line,) = of(found, "venv.requirements")
     assert line.severity == "info"
     assert line.message == (
         "3 of the 4 requirements vLLM 0.26.0 declares are not in the venv (most are optional at run time): "
         "flashinfer-python, lm-format-enforcer, regex"
     )
+    # six is only required from Python 3.12 on: judged by the venv's interpreter, not reconcile's.
+    py312 = findings(no_deps(), venv_distributions=LAB, vllm_requires=VLLM_REQUIRES, venv_python="3.12.3")
+    assert the(py312, "venv.requirements").evidence["missing"][-1] == "six"
 
 
 def test_the_planner_reads_the_venv_and_the_dirs_its_pth_files_add(tmp_path: Path) -> None:
@@ -119,4 +123,4 @@ def test_the_planner_reads_the_venv_and_the_dirs_its_pth_files_add(tmp_path: Pat
     inputs = inputs_from(spec(), Observed(None, None, None, seen, None, None, None, None))  # type: ignore[arg-type]
     assert inputs.venv_distributions is not None
     assert {"vllm", "xgrammar", "lm-format-enforcer"} <= set(inputs.venv_distributions)
-    assert inputs.vllm_requires == VLLM_REQUIRES
+    assert inputs.vllm_requires == VLLM_REQUIRES and inputs.venv_python == "3.12.3"
