@@ -7,7 +7,7 @@ The table itself: preflight_memory_table.py.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
 from typing import Any, NamedTuple
 
 from reconcile.engine import memory
@@ -27,6 +27,11 @@ class Sizing(NamedTuple):
     @property
     def estimated(self) -> bool:
         return self.weights.startswith("estimated")
+
+
+def _with(e: memory.MemoryEstimate, **changes: Any) -> memory.MemoryEstimate:
+    # A dataclass here; a NamedTuple once issue 11's records land: either way a copy with changes.
+    return e._replace(**changes) if hasattr(e, "_replace") else dataclasses.replace(e, **changes)
 
 
 def _gpu(c: RuleContext) -> tuple[int, str] | str:
@@ -66,16 +71,16 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
     if not e.weight_files:  # not downloaded yet: never "fits" on weights counted as 0
         w = c.inputs.weights
         if w is not None:
-            e, source = replace(e, weights_total=w.total, weight_files=w.files, notes=()), w.source
+            e, source = _with(e, weights_total=w.total, weight_files=w.files, notes=()), w.source
         else:
             from reconcile.engine.weights import estimate
 
             guess = estimate(config, c.inputs.hf_quant_config)
             note = f"weights estimated from config.json: {guess.how} (not downloaded yet)"
-            e = replace(e, weights_total=guess.total_bytes, weight_files=0, notes=(note,))
+            e = _with(e, weights_total=guess.total_bytes, weight_files=0, notes=(note,))
             source = f"estimated: {guess.how}"
     if weights_scale != 1.0:
-        e = replace(e, weights_total=int(e.weights_total * weights_scale))
+        e = _with(e, weights_total=int(e.weights_total * weights_scale))
     return Sizing(e, source, how)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,15 @@ PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b-instruct": 70.6, "mistral-7b
                "nemotron-3-nano-30b-a3b": 31.6}  # fmt: skip
 
 
+def copied(record: Any, **changes: Any) -> Any:
+    """A copy with changes of a dataclass or a NamedTuple record."""
+    import dataclasses
+
+    return (
+        record._replace(**changes) if hasattr(record, "_replace") else dataclasses.replace(record, **changes)
+    )
+
+
 def corpus(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((CORPUS / f"{name}.json").read_text())
     return data
@@ -42,7 +50,7 @@ def plan_before_download(name: str) -> list[Any]:
     data["model"] = {"repo": f"corpus/{name}", "dir": f"/models/{name}"}
     data["server"]["args"] = {"tensor-parallel-size": tp}
     h200s = tuple(GpuFact(i, "NVIDIA H200", "9.0", int(139.8 * GiB), int(139 * GiB)) for i in range(tp))
-    inputs = replace(
+    inputs = copied(
         GOOD,
         gpus=h200s,
         model_config=entry["config"],

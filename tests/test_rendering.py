@@ -4,12 +4,21 @@ or another rule's error, must not hide it)."""
 from __future__ import annotations
 
 import io
-from dataclasses import replace
+from typing import Any
 
 from reconcile.plan import Plan
 from reconcile.preflight import run_preflight
 from reconcile.rendering import render_text
 from tests.test_preflight import GOOD, spec
+
+
+def copied(record: Any, **changes: Any) -> Any:
+    """A copy with changes of a dataclass or a NamedTuple record."""
+    import dataclasses
+
+    return (
+        record._replace(**changes) if hasattr(record, "_replace") else dataclasses.replace(record, **changes)
+    )
 
 
 def rendered(plan: Plan) -> str:
@@ -20,7 +29,7 @@ def rendered(plan: Plan) -> str:
 
 def plan_of(seqs: int = 16, **inputs: object) -> Plan:
     s = spec(server={"args": {"max-model-len": 1048576, "max-num-seqs": seqs}})
-    findings = run_preflight(s, replace(GOOD, **inputs))  # type: ignore[arg-type]
+    findings = run_preflight(s, copied(GOOD, **inputs))  # type: ignore[arg-type]
     return Plan("specs/x.toml", "host", "0" * 64, "git", (), findings)
 
 
@@ -33,7 +42,7 @@ def test_the_memory_table_stays_when_another_rule_fails_and_the_fit_warns() -> N
 
 
 def test_the_memory_table_is_shown_with_a_failing_fit() -> None:
-    tiny = (replace(GOOD.gpus[0], total_bytes=8 * 2**30), replace(GOOD.gpus[1], total_bytes=8 * 2**30))  # type: ignore[index]
+    tiny = (copied(GOOD.gpus[0], total_bytes=8 * 2**30), copied(GOOD.gpus[1], total_bytes=8 * 2**30))  # type: ignore[index]
     text = rendered(plan_of(gpus=tiny))
     fit = [line for line in text.splitlines() if "[memory.fit]" in line]
     assert fit and fit[0].lstrip().startswith("✗ preflight")
