@@ -143,8 +143,9 @@ def _memory(c: RuleContext) -> list[Finding]:
     est = " (weights estimated from config.json)" if s.estimated else ""
     if e.available_for_cache <= 0:
         overhead = size(e.overhead.total)
+        what = "the weights alone exceed" if e.weights_per_gpu > e.budget else "the weights and overhead fill"
         msg = (
-            f"the weights alone exceed the budget: {size(e.weights_per_gpu)}/GPU at TP {e.tp}"
+            f"{what} the budget: {size(e.weights_per_gpu)}/GPU at TP {e.tp}"
             f"{f' x PP {e.pp}' if e.pp > 1 else ''} plus {overhead} overhead, against "
             f"{e.utilization:g} x {size(e.total)} = {size(e.budget)}{est}"
         )

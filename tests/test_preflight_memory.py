@@ -56,6 +56,12 @@ def test_a_141_gb_model_on_one_80_gb_gpu_never_fits_before_download() -> None:
     h100s = (H100, GpuFact(1, H100.name, "9.0", H100.total_bytes, H100.free_bytes))
     ok = fit(two, model_file_sizes={}, weights=known, **{**common, "gpus": h100s})
     assert ok.severity == "info" and ok.message.endswith("; fits")
+    # 40 GiB of weights fit under the 71 GiB budget; the activations of 1M batched tokens do not.
+    args = {"tensor-parallel-size": 1, "max-model-len": 8192, "max-num-batched-tokens": 1 << 20, **NO_PARSER}
+    busy = spec(server={"args": args})
+    half = WeightsFact(40 * GiB, 0, "model.safetensors.index.json in /src")
+    full = fit(busy, model_file_sizes={}, weights=half, **common)
+    assert full.severity == "error" and full.message.startswith("the weights and overhead fill the budget: ")
 
 
 def test_estimated_weights_are_a_warning_never_a_plain_fits() -> None:
