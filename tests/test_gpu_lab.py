@@ -386,7 +386,8 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
     """Issue 14: a --no-deps venv without lm-format-enforcer. vLLM answers a named tool call with
     HTTP 500 (plain chat fine); the plan's venv.features names the missing distributions and apply
     refuses; `reconcile check` prints the server's answer. With them listed (as the lab spec lists
-    them): apply installs them and check passes."""
+    them): apply installs them and the same request answers 200.
+    Lab: tools/gpu_lab.sh -k "apply_from_nothing or structured_outputs" (figures: features_*, *_lmfe)."""
     lmfe = 'lm-format-enforcer = "==0.11.3"\ninteregular = "==0.3.3"\n'
     assert lmfe in SPEC.read_text()
     venv_python = str(LAB / "venv" / "bin" / "python")
@@ -425,6 +426,10 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
     code, _out, _err, took = cli("apply", "--spec", fixed)
     FIGURES["apply_with_lmfe_s"] = round(took, 1)
     assert code == 2
+    status, raw = post_chat(body)
+    FIGURES["named_tool_call_with_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
+    assert status == 200, raw
     code, out, _err, _took = cli("check", "--spec", fixed)
-    FIGURES["check_with_lmfe"] = out.strip().splitlines()[-3:]
-    assert code == 0 and "get_weather(" in out
+    FIGURES["check_with_lmfe"] = out.strip().splitlines()[-4:]
+    # A random tiny model may not close its JSON within the token budget; the server must not fail.
+    assert "HTTP 500" not in out, out
