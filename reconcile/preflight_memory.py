@@ -107,15 +107,12 @@ def _too_big_fix(c: RuleContext, s: Sizing) -> str:
     if t is not None:
         gpus = f"{t * c.pp * c.dp} GPUs"
         fixes.append(f"set {c.arg('tensor-parallel-size')} = {t} (the smallest that fits; {gpus})")
-    if (
-        e.kv_dtype_bytes >= 2
-        and not c.inputs.hf_quant_config
-        and "quantization_config" not in (model_config(c) or {})
-    ):
+    if not c.inputs.hf_quant_config and "quantization_config" not in (model_config(c) or {}):  # 16-bit
         for scale, kind in ((0.5, "an FP8"), (0.28, "a 4-bit (AWQ/GPTQ/NVFP4)")):
             q = sizing(c, weights_scale=scale)
             if isinstance(q, Sizing) and q.e.fits and q.e.available_for_cache > 0:
-                fixes.append(f"or serve {kind} checkpoint of the model (about {size(q.e.weights_total)})")
+                lead = "or serve" if fixes else "serve"
+                fixes.append(f"{lead} {kind} checkpoint of the model (about {size(q.e.weights_total)})")
                 break
     return "\n".join(fixes) or "the model does not fit on this machine at any tensor-parallel-size up to 64"
 

@@ -46,6 +46,12 @@ def test_a_141_gb_model_on_one_80_gb_gpu_never_fits_before_download() -> None:
     assert "gpu-memory-utilization" not in f.fix
     assert f.fix.splitlines()[0] == "set args.tensor-parallel-size = 2 (the smallest that fits; 2 GPUs)"
     assert "an FP8 checkpoint of the model" in f.fix
+    fp8_kv = spec(
+        server={"args": {"tensor-parallel-size": 1, "max-model-len": 8192, "kv-cache-dtype": "fp8"}}
+    )
+    assert (
+        "an FP8 checkpoint" in fit(fp8_kv, model_file_sizes={}, **common).fix
+    )  # the KV dtype is not the weights'
     assert "estimated (70.55B parameters x 2 B (bfloat16)) / TP 1" in f.evidence["table"]
     # The same from the index's total_size: no longer an estimate.
     known = WeightsFact(LLAMA_70B_BYTES, 0, "model.safetensors.index.json in /src")
