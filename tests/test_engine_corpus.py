@@ -213,3 +213,55 @@ def test_mamba_prefix_caching_all_mode_aligns_blocks_to_the_ssd_chunk() -> None:
     assert {s.block_size for s in specs} == {1152}
     mamba = next(s for s in specs if s.kind == "mamba")
     assert mamba.max_memory_bytes(8192, 8192, "all") == 8 * 1152 * 4096
+
+
+def test_nemotron_saved_by_transformers_5_has_no_layer_count() -> None:
+    # transformers 5 writes NemotronH's layer list as layers_block_type and drops num_hidden_layers
+    # (a property: the list's length). Same 52 layers, same 4 attention + 24 Mamba.
+    names = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    cfg = dict(load("nemotron-h-8b-base-8k")["config"])
+    cfg["layers_block_type"] = [names[ch] for ch in cfg.pop("hybrid_override_pattern")]
+    del cfg["num_hidden_layers"]
+    resolved = resolve(cfg)
+    assert resolved.config["num_hidden_layers"] == 52
+    assert "len(layers_block_type)" in resolved.sources["num_hidden_layers"]
+    assert kinds_summary(layer_specs(cfg, max_model_len=8192)) == {"mamba": 24, "full": 4}
+
+
+# A vLLM v0.17.0 start seen in public (a blog post in the search index, file id 57769339834): a
+# Qwen3.5-style hybrid, 40 layers of which 10 are full attention (every 4th), 2 KV heads x 256, fp8
+# KV, gated delta net 16 key / 32 value heads of 128, conv 4. Its log: "Setting attention block size
+# to 2096 tokens", "GPU KV cache size: 159,296 tokens" and "Maximum concurrency for 65,536 tokens per
+# request: 8.00x" from 6.08 GiB of KV cache memory.
+SEEN_QWEN35 = {
+    "model_type": "qwen3_5_moe_text", "num_hidden_layers": 40, "full_attention_interval": 4,
+    "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32",
+    "max_position_embeddings": 262144,
+}  # fmt: skip
+
+
+def test_a_seen_vllm_log_of_a_gated_delta_net_hybrid() -> None:
+    # GDN state: conv 3 x (2 x 16 x 128 + 32 x 128) x 2 B = 49,152 + fp32 state 32 x 128 x 128 x 4 B
+    # = 2,097,152 -> 2,146,304 B. An fp8 token is 2 x 2 x 256 x 1 = 1,024 B: block
+    # 16 x ceil(2,146,304 / 16,384) = 16 x 131 = 2,096 tokens, page 2,096 x 1,024 = 2,146,304 B.
+    cfg = resolve(SEEN_QWEN35)
+    specs = layer_specs(cfg, kv_dtype_bytes=1, mamba_ssm_bytes=4, max_model_len=65536, mamba_mode="align")
+    layout = kv_layout(specs)
+    assert {s.block_size for s in specs if s.kind == "full"} == {2096}
+    assert (layout.page_bytes, layout.group_size, len(layout.groups)) == (2146304, 10, 4)
+    available = int(6.08 * GiB)
+    # 6.08 GiB // (2,146,304 x 10) = 304 blocks; 304 // 4 groups x 2,096 = 159,296 tokens.
+    assert layout.num_blocks(available) == 304
+    assert layout.capacity_tokens(available) == 159296
+    # One request of 65,536: ceil(65536 / 2096) = 32 blocks + 2 in each of 3 linear groups = 38.
+    assert f"{layout.max_concurrency(available, 65536, 8192, 'align'):.2f}" == "8.00"
+
+
+def test_qwen3_5_state_dtype_is_the_configs_float32() -> None:
+    # estimate() picks the config's mamba_ssm_dtype (4 B) for Qwen3.5, the model dtype elsewhere.
+    e = estimate(SEEN_QWEN35, None, {}, tp=1, total_bytes=140 * GiB, gpu="NVIDIA H200", utilization=0.9,
+                 max_model_len=65536, args={"kv-cache-dtype": "fp8", "dtype": "bfloat16"})  # fmt: skip
+    assert e.ssm_dtype == "float32"
+    assert {s.block_size for s in e.specs if s.kind == "full"} == {2096}

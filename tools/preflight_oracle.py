@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from reconcile.engine.kvgroups import kv_layout  # noqa: E402
 from reconcile.engine.kvspec import MAMBA, layer_specs  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
-from reconcile.engine.memory import cuda_total  # noqa: E402
+from reconcile.engine.memory import DTYPE_BYTES, cuda_total, ssm_dtype  # noqa: E402
+from reconcile.engine.shape import model_shape  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "model_configs"
 GiB = 1024**3
@@ -39,20 +40,29 @@ def reconcile_side(entry: dict[str, Any], batched: int) -> dict[str, Any]:
     cfg, tp = entry["config"], entry["tp"]
     d = derive_max_model_len(cfg, VERSION)
     out: dict[str, Any] = {"derived": d.value, "max_model_len": d.default}
-    ssm = 4 if cfg.get("model_type") == "nemotron_h" else 2  # NemotronHConfig.mamba_ssm_cache_dtype float32
+    ssm, mode = reconcile_mamba(cfg)
+    out["mamba_cache_mode"] = mode
     for key, t in (("tp1", 1), ("tp", tp)):
-        specs = layer_specs(cfg, tp=t, max_model_len=d.default, mamba_ssm_bytes=ssm)
+        specs = layer_specs(cfg, tp=t, max_model_len=d.default, mamba_ssm_bytes=ssm, mamba_mode=mode)
         layout = kv_layout(specs)
         out[key] = {
             "kinds": _count([s.kind for s in specs]),
             "kv_bytes_per_token": layout.kv_bytes_per_token,
             "block_size": layout.min_block_size,
             "groups": len(layout.groups),
-            "one_request_bytes": layout.one_request_bytes(d.default, batched),
+            "one_request_bytes": layout.one_request_bytes(d.default, batched, mode),
             "capacity_tokens": layout.capacity_tokens(BUDGET),
             "mamba_page_bytes": max((s.page_bytes for s in specs if s.kind == MAMBA), default=0),
         }
     return out
+
+
+def reconcile_mamba(config: dict[str, Any]) -> tuple[int, str]:
+    """(SSM state bytes, Mamba cache mode) as engine.memory.estimate picks them for a bf16 model with
+    vLLM's default prefix caching on."""
+    shape = model_shape(config)
+    ssm = DTYPE_BYTES.get(ssm_dtype(None, shape, "bfloat16"), 2)
+    return ssm, "align" if shape.mamba is not None else "none"
 
 
 def _count(kinds: list[str]) -> dict[str, int]:
@@ -171,19 +181,28 @@ def _at_tp(vc: Any, specs: dict[str, Any], tp: int) -> dict[str, Any]:
     block = cc.block_size
     padded = None
     shapes = None
+    mamba_block = None
     if any(isinstance(s, MambaSpec) for s in specs.values()):
         from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
 
         cls, _ = ModelRegistry.resolve_model_cls(mc.architectures, model_config=mc)
         shapes = cls.get_mamba_state_shape_from_config(vc)
+        saved_mamba_block = getattr(cc, "mamba_block_size", None)
         cc.block_size = None
         cc.mamba_page_size_padded = None
+        if hasattr(cc, "mamba_block_size"):
+            cc.mamba_block_size = None  # else the TP-1 value is taken for the user's choice
         HybridAttentionMambaModelConfig.verify_and_update_config(vc)
         block, padded = cc.block_size, cc.mamba_page_size_padded
+        mamba_block = getattr(cc, "mamba_block_size", None)
+        if hasattr(cc, "mamba_block_size"):
+            cc.mamba_block_size = saved_mamba_block
     out = {}
     for n, s in specs.items():
         if isinstance(s, MambaSpec):
-            out[n] = dataclasses.replace(s, shapes=shapes, page_size_padded=padded)
+            out[n] = dataclasses.replace(
+                s, shapes=shapes, page_size_padded=padded, block_size=mamba_block or s.block_size
+            )
         elif isinstance(s, AttentionSpec):
             mla = type(s).__name__ == "MLAAttentionSpec"
             out[n] = dataclasses.replace(s, num_kv_heads=s.num_kv_heads if mla else heads, block_size=block)
@@ -219,7 +238,10 @@ def _figures(vc: Any, specs: dict[str, Any]) -> dict[str, Any]:
         figures["one_request_bytes"] = needed(vc, groups)
     else:
         figures["one_request_bytes"] = ku.max_memory_usage_bytes(vc, specs.values())
-    config = ku.get_kv_cache_config_from_groups(vc, groups, BUDGET)
+    try:
+        config = ku.get_kv_cache_config_from_groups(vc, groups, BUDGET)
+    except TypeError:  # releases where it also takes the per-layer specs
+        config = ku.get_kv_cache_config_from_groups(vc, groups, dict(specs), BUDGET)
     min_block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
     figures["capacity_tokens"] = config.num_blocks // len(config.kv_cache_groups) * min_block
     return figures
@@ -233,6 +255,8 @@ def compare(v: dict[str, Any], r: dict[str, Any]) -> list[str]:
     diffs = []
     if v.get("max_model_len") != r["max_model_len"]:
         diffs.append(f"max_model_len: vLLM {v.get('max_model_len')} reconcile {r['max_model_len']}")
+    if r["mamba_cache_mode"] != "none" and v.get("mamba_cache_mode") != r["mamba_cache_mode"]:
+        diffs.append(f"mamba_cache_mode: vLLM {v.get('mamba_cache_mode')} reconcile {r['mamba_cache_mode']}")
     if v.get("derived") not in (None, r["derived"]):
         diffs.append(f"derived: vLLM {v.get('derived')} reconcile {r['derived']}")
     for key in ("tp1", "tp"):
@@ -259,6 +283,18 @@ def memory_totals() -> dict[str, Any]:
         out["nvml_total"], out["nvml_reserved"] = int(m.total), int(m.reserved)
         out["reconcile_cuda_total"] = cuda_total(int(m.total), int(m.reserved))
     return out
+
+
+def cuda_probe() -> dict[str, Any]:
+    """What probes.gpu.cuda_mem_info costs from a cold process (a CUDA context), and its total."""
+    from probes.gpu import cuda_mem_info
+
+    started = time.monotonic()
+    got = cuda_mem_info(0)
+    took = round(time.monotonic() - started, 3)
+    if isinstance(got, tuple):
+        return {"cuMemGetInfo_total": got[1], "cuMemGetInfo_seconds": took}
+    return {"cuMemGetInfo_error": got.reason, "cuMemGetInfo_seconds": took}
 
 
 def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
@@ -294,6 +330,7 @@ def main(argv: list[str]) -> int:
     state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle"))
     state.mkdir(parents=True, exist_ok=True)
     names = argv or sorted(p.stem for p in CORPUS.glob("*.json"))
+    probe = cuda_probe()  # first, before anything in this process has a CUDA context
     rows = []
     for name in names:
         done = state / f"{name}.json"
@@ -316,7 +353,7 @@ def main(argv: list[str]) -> int:
         print(f"{name}: {'agree' if row.get('agree') else row.get('diffs') or row.get('error')}", flush=True)
         done.write_text(json.dumps(row, indent=1))
         rows.append(row)
-    totals = memory_totals()
+    totals = {**memory_totals(), **probe}
     (out_dir / "preflight-oracle.json").write_text(json.dumps({"totals": totals, "rows": rows}, indent=1))
     (out_dir / "preflight-oracle.md").write_text(markdown(rows, totals))
     print(markdown(rows, totals))

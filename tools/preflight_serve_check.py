@@ -27,6 +27,7 @@ from reconcile.engine.kvgroups import kv_layout  # noqa: E402
 from reconcile.engine.kvspec import layer_specs  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
 from reconcile.engine.memory import cuda_total, estimate  # noqa: E402
+from tools.preflight_oracle import reconcile_mamba  # noqa: E402
 
 GiB = 1024**3
 UTIL = 0.10
@@ -118,6 +119,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
             "mamba_head_dim": 32,
             "n_groups": 1,
             "ssm_state_size": 64,
+            "use_mamba_kernels": False,
             "conv_kernel": 4,
             "expand": 1,
             "max_position_embeddings": 8192,
@@ -282,8 +284,8 @@ def layout_tokens(model: Path, available_gib: float) -> int:
     """Reconcile's block math alone, on the memory vLLM logged as available (rounded to 0.01 GiB)."""
     config = json.loads((model / "config.json").read_text())
     d = derive_max_model_len(config, "0.26.0")
-    ssm = 4 if config.get("model_type") == "nemotron_h" else 2
-    specs = layer_specs(config, tp=1, max_model_len=d.default, mamba_ssm_bytes=ssm)
+    ssm, mode = reconcile_mamba(config)
+    specs = layer_specs(config, tp=1, max_model_len=d.default, mamba_ssm_bytes=ssm, mamba_mode=mode)
     return kv_layout(specs).capacity_tokens(int(available_gib * GiB))
 
 

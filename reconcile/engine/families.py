@@ -153,7 +153,23 @@ def resolve(config: Mapping[str, Any]) -> Resolved:
         for k, old in before.items():
             if source and cfg.get(k) != old:
                 sources[k] = source
+    _layer_count(cfg, sources, str(entry.get("config_class", model_type)))
     return Resolved(cfg, model_type, sources)
+
+
+def _layer_count(cfg: dict[str, Any], sources: dict[str, str], config_class: str) -> None:
+    """NemotronH's num_hidden_layers is a property (the length of its layer list): transformers 5
+    saves config.json without it."""
+    if _num(cfg, "num_hidden_layers") is not None:
+        return
+    for key in ("layers_block_type", "hybrid_override_pattern", "layer_types"):
+        value = cfg.get(key)
+        if isinstance(value, (list, str)) and value:
+            cfg["num_hidden_layers"] = len(value)
+            sources["num_hidden_layers"] = (
+                f"transformers {config_class}.num_hidden_layers property: len({key})"
+            )
+            return
 
 
 def _computed(cfg: Mapping[str, Any], rule: str) -> int | None:

@@ -84,6 +84,21 @@ class KVLayout(NamedTuple):
             return 0
         return self.num_blocks(available_bytes) // len(self.groups) * self.min_block_size
 
+    def max_concurrency(
+        self, available_bytes: int, max_model_len: int, max_num_batched_tokens: int, mamba_mode: str = "none"
+    ) -> float:
+        """vLLM's "Maximum concurrency for N tokens per request: X": blocks / blocks one request takes."""
+        if not self.groups:
+            return 0.0
+        mem = [
+            g.spec.max_memory_bytes(max_model_len, max_num_batched_tokens, mamba_mode) for g in self.groups
+        ]
+        if self.hybrid:
+            need = self.group_size * sum(mem)
+        else:
+            need = sum(m * len(g.layers) for m, g in zip(mem, self.groups, strict=True))
+        return self.num_blocks(available_bytes) / _cdiv(need, self.block_bytes)
+
     def max_len_that_fits(
         self, available_bytes: int, max_num_batched_tokens: int, upper: int, mamba_mode: str = "none"
     ) -> int:

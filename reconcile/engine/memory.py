@@ -12,78 +12,42 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconcile.engine.budget import (
+    CUDA_GRAPH_BYTES,
+    NVML_RESERVED_FALLBACK,
+    GiB,
+    MiB,
+    Overhead,
+    cuda_budget,
+    cuda_total,
+    default_batch,
+    overhead,
+    size,
+)
+from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
 from reconcile.engine.families import resolve
 from reconcile.engine.kvgroups import KVLayout, kv_layout
-from reconcile.engine.kvspec import MAMBA, LayerSpec, layer_specs, pp_layers
+from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
 from reconcile.engine.shape import ModelShape, model_shape
 
-GiB = 1024**3
-MiB = 1024**2
-DTYPE_BYTES: Mapping[str, int] = {
-    "float32": 4, "float": 4, "fp32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1, "int8": 1, "uint8": 1,
-}  # fmt: skip
+__all__ = [
+    "CUDA_GRAPH_BYTES",
+    "NVML_RESERVED_FALLBACK",
+    "GiB",
+    "MemoryEstimate",
+    "MiB",
+    "Overhead",
+    "cuda_budget",
+    "cuda_total",
+    "default_batch",
+    "estimate",
+    "kv_cache_dtype",
+    "overhead",
+    "size",
+    "weight_files",
+]  # fmt: skip
+
 _WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)$")
-
-# Overhead estimate (per GPU, inside the gpu-memory-utilization budget): the terms vLLM's memory
-# profile reports besides weights. Calibration: vLLM's profile of Llama-3.1-8B (hidden 4096) on an
-# 80 GB H100 logs "non_torch_memory takes 0.12GiB; PyTorch activation peak memory takes 1.19GiB;
-# ... KV Cache is 54.93GiB"; at 8,192 batched tokens, 36 bytes per hidden unit per batched token
-# gives 1.13 GiB of activations and 54.74 GiB of cache (tests/test_engine_memory.py).
-NON_TORCH_BYTES = GiB // 4  # cuBLAS/NCCL workspaces, allocator slack
-NON_TORCH_TP_BYTES = GiB // 4  # tensor parallel: NCCL and custom all-reduce buffers
-ACTIVATION_BYTES_PER_HIDDEN_TOKEN = 36
-LOGITS_BYTES = 4  # the sampler's dummy run: fp32 logits for max-num-seqs rows
-CUDA_GRAPH_BYTES = GiB // 2  # captured graphs' pools; 0 with --enforce-eager
-BLOCK_TOKENS = 16
-# NVML's total counts memory the driver reserves, which cudaMemGetInfo's total (vLLM's) leaves out:
-# 616 MiB on an H200 with driver 580 (NVML v2 memory info reports it as `reserved`).
-NVML_RESERVED_FALLBACK = 616 * MiB
-
-
-def cuda_total(nvml_total: int, nvml_reserved: int | None) -> int:
-    """CUDA's total memory (what vLLM budgets from) from NVML's: total less the driver's reserve."""
-    return nvml_total - (NVML_RESERVED_FALLBACK if nvml_reserved is None else nvml_reserved)
-
-
-def cuda_budget(cuda_total_bytes: int, utilization: float) -> int:
-    """vLLM's memory budget per GPU: gpu_memory_utilization x cudaMemGetInfo's total."""
-    return int(cuda_total_bytes * utilization)
-
-
-def model_dtype(dtype_arg: str | None, shape: ModelShape) -> str:
-    """The dtype vLLM runs the model in: --dtype, else the config's (float32 is served as bfloat16)."""
-    if dtype_arg and dtype_arg.lower() != "auto":
-        return dtype_arg.lower()
-    return "bfloat16" if shape.dtype in ("float32", "float") else shape.dtype
-
-
-def _fp8(value: object) -> bool:
-    return isinstance(value, str) and value.lower().startswith("fp8")
-
-
-def kv_cache_dtype(
-    kv_arg: str | None,
-    hf_quant_config: Mapping[str, Any] | None,
-    config: Mapping[str, Any],
-    serve_dtype: str,
-) -> tuple[str, int, str]:
-    """(dtype, bytes per element, where it came from) of the KV cache."""
-    arg = (kv_arg or "auto").lower()
-    if arg != "auto":
-        return arg, DTYPE_BYTES.get(arg, 2), "--kv-cache-dtype"
-    quant = (hf_quant_config or {}).get("quantization")
-    if isinstance(quant, Mapping) and _fp8(quant.get("kv_cache_quant_algo")):
-        return "fp8", 1, "hf_quant_config.json kv_cache_quant_algo"
-    qc = config.get("quantization_config")
-    if isinstance(qc, Mapping):
-        scheme = qc.get("kv_cache_scheme")
-        if _fp8(qc.get("kv_cache_quant_algo")) or (
-            isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
-        ):
-            return "fp8", 1, "config.json quantization_config"
-    return serve_dtype, DTYPE_BYTES.get(serve_dtype, 2), "model dtype"
 
 
 def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
@@ -108,15 +72,6 @@ def mamba_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int, ssm_bytes: 
     return (conv * conv_bytes + ssm * ssm_bytes) * m.layers
 
 
-def ssm_dtype(arg: str | None, shape: ModelShape, serve_dtype: str) -> str:
-    """--mamba-ssm-cache-dtype, else the config's, else float32 for NemotronH, else the model dtype."""
-    if arg and arg.lower() != "auto":
-        return arg.lower()
-    if shape.mamba and shape.mamba.ssm_dtype:
-        return str(shape.mamba.ssm_dtype)
-    return "float32" if shape.model_type.startswith("nemotron_h") else serve_dtype
-
-
 def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
     """The files vLLM loads weights from: safetensors when any, else .bin/.pt; Mistral's duplicate
     consolidated.safetensors is left out when sharded model-*.safetensors are there."""
@@ -126,34 +81,6 @@ def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
         sharded = {n: s for n, s in st.items() if not n.rsplit("/", 1)[-1].startswith("consolidated")}
         return sharded or st
     return {n: s for n, s in found.items() if not n.endswith(("training_args.bin", "optimizer.pt"))}
-
-
-def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
-    """vLLM's `vllm serve` defaults (max-num-batched-tokens, max-num-seqs) for a GPU (get_batch_defaults)."""
-    if total_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        return 8192, 1024
-    return 2048, 256
-
-
-@dataclass(frozen=True)
-class Overhead:
-    non_torch: int
-    activation: int
-    logits: int
-    cuda_graphs: int
-
-    @property
-    def total(self) -> int:
-        return self.non_torch + self.activation + self.logits + self.cuda_graphs
-
-
-def overhead(shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int, eager: bool) -> Overhead:
-    return Overhead(
-        non_torch=NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
-        activation=batched_tokens * shape.hidden_size * ACTIVATION_BYTES_PER_HIDDEN_TOKEN,
-        logits=shape.vocab_size * max_num_seqs * LOGITS_BYTES,
-        cuda_graphs=0 if eager else CUDA_GRAPH_BYTES,
-    )
 
 
 @dataclass(frozen=True)
@@ -241,6 +168,16 @@ class MemoryEstimate:
         )
 
 
+def hybrid_manager(args: Mapping[str, Any], specs: tuple[LayerSpec, ...]) -> bool:
+    """Whether vLLM keeps separate KV cache groups. It turns its hybrid manager off by default for
+    chunked local attention (Llama 4: a latency regression), and --disable-hybrid-kv-cache-manager
+    turns it off for every model."""
+    flag = args.get("disable-hybrid-kv-cache-manager")
+    if isinstance(flag, bool):
+        return not flag
+    return not any(s.kind == CHUNKED for s in specs)
+
+
 def gpu_layout(
     specs: tuple[LayerSpec, ...], pp: int, layers: int, hybrid_manager: bool = True
 ) -> KVLayout | None:
@@ -285,7 +222,10 @@ def estimate(
     batched_arg = args.get("max-num-batched-tokens")
     batched = int(batched_arg) if isinstance(batched_arg, int) else batched
     block_arg = args.get("block-size")
-    mamba_mode = "align" if shape.mamba is not None and args.get("enable-prefix-caching") is True else "none"
+    # vLLM turns prefix caching on by default; for Mamba layers that is its "align" mode (seen on
+    # 0.17: 2 blocks a Mamba group a request). Models with Mamba prefix caching proper use "all".
+    caching = args.get("enable-prefix-caching") is not False
+    mamba_mode = "align" if shape.mamba is not None and caching else "none"
     specs = layer_specs(
         resolved,
         tp=tp,
@@ -296,7 +236,7 @@ def estimate(
         max_model_len=max_model_len or 0,
         mamba_mode=mamba_mode,
     )
-    layout = gpu_layout(specs, pp, shape.layers, args.get("disable-hybrid-kv-cache-manager") is not True)
+    layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
     files = weight_files(file_sizes)
     notes = []
     if not files:
@@ -337,12 +277,3 @@ def estimate(
 
 def _str(value: object) -> str | None:
     return value.lower() if isinstance(value, str) else None
-
-
-def size(n: int) -> str:
-    """3,072 B / 24.5 MiB / 1.50 GiB."""
-    if abs(n) >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    if abs(n) >= MiB:
-        return f"{n / MiB:.1f} MiB"
-    return f"{n:,} B"

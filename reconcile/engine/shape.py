@@ -29,7 +29,7 @@ class MambaShape:
     state_size: int
     n_groups: int
     conv_kernel: int
-    ssm_dtype: str | None  # config's mamba_ssm_cache_dtype
+    ssm_dtype: str | None  # the config's SSM state dtype, where vLLM reads one
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,21 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int) -> tuple[int, int, str]:
     return layers, 0, "num_hidden_layers"
 
 
+def _ssm_dtype(cfg: Mapping[str, Any]) -> str | None:
+    """The SSM state dtype a config sets and vLLM honours: NemotronH's mamba_ssm_cache_dtype, Qwen3.5's
+    mamba_ssm_dtype (float32; seen on vLLM 0.17: a 2,096-token attention block, fp32 state)."""
+    mt = str(cfg.get("model_type", ""))
+    key = (
+        "mamba_ssm_cache_dtype"
+        if mt == "nemotron_h"
+        else "mamba_ssm_dtype"
+        if mt.startswith("qwen3_5")
+        else ""
+    )
+    value = cfg.get(key) if key else None
+    return str(value) if isinstance(value, str) else None
+
+
 def model_shape(config: Mapping[str, Any]) -> ModelShape:
     cfg = resolve(config).config
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
@@ -98,7 +113,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             conv_kernel=_int(
                 cfg, "conv_kernel", "mamba_d_conv", "mamba_conv_kernel", "linear_conv_kernel_dim", default=4
             ),
-            ssm_dtype=cfg.get("mamba_ssm_cache_dtype") if cfg.get("model_type") == "nemotron_h" else None,
+            ssm_dtype=_ssm_dtype(cfg),
         )
     return ModelShape(
         model_type=str(cfg.get("model_type", "")),

@@ -1,0 +1,73 @@
+"""The memory budget of one GPU as vLLM counts it: gpu-memory-utilization x CUDA's total, less the
+non-KV overhead its memory profile finds (estimated here). Used by engine.memory and probes.gpu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reconcile.engine.shape import ModelShape
+
+GiB = 1024**3
+MiB = 1024**2
+# Overhead estimate (per GPU, inside the gpu-memory-utilization budget): the terms vLLM's memory
+# profile reports besides weights. Calibration: vLLM's profile of Llama-3.1-8B (hidden 4096) on an
+# 80 GB H100 logs "non_torch_memory takes 0.12GiB; PyTorch activation peak memory takes 1.19GiB;
+# ... KV Cache is 54.93GiB"; at 8,192 batched tokens, 36 bytes per hidden unit per batched token
+# gives 1.13 GiB of activations and 54.74 GiB of cache (tests/test_engine_memory.py).
+NON_TORCH_BYTES = GiB // 4  # cuBLAS/NCCL workspaces, allocator slack
+NON_TORCH_TP_BYTES = GiB // 4  # tensor parallel: NCCL and custom all-reduce buffers
+ACTIVATION_BYTES_PER_HIDDEN_TOKEN = 36
+LOGITS_BYTES = 4  # the sampler's dummy run: fp32 logits for max-num-seqs rows
+CUDA_GRAPH_BYTES = GiB // 2  # captured graphs' pools; 0 with --enforce-eager
+BLOCK_TOKENS = 16
+# NVML's total counts memory the driver reserves, which cudaMemGetInfo's total (vLLM's) leaves out:
+# 616 MiB on an H200 with driver 580 (NVML v2 memory info reports it as `reserved`).
+NVML_RESERVED_FALLBACK = 616 * MiB
+
+
+def cuda_total(nvml_total: int, nvml_reserved: int | None) -> int:
+    """CUDA's total memory (what vLLM budgets from) from NVML's: total less the driver's reserve."""
+    return nvml_total - (NVML_RESERVED_FALLBACK if nvml_reserved is None else nvml_reserved)
+
+
+def cuda_budget(cuda_total_bytes: int, utilization: float) -> int:
+    """vLLM's memory budget per GPU: gpu_memory_utilization x cudaMemGetInfo's total."""
+    return int(cuda_total_bytes * utilization)
+
+
+def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
+    """vLLM's `vllm serve` defaults (max-num-batched-tokens, max-num-seqs) for a GPU (get_batch_defaults)."""
+    if total_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+@dataclass(frozen=True)
+class Overhead:
+    non_torch: int
+    activation: int
+    logits: int
+    cuda_graphs: int
+
+    @property
+    def total(self) -> int:
+        return self.non_torch + self.activation + self.logits + self.cuda_graphs
+
+
+def overhead(shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int, eager: bool) -> Overhead:
+    return Overhead(
+        non_torch=NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
+        activation=batched_tokens * shape.hidden_size * ACTIVATION_BYTES_PER_HIDDEN_TOKEN,
+        logits=shape.vocab_size * max_num_seqs * LOGITS_BYTES,
+        cuda_graphs=0 if eager else CUDA_GRAPH_BYTES,
+    )
+
+
+def size(n: int) -> str:
+    """3,072 B / 24.5 MiB / 1.50 GiB."""
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    if abs(n) >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n:,} B"
