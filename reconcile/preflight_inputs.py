@@ -64,7 +64,9 @@ def _gpus(
     foreign: list[GpuProcess] = []
     ours: list[GpuProcess] = []
     for g in inv.gpus:
-        facts.append(GpuFact(g.index, g.name, g.compute_capability, g.memory_total, g.memory_free))
+        # CUDA's total, which vLLM's gpu-memory-utilization multiplies (NVML's counts the driver's
+        # reserve too: +615 MiB on an H200).
+        facts.append(GpuFact(g.index, g.name, g.compute_capability, g.cuda_total, g.memory_free))
         if isinstance(g.processes, tuple):
             for p in g.processes:
                 proc = GpuProcess(p.pid, g.index, p.used_memory or 0, p.name or "?")

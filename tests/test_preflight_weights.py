@@ -115,3 +115,16 @@ def test_a_commit_listing_is_used_from_the_cache_even_offline(tmp_path: Path, hu
     assert isinstance(listing(REPO, commit, cache, offline=False), HubListing)
     again = listing(REPO, commit, cache, offline=True)
     assert isinstance(again, HubListing) and again.cached and again.commit == commit
+
+
+def test_the_planner_budgets_from_cudas_total_not_nvmls(tmp_path: Path) -> None:
+    # vLLM multiplies gpu-memory-utilization by cudaMemGetInfo's total, which leaves out the 615 MiB
+    # the H200's driver reserves; NVML's total counts them.
+    from probes import gpu
+    from tests.fakes import fake_nvml
+
+    s = spec(gpu={"count": 1, "name": "NVIDIA H200", "compute_capability": "9.0"})
+    inventory = gpu.probe(s, nvml=fake_nvml.h200())
+    inputs = inputs_from(s, Observed(inventory, None, None, None, None, None, None, None))  # type: ignore[arg-type]
+    assert inputs.gpus is not None
+    assert inputs.gpus[0].total_bytes == (143771 - 615) * 2**20
