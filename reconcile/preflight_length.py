@@ -34,6 +34,10 @@ def _max_model_len(c: RuleContext) -> list[Finding]:
     ]
     if requested is None:
         d = derived[-1]
+        if raw is None and d.default != d.value:  # LongRoPE: unset is the original length, not the limit
+            why = f"{d.default_reason}; the limit is {d.value:,}"
+            msg = f"max-model-len unset: vLLM serves {d.default:,} ({why})"
+            return [finding(rule, "info", msg)]
         return [
             finding(rule, "info", f"max-model-len {raw or 'unset'}: vLLM uses up to {d.value:,} ({d.note})")
         ]

@@ -6,6 +6,7 @@ negative headroom never under "fits"."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from reconcile.engine.memory import GiB
@@ -21,6 +22,7 @@ LLAMA_70B = {**load("llama-3.1-8b"), "hidden_size": 8192, "intermediate_size": 2
              "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8}  # fmt: skip
 LLAMA_70B_BYTES = 141_107_412_992
 LLAMA_8B_BYTES = 16_060_522_496  # model.safetensors.index.json metadata.total_size
+CORPUS = Path(__file__).resolve().parent / "data" / "model_configs"
 
 
 def fit(s: Any, **inputs: Any) -> Any:
@@ -137,3 +139,12 @@ def test_every_memory_finding_is_json_serialisable() -> None:
     s = spec(server={"args": {"tensor-parallel-size": 1, **NO_PARSER}})
     for f in findings(s, gpus=(H100,), model_config=LLAMA_70B, hf_quant_config=None, model_file_sizes={}):
         json.dumps({"rule": f.rule, "evidence": dict(f.evidence)})
+
+
+def test_an_unset_length_of_a_longrope_model_is_its_original_length() -> None:
+    # Phi-3.5-mini: LongRoPE, 131,072 positions, but vLLM serves 4,096 when max-model-len is unset.
+    phi = json.loads((CORPUS / "phi-3.5-mini-instruct.json").read_text())["config"]
+    s = spec(server={"args": {"tensor-parallel-size": 1, "max-model-len": None, **NO_PARSER}})
+    found = findings(s, gpus=(H100,), model_config=phi, hf_quant_config=None, model_file_sizes={})
+    assert the(found, "max-model-len.derived").message.startswith("max-model-len unset: vLLM serves 4,096 (")
+    assert "4,096 tokens (bfloat16; max-model-len unset" in the(found, "memory.fit").message
