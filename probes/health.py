@@ -133,7 +133,15 @@ _WEATHER_TOOL = {
 }
 
 
-def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
+def answer(status: int, body: bytes, limit: int = 300) -> str:
+    """The server's answer as `reconcile check` shows it when a step fails: HTTP status and the body,
+    trimmed to one line (an empty error message is shown as such, not hidden)."""
+    text = body.decode("utf-8", errors="replace").strip().replace("\n", " ")
+    shown = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"HTTP {status}: {shown or '(empty body)'}"
+
+
+def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
     host, port = _target(spec)
     headers = {**_headers(spec), "Content-Type": "application/json"}
     resp = http_request(
@@ -145,7 +153,7 @@ def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any]:
         body=json.dumps(body).encode(),
         timeout=timeout,
     )
-    return resp.status, _json(resp)
+    return resp.status, _json(resp), answer(resp.status, resp.body)
 
 
 def _message(data: Any) -> dict[str, Any]:
@@ -173,7 +181,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
         # "This model's maximum context length is 512 tokens").
         limit = min((c.max_model_len for c in seen.models if c.max_model_len), default=None)
         budget = 512 if limit is None else max(16, min(512, limit // 2))
-        status, data = _chat(
+        status, data, raw = _chat(
             spec,
             {
                 "model": model,
@@ -189,8 +197,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
         if status == 200 and answer:
             steps.append(CheckStep("chat", True, f"answered: {answer[:120]}"))
         else:
-            shown = json.dumps(data)[:200] if data is not None else "no JSON body"
-            steps.append(CheckStep("chat", False, f"status {status}: {shown}"))
+            steps.append(CheckStep("chat", False, raw if status != 200 else f"no answer text; {raw}"))
         if server.args.get("reasoning-parser"):
             field = reasoning_field(version)
             text = message.get(field)
@@ -215,7 +222,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
 
 
 def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) -> CheckStep:
-    status, data = _chat(
+    status, data, raw = _chat(
         spec,
         {
             "model": model,
@@ -232,9 +239,9 @@ def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) ->
         fn = calls[0]["function"]
         arguments = json.loads(fn["arguments"])
     except (IndexError, KeyError, TypeError, ValueError):
-        return CheckStep(
-            "tool_call", False, f"status {status}: no tool call with JSON arguments in the answer"
-        )
+        if status != 200:  # the server's own answer says more than "no tool call" would
+            return CheckStep("tool_call", False, raw)
+        return CheckStep("tool_call", False, f"no tool call with JSON arguments in the answer; {raw}")
     if fn.get("name") != "get_weather" or not isinstance(arguments, dict):
         return CheckStep("tool_call", False, f"unexpected tool call {fn.get('name')}({fn.get('arguments')})")
     return CheckStep("tool_call", True, f"get_weather({json.dumps(arguments)})")

@@ -188,3 +188,22 @@ def _pth_paths(pth_file: str, site: str) -> list[PthEntry]:
             path = os.path.normpath(os.path.join(site, line))
             entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
     return entries
+
+
+def requires(dist: Distribution) -> tuple[str, ...]:
+    """The Requires-Dist lines of a distribution's core metadata, as written (markers included).
+
+    Read on demand (the preflight asks for vLLM's only), from the header up to its first blank line."""
+    meta = os.path.join(dist.path, "METADATA" if dist.path.endswith(".dist-info") else "PKG-INFO")
+    out = []
+    try:
+        with open(meta, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                if key == "Requires-Dist":
+                    out.append(value.strip())
+    except OSError:
+        return ()
+    return tuple(out)

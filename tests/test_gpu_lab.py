@@ -352,3 +352,84 @@ def test_tensor_parallel_two_workers_and_the_zombie_scenario() -> None:
     code, _out, _err, took = cli("apply", "--spec", spec)
     FIGURES["tp2_cleanup_s"] = round(took, 1)
     assert code == 2 and not {p["pid"] for p in strays} & set(gpu_pids())
+
+
+def post_chat(body: dict[str, Any]) -> tuple[int, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=120)
+    headers = {"Authorization": f"Bearer {key()}", "Content-Type": "application/json"}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string"}},
+            "required": ["location"],
+        },
+    },
+}
+TOOL_ARGS = {
+    "args = { max-model-len = 1024,": (
+        'args = { enable-auto-tool-choice = true, tool-call-parser = "hermes", max-model-len = 1024,'
+    )
+}
+
+
+def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_shows_the_500() -> None:
+    """Issue 14: a --no-deps venv without lm-format-enforcer. vLLM answers a named tool call with
+    HTTP 500 (plain chat fine); the plan's venv.features names the missing distributions and apply
+    refuses; `reconcile check` prints the server's answer. With them listed (as the lab spec lists
+    them): apply installs them and the same request answers 200.
+    Lab: tools/gpu_lab.sh -k "apply_from_nothing or structured_outputs" (figures: features_*, *_lmfe)."""
+    lmfe = 'lm-format-enforcer = "==0.11.3"\ninteregular = "==0.3.3"\n'
+    assert lmfe in SPEC.read_text()
+    venv_python = str(LAB / "venv" / "bin" / "python")
+    removed = subprocess.run(
+        [venv_python, "-m", "pip", "uninstall", "-y", "-q", "lm-format-enforcer", "interegular"],
+        capture_output=True,
+        text=True,
+    )
+    FIGURES["uninstall_lmfe"] = removed.returncode
+    tools = variant("tools", {**TOOL_ARGS, lmfe: ""})
+    data = plan_json(tools)
+    missing = [f for f in data["findings"] if f["rule"] == "venv.features" and f["severity"] == "error"]
+    FIGURES["features_missing"] = [f["message"] for f in missing]
+    assert missing and "lm-format-enforcer, interegular" in missing[0]["message"], data["findings"]
+    assert data["_code"] == 1
+    assert get("/health", with_key=False)[0] == 200  # the running server (no tool flags) looks fine
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 32,
+    }
+    status, raw = post_chat(body)  # a named tool_choice needs no server flag: structured outputs
+    FIGURES["named_tool_call_without_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
+    assert status == 500, raw
+    before = starts_in_log()
+    assert cli("apply", "--spec", tools)[0] == 1 and starts_in_log() == before  # refused before vLLM runs
+    code, out, _err, _took = cli("check", "--spec", tools)
+    FIGURES["check_without_lmfe"] = out.strip().splitlines()[-3:]
+    assert code == 1 and "HTTP 500: " in out and "no tool call with JSON arguments" not in out
+
+    fixed = variant("tools-fixed", TOOL_ARGS)  # the lab spec lists both
+    data = plan_json(fixed)
+    assert not [f for f in data["findings"] if f["rule"] == "venv.features" and f["severity"] == "error"]
+    code, _out, _err, took = cli("apply", "--spec", fixed)
+    FIGURES["apply_with_lmfe_s"] = round(took, 1)
+    assert code == 2
+    status, raw = post_chat(body)
+    FIGURES["named_tool_call_with_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
+    assert status == 200, raw
+    code, out, _err, _took = cli("check", "--spec", fixed)
+    FIGURES["check_with_lmfe"] = out.strip().splitlines()[-4:]
+    # A random tiny model may not close its JSON within the token budget; the server must not fail.
+    assert "HTTP 500" not in out, out

@@ -164,3 +164,20 @@ def test_chat_check_against_nothing_says_so() -> None:
     )
     result = health.chat_check(spec, timeout=2)
     assert not result.ok and result.steps[0].name == "chat"
+
+
+def test_a_failing_tool_call_shows_the_servers_answer(deployment: Deployment) -> None:
+    # The H200 lab's --no-deps venv without lm-format-enforcer: plain chat works, a forced tool call
+    # answers 500 with an empty message. `reconcile check` must show that answer, not a guess.
+    args = {"enable-auto-tool-choice": True, "tool-call-parser": "hermes"}
+    spec = deployment.spec(args, env={"FAKE_VLLM_MISSING_MODULES": "lmformatenforcer"})
+    server_action.ensure_running(spec, INPUTS)
+    result = health.chat_check(spec)
+    assert not result.ok
+    chat, tool = result.steps
+    assert chat.ok and "Paris" in chat.message
+    assert tool.message == (
+        'HTTP 500: {"error": {"message": "", "type": "InternalServerError", "param": null, "code": 500}}'
+    )
+    assert health.answer(502, b"") == "HTTP 502: (empty body)"
+    assert health.answer(500, b"x" * 400).endswith("x…") and len(health.answer(500, b"x" * 400)) == 310

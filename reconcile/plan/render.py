@@ -72,7 +72,8 @@ def _finding_lines(p: _Painter, f: Finding) -> list[str]:
         lines.extend(
             f"{pad}{'fix: ' if i == 0 else '     '}{part}" for i, part in enumerate(f.fix.splitlines())
         )
-    table = f.evidence.get("table") if f.severity == "info" else None
+    # The memory table goes with its finding whatever the verdict: a failing fit is where it helps most.
+    table = f.evidence.get("table")
     if isinstance(table, str):
         lines.extend(p.dim(f"{pad}{row}") for row in table.splitlines())
     return lines

@@ -1,5 +1,5 @@
 """What every preflight rule reads: the inputs (plain facts from the probes), the rule context
-(the server's args by canonical name, TP, the GPUs it uses), and `finding` to make a verdict.
+(the server's args by canonical name, TP x PP x DP, the GPUs it uses), and `finding` to make a verdict.
 
 Imported by each rule module and by `reconcile.preflight.gather`, which runs them; it imports no rule.
 """
@@ -33,6 +33,14 @@ class GpuProcess(NamedTuple):
     name: str
 
 
+class WeightsFact(NamedTuple):
+    """The weights' size while the model dir has none: a safetensors index or the hub's listing."""
+
+    total: int
+    files: int  # shards (0: only the index's total is known)
+    source: str  # "model.safetensors.index.json in /src", "the hub's listing of R@abc123456789"
+
+
 class PortHolder(NamedTuple):
     pid: int | None
     name: str
@@ -53,11 +61,15 @@ class PreflightInputs(NamedTuple):
     nvcc_arch_list: tuple[str, ...] | None = None  # `nvcc --list-gpu-arch`; None: not run
     headers_missing: tuple[str, ...] | None = None  # of [cuda] headers; None: toolkit not probed
     venv_has_ninja: bool | None = None  # None: no venv yet
+    venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
+    vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
+    venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
     model_file_sizes: Mapping[str, int] = MappingProxyType({})  # path in model dir -> bytes
     model_files: frozenset[str] = frozenset()  # paths relative to the model dir
+    weights: WeightsFact | None = None  # before download; None: from model_file_sizes, else estimated
     port_state: Literal["free", "ours", "other", "unknown"] = "unknown"
     port_holder: PortHolder | None = None
     api_key_configured: bool = False
@@ -71,7 +83,14 @@ class RuleContext(NamedTuple):
     written: Mapping[str, str]  # canonical name -> the key as the spec writes it
     tp: int
     utilization: float
-    gpus: tuple[GpuFact, ...]  # probed GPUs the server will use
+    gpus: tuple[GpuFact, ...]  # probed GPUs the server will use (TP x PP x DP of them)
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def world(self) -> int:
+        """GPUs one `vllm serve` uses: tensor x pipeline x data parallel ranks."""
+        return self.tp * self.pp * self.dp
 
     @property
     def version(self) -> str:
@@ -96,6 +115,8 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         name = canonical(key)[2:]
         args[name], written[name] = value, key
     tp = max(1, int(_number(args.get("tensor-parallel-size"), 1)))
+    pp = max(1, int(_number(args.get("pipeline-parallel-size"), 1)))
+    dp = max(1, int(_number(args.get("data-parallel-size"), 1)))
     gpus: tuple[GpuFact, ...] = ()
     if inputs.gpus:
         ordered = sorted(inputs.gpus, key=lambda g: g.index)
@@ -103,7 +124,7 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         if visible and all(p.isdigit() for p in visible):
             by_index = {g.index: g for g in ordered}
             ordered = [by_index[int(p)] for p in visible if int(p) in by_index]
-        gpus = tuple(ordered[:tp])
+        gpus = tuple(ordered[: tp * pp * dp])
     return RuleContext(
         spec=spec,
         server=server,
@@ -113,6 +134,8 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         tp=tp,
         utilization=_number(args.get("gpu-memory-utilization"), 0.9),  # vLLM's default
         gpus=gpus,
+        pp=pp,
+        dp=dp,
     )
 
 
@@ -146,3 +169,21 @@ def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
         return (None if raw is None else limits.parse_max_model_len(raw)), None
     except limits.MaxLenError as exc:
         return None, str(exc)
+
+
+def served_len(c: RuleContext) -> tuple[int | None, str]:
+    """The max-model-len vLLM will serve and how it was set: the explicit value, else (unset) the
+    length it derives from the config; (None, "auto") when it fits the length to memory."""
+    requested, error = requested_len(c)
+    if requested is not None or error or c.args.get("max-model-len") is not None:
+        return requested, "max-model-len" if requested is not None else "auto"
+    config = model_config(c)
+    if config is None:
+        return None, "unset"
+    d = limits.derive_max_model_len(
+        config,
+        c.inputs.vllm_version or "0.30.0",
+        tokenizer_config=c.inputs.tokenizer_config,
+        disable_sliding_window=c.args.get("disable-sliding-window") is True,
+    )
+    return d.default, "unset: the derived length"

@@ -9,16 +9,29 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Unavailable
 from reconcile.engine.catalogue import known_model
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
-from reconcile.preflight import arguments, memory, serving, toolchain
-from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, context
+from reconcile.preflight import (
+    arguments,
+    batching,
+    features,
+    hardware,
+    length,
+    memory,
+    parallel,
+    serving,
+    toolchain,
+)
+from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact, context
+from reconcile.preflight.memory_table import memory_table as table
 
 if TYPE_CHECKING:
+    from probes.venv import VenvObservation
     from reconcile.spec.models import Spec
 
 
@@ -57,8 +70,10 @@ def _gpus(
     foreign: list[GpuProcess] = []
     ours: list[GpuProcess] = []
     for g in inv.gpus:
-        facts.append(GpuFact(g.index, g.name, g.compute_capability, g.memory_total, g.memory_free))
-        if not isinstance(g.processes, Unavailable):
+        # CUDA's total, which vLLM's gpu-memory-utilization multiplies (NVML's counts the driver's
+        # reserve too: +615 MiB on an H200).
+        facts.append(GpuFact(g.index, g.name, g.compute_capability, g.cuda_total, g.memory_free))
+        if not isinstance(g.processes, Unavailable):  # a record is a tuple too: test the type
             for p in g.processes:
                 proc = GpuProcess(p.pid, g.index, p.used_memory or 0, p.name or "?")
                 (ours if p.pid in own else foreign).append(proc)
@@ -92,11 +107,42 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
+        out["weights"] = _weights_before_download(spec, root, files)
     out["hf_quant_config"] = quant
     out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"))
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
     return out
+
+
+def _weights_before_download(spec: Spec, root: str, files: Mapping[str, int]) -> WeightsFact | None:
+    """The weights' size while no weight file is there: the safetensors index's total_size (model dir
+    or local source), else the hub's listing (one cached metadata call; never when offline)."""
+    from reconcile.engine.memory import weight_files
+    from reconcile.engine.weights import index_total
+
+    if weight_files(files):
+        return None  # on disk: the memory rule counts the files themselves
+    index = _read_json(os.path.join(root, "model.safetensors.index.json"))
+    total = index_total(index) if index else None
+    if total:
+        return WeightsFact(total, 0, f"model.safetensors.index.json in {root}")
+    m = spec.model
+    if m is None or not m.repo or m.source:
+        return None
+    from probes.hub import HubListing, listing
+
+    offline = m.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    cache = os.path.join(spec.machine.state_dir, "cache", "hub")
+    found = listing(m.repo, m.revision, cache, offline=offline)
+    if not isinstance(found, HubListing):
+        return None
+    shards = weight_files(found.sizes)
+    if not shards:
+        return None
+    return WeightsFact(
+        sum(shards.values()), len(shards), f"the hub's listing of {m.repo}@{found.commit[:12]}"
+    )
 
 
 def _sizes(root: str) -> dict[str, int]:
@@ -110,6 +156,24 @@ def _sizes(root: str) -> dict[str, int]:
             except OSError:
                 continue
     return out
+
+
+def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
+    """Every distribution the server's interpreter sees (the venv's site-packages and the dirs its
+    .pth files add, as the lab's torch is) and vLLM's declared requirements."""
+    from probes.venv import requires, scan_site_packages
+
+    dists = {name: d.version for name, d in venv.distributions.items()}
+    for entry in venv.pth_paths:
+        if entry.exists and entry.path not in venv.site_packages:
+            found, _, _ = scan_site_packages(entry.path)
+            dists.update({name: d.version for name, d in found.items() if name not in dists})
+    vllm = venv.distributions.get("vllm")
+    return {
+        "venv_distributions": dists,
+        "vllm_requires": requires(vllm) if vllm else None,
+        "venv_python": venv.version,
+    }
 
 
 def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
@@ -136,6 +200,7 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
             kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
     if isinstance(obs.venv, VenvObservation):
         kw["venv_has_ninja"] = obs.venv.has_ninja
+        kw.update(_venv_facts(obs.venv))
     elif isinstance(obs.venv, Absent):
         kw["venv_has_ninja"] = None
     kw.update(_model_facts(spec, obs))
@@ -156,16 +221,26 @@ def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
     if spec.server is None:
         return ()
     c = context(spec, spec.server, inputs)
-    rules = (*arguments.RULES, *memory.RULES, *toolchain.RULES, *serving.RULES)
+    by_topic: tuple[ModuleType, ...] = (
+        arguments,
+        length,
+        memory,
+        parallel,
+        hardware,
+        batching,
+        features,
+        toolchain,
+        serving,
+    )
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
         # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.
-        rules = (*arguments.RULES, *memory.RULES, *serving.RULES)
-    return tuple(f for rule in rules for f in rule(c))
+        by_topic = tuple(m for m in by_topic if m is not toolchain)
+    return tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
 
 
 def memory_table(spec: Spec, inputs: PreflightInputs) -> str:
     """The article-style memory table for a spec's server (or one line saying why there is none)."""
     if spec.server is None:
         return "no [server]: nothing to size"
-    e = memory.memory_estimate(context(spec, spec.server, inputs))
-    return e if isinstance(e, str) else memory.memory_table(e)
+    s = memory.sizing(context(spec, spec.server, inputs))
+    return s if isinstance(s, str) else table(s.e, s.weights)

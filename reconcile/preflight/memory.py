@@ -1,151 +1,204 @@
 """Preflight rules for GPU memory: the article's hand calculation (weights, KV cache, Mamba state per
-GPU against gpu-memory-utilization x GPU memory) and tensor parallel against GPUs and heads.
+GPU against gpu-memory-utilization x GPU memory), checked the way vLLM checks it at start.
 
 Run by `reconcile.preflight.gather`; same context, same Findings. Ids and failures: docs/preflight.md.
+The table itself: reconcile.preflight.memory_table.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from reconcile.engine import memory
+from reconcile.engine.kvspec import MAMBA
 from reconcile.engine.memory import GiB, size
 from reconcile.engine.shape import ShapeError
 from reconcile.plan.records import Finding
-from reconcile.preflight.context import RuleContext, finding, model_config, requested_len
+from reconcile.preflight.context import RuleContext, finding, model_config, served_len
+from reconcile.preflight.memory_table import memory_table
 
 
-def memory_estimate(c: RuleContext) -> memory.MemoryEstimate | str:
-    """The memory table's numbers, or why they cannot be computed."""
+class Sizing(NamedTuple):
+    e: memory.MemoryEstimate
+    weights: str  # where the weights' size came from: "files", an index, the hub, or "estimate: ..."
+    length: str  # how max-model-len was set: "max-model-len", "unset: the derived length", "auto"
+
+    @property
+    def estimated(self) -> bool:
+        return self.weights.startswith("estimated")
+
+
+def _gpu(c: RuleContext) -> tuple[int, str] | str:
+    if c.gpus:
+        return min(g.total_bytes for g in c.gpus), c.gpus[0].name
+    if c.spec.gpu and c.spec.gpu.memory_gib:
+        return int(c.spec.gpu.memory_gib * GiB), f"{c.spec.gpu.name or 'GPU'} per [gpu] memory_gib"
+    return "no GPU probed and no [gpu] memory_gib in the spec"
+
+
+def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0) -> Sizing | str:
+    """The memory table's numbers (at another TP, or with the weights scaled, for the fixes), or why
+    they cannot be computed."""
     config = model_config(c)
     if config is None:
         return "config.json not available yet"
-    if c.gpus:
-        total, gpu = min(g.total_bytes for g in c.gpus), c.gpus[0].name
-    elif c.spec.gpu and c.spec.gpu.memory_gib:
-        total, gpu = int(c.spec.gpu.memory_gib * GiB), f"{c.spec.gpu.name or 'GPU'} per [gpu] memory_gib"
-    else:
-        return "no GPU probed and no [gpu] memory_gib in the spec"
-    requested, _ = requested_len(c)
+    gpu = _gpu(c)
+    if isinstance(gpu, str):
+        return gpu
+    length, how = served_len(c)
     try:
-        return memory.estimate(
+        e = memory.estimate(
             config,
             c.inputs.hf_quant_config,
             c.inputs.model_file_sizes,
-            tp=c.tp,
-            total_bytes=total,
-            gpu=gpu,
+            tp=tp or c.tp,
+            total_bytes=gpu[0],
+            gpu=gpu[1],
             utilization=c.utilization,
-            max_model_len=requested,
+            max_model_len=length,
             args=c.args,
+            pp=c.pp,
         )
     except ShapeError as exc:
         return str(exc)
+    source = "files"
+    if not e.weight_files:  # not downloaded yet: never "fits" on weights counted as 0
+        w = c.inputs.weights
+        if w is not None:
+            e, source = e._replace(weights_total=w.total, weight_files=w.files, notes=()), w.source
+        else:
+            from reconcile.engine.weights import estimate
+
+            guess = estimate(config, c.inputs.hf_quant_config)
+            note = f"weights estimated from config.json: {guess.how} (not downloaded yet)"
+            e = e._replace(weights_total=guess.total_bytes, weight_files=0, notes=(note,))
+            source = f"estimated: {guess.how}"
+    if weights_scale != 1.0:
+        e = e._replace(weights_total=int(e.weights_total * weights_scale))
+    return Sizing(e, source, how)
 
 
-def _memory(c: RuleContext) -> list[Finding]:
-    e = memory_estimate(c)
-    if isinstance(e, str):
-        return [finding("memory.fit", "warning", f"memory not checked: {e}")]
-    out = []
-    if c.inputs.gpus is not None and len(c.gpus) < c.tp:
-        msg = f"tensor-parallel-size {c.tp} needs {c.tp} GPUs; {len(c.gpus)} visible"
-        out.append(finding("memory.tp", "error", msg, f"set {c.arg('tensor-parallel-size')} = {len(c.gpus)}"))
-    if e.shape.num_attention_heads % c.tp:
-        msg = f"{e.shape.num_attention_heads} attention heads do not divide by tensor-parallel-size {c.tp}"
-        out.append(
-            finding("memory.tp", "error", msg, "use a tensor-parallel-size that divides the head count")
-        )
-    evidence = {
-        "table": memory_table(e),
+def memory_estimate(c: RuleContext) -> memory.MemoryEstimate | str:
+    s = sizing(c)
+    return s if isinstance(s, str) else s.e
+
+
+def _fitting_tp(c: RuleContext, heads: int, kv_heads: int) -> int | None:
+    """The smallest tensor-parallel-size above the spec's at which one request fits (vLLM's head
+    rules hold for it), up to 64 GPUs."""
+    for t in range(c.tp + 1, 65):
+        if heads % t or (kv_heads and (t % kv_heads if t >= kv_heads else kv_heads % t)):
+            continue
+        s = sizing(c, tp=t)
+        if isinstance(s, Sizing) and s.e.fits and s.e.available_for_cache > 0:
+            return t
+    return None
+
+
+def _too_big_fix(c: RuleContext, s: Sizing) -> str:
+    e, fixes = s.e, []
+    t = _fitting_tp(c, e.shape.num_attention_heads, e.shape.num_kv_heads if e.shape.mla_dim is None else 0)
+    if t is not None:
+        gpus = f"{t * c.pp * c.dp} GPUs"
+        fixes.append(f"set {c.arg('tensor-parallel-size')} = {t} (the smallest that fits; {gpus})")
+    if not c.inputs.hf_quant_config and "quantization_config" not in (model_config(c) or {}):  # 16-bit
+        for scale, kind in ((0.5, "an FP8"), (0.28, "a 4-bit (AWQ/GPTQ/NVFP4)")):
+            q = sizing(c, weights_scale=scale)
+            if isinstance(q, Sizing) and q.e.fits and q.e.available_for_cache > 0:
+                lead = "or serve" if fixes else "serve"
+                fixes.append(f"{lead} {kind} checkpoint of the model (about {size(q.e.weights_total)})")
+                break
+    return "\n".join(fixes) or "the model does not fit on this machine at any tensor-parallel-size up to 64"
+
+
+def _evidence(s: Sizing) -> dict[str, Any]:
+    e = s.e
+    return {
+        "table": memory_table(e, s.weights),
         "kv_bytes_per_token_per_gpu": e.kv_per_token,
         "kv_dtype": e.kv_dtype,
         "weights_per_gpu": e.weights_per_gpu,
+        "weights_source": s.weights,
         "budget": e.budget,
         "headroom": e.headroom,
         "predicted_kv_cache_tokens": e.kv_capacity_tokens,
+        "max_model_len": e.max_model_len,
     }
+
+
+def _memory(c: RuleContext) -> list[Finding]:
+    s = sizing(c)
+    if isinstance(s, str):
+        return [finding("memory.fit", "warning", f"memory not checked: {s}")]
+    e, evidence = s.e, _evidence(s)
+    est = " (weights estimated from config.json)" if s.estimated else ""
+    if e.available_for_cache <= 0:
+        overhead = size(e.overhead.total)
+        what = "the weights alone exceed" if e.weights_per_gpu > e.budget else "the weights and overhead fill"
+        msg = (
+            f"{what} the budget: {size(e.weights_per_gpu)}/GPU at TP {e.tp}"
+            f"{f' x PP {e.pp}' if e.pp > 1 else ''} plus {overhead} overhead, against "
+            f"{e.utilization:g} x {size(e.total)} = {size(e.budget)}{est}"
+        )
+        return [finding("memory.fit", "error", msg, _too_big_fix(c, s), **evidence)]
     if e.max_model_len is None:
         msg = f"max-model-len auto: about {e.max_len_that_fits:,} tokens fit ({e.kv_per_token:,} B/token/GPU)"
-        out.append(finding("memory.fit", "info", msg, **evidence))
-    elif not e.fits:
+        return [finding("memory.fit", "warning" if s.estimated else "info", msg + est, **evidence)]
+    unset = s.length.startswith("unset")
+    length = f"{e.max_model_len:,} tokens" + (" (max-model-len unset: the derived length)" if unset else "")
+    if not e.fits:
+        # vLLM: "To serve at least one request with the models's max seq len (N), (X GiB KV cache is
+        # needed, which is larger than the available KV cache memory (Y GiB)" (kv_cache_utils.py).
         msg = (
-            f"one request of {e.max_model_len:,} tokens needs {size(e.one_request)}/GPU of cache; about "
-            f"{size(e.available_for_cache)} is left after weights and overhead (estimated)"
+            f"one request of {length} needs {size(e.one_request)}/GPU of cache; about "
+            f"{size(e.available_for_cache)} is left after weights and overhead "
+            f"(estimated{', weights too' if est else ''})"
         )
         fix = (
             f"set {c.arg('max-model-len')} <= {e.max_len_that_fits}, or raise gpu-memory-utilization, "
             'use kv-cache-dtype = "fp8", or raise tensor-parallel-size'
         )
-        if e.max_len_that_fits == 0:
-            fix = "weights and overhead fill the budget: raise gpu-memory-utilization or tensor-parallel-size"
-        out.append(finding("memory.fit", "error", msg, fix, **evidence))
-    else:
-        msg = f"KV cache {size(e.kv_at_max_len)}/GPU at {e.max_model_len:,} tokens ({e.kv_dtype}); fits"
-        out.append(finding("memory.fit", "info", msg, **evidence))
-    if e.mamba_total > max(0, e.available_for_cache):
+        return [finding("memory.fit", "error", msg, fix, **evidence)]
+    out = _mamba_blocks(c, s)
+    if out:
+        return out
+    if e.headroom < 0:
+        # One request fits (vLLM starts) but not max-num-seqs sequences' Mamba state besides it.
         msg = (
-            f"{e.max_num_seqs} sequences' Mamba state takes {size(e.mamba_total)}/GPU, more than the "
-            f"{size(max(0, e.available_for_cache))} left for caches: vLLM cannot run that many at once"
+            f"one request of {length} fits, but {e.max_num_seqs} sequences' Mamba state "
+            f"({size(e.mamba_total)}/GPU) does not fit beside it: short by {size(-e.headroom)}, so vLLM "
+            "runs fewer at once"
         )
-        out.append(finding("memory.fit", "warning", msg, f"lower {c.arg('max-num-seqs')}"))
-    return out
+        fits = max(1, (e.available_for_cache - e.kv_at_max_len) // max(1, e.mamba_per_seq) + 1)
+        return [finding("memory.fit", "warning", msg, f"lower {c.arg('max-num-seqs')} to {fits}", **evidence)]
+    at = f"{e.max_model_len:,} tokens ({e.kv_dtype}" + (
+        "; max-model-len unset: the derived length)" if unset else ")"
+    )
+    msg = f"KV cache {size(e.kv_at_max_len)}/GPU at {at}; fits{est}"
+    return [finding("memory.fit", "warning" if s.estimated else "info", msg, **evidence)]
 
 
-def memory_table(e: memory.MemoryEstimate) -> str:
-    """The article's hand calculation, per GPU, as aligned rows `label  how  = value`."""
-    s = e.shape
-    heads = "head" if e.kv_heads == 1 else "heads"
-    if s.mla_dim is not None:
-        kv_how = f"{s.mla_dim} latent x {e.kv_dtype_bytes} B ({e.kv_dtype}) x {s.attention_layers} layers"
-    else:
-        kv_how = (
-            f"2 (K+V) x {e.kv_heads} KV {heads}/GPU (of {s.num_kv_heads}) x {s.head_dim} head_dim"
-            f" x {e.kv_dtype_bytes} B ({e.kv_dtype}) x {s.attention_layers} attention layers"
-        )
-    o = e.overhead
-    rows = [
-        ("budget", f"{e.utilization:g} x {size(e.total)} ({e.gpu})", size(e.budget)),
-        (
-            "weights",
-            f"{size(e.weights_total)} in {e.weight_files} files / TP {e.tp}",
-            size(e.weights_per_gpu),
-        ),
-        ("KV per token", kv_how, f"{e.kv_per_token:,} B"),
-    ]
-    if e.max_model_len is not None:
-        rows.append(
-            (
-                "KV at max-model-len",
-                f"{e.kv_per_token:,} B x {e.max_model_len:,} tokens",
-                size(e.kv_at_max_len),
-            )
-        )
-    if s.mamba is not None:
-        rows.append(
-            (
-                "Mamba state",
-                f"{size(e.mamba_per_seq)}/seq ({s.mamba.layers} layers, ssm {e.ssm_dtype}) x {e.max_num_seqs}"
-                f" max-num-seqs ({e.max_num_seqs_source})",
-                size(e.mamba_total),
-            )
-        )
-    rows += [
-        (
-            "overhead (est.)",
-            f"activations {size(o.activation)} + logits {size(o.logits)} + CUDA graphs {size(o.cuda_graphs)}"
-            f" + non-torch {size(o.non_torch)}",
-            size(o.total),
-        ),
-        ("headroom", "budget - weights - overhead - KV at max-model-len - Mamba state", size(e.headroom)),
-        (
-            "KV cache (pred.)",
-            'compare vLLM\'s "GPU KV cache size: N tokens"',
-            f"{e.kv_capacity_tokens:,} tokens",
-        ),
-    ]
-    w1 = max(len(r[0]) for r in rows)
-    w2 = max(len(r[1]) for r in rows)
-    lines = [f"{a:<{w1}}  {b:<{w2}}  = {c}" for a, b, c in rows]
-    return "\n".join(lines + list(e.notes))
+def _mamba_blocks(c: RuleContext, s: Sizing) -> list[Finding]:
+    """vllm/config/compilation.py CompilationConfig.resolve_cudagraph_mode_and_sizes: with full CUDA
+    graphs (the default unless enforce-eager) each decode sequence needs one Mamba cache block, and
+    "max_num_seqs (N) exceeds available Mamba cache blocks (B)" stops the start."""
+    e = s.e
+    if e.layout is None or c.args.get("enforce-eager") is True or "compilation-config" in c.args:
+        return []
+    if not any(g.kind == MAMBA for g in e.layout.groups):
+        return []
+    blocks = e.layout.num_blocks(e.available_for_cache)
+    if e.max_num_seqs <= blocks:
+        return []
+    msg = (
+        f"max-num-seqs {e.max_num_seqs} ({e.max_num_seqs_source}) is more than the {blocks:,} Mamba cache "
+        f'blocks that fit: vLLM fails with "max_num_seqs ({e.max_num_seqs}) exceeds available Mamba cache '
+        f'blocks ({blocks}) ... CUDA graph capture cannot proceed"'
+    )
+    fix = (
+        f"set {c.arg('max-num-seqs')} <= {blocks}, raise gpu-memory-utilization, or set enforce-eager = true"
+    )
+    return [finding("memory.fit", "error", msg, fix, mamba_blocks=blocks, **_evidence(s))]
 
 
 RULES = (_memory,)

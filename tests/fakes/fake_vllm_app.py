@@ -319,6 +319,11 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
             return 400, error(400, "BadRequestError", f"Tool '{wanted}' has not been passed in `tools`.")
     elif choice == "required" and tools:
         forced = tools[0]
+    structured = forced is not None or (req.get("response_format") or {}).get("type") == "json_schema"
+    if structured and "lmformatenforcer" in os.environ.get("FAKE_VLLM_MISSING_MODULES", "").split(","):
+        # What vLLM 0.26 answered on the H200 lab when a --no-deps venv lacked lm-format-enforcer:
+        # a 500 whose message is empty (the ModuleNotFoundError stays in the server's log).
+        return 500, error(500, "InternalServerError", "")
     answer = (
         "The capital of France is Paris."
         if "France" in prompt

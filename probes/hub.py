@@ -1,0 +1,124 @@
+"""The hub's file sizes of a model revision: one metadata call, cached on disk, pinned to the commit.
+
+Called by the preflight inputs only while the model is not on disk yet, so that the memory check can
+count the weights before they are downloaded. Read only: it never downloads a file. A converged plan
+never gets here (the files are on disk), and an offline one answers from the cache or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from probes.common import Unavailable
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
+FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on the hub again for this
+TIMEOUT_S = 10.0
+
+
+class HubListing(NamedTuple):
+    repo: str
+    revision: str
+    commit: str
+    sizes: Mapping[str, int]  # file name -> bytes (LFS files: the object's size, not the pointer's)
+    cached: bool  # answered from the cache, no request made
+
+
+def cache_path(cache_dir: str, repo: str, revision: str) -> str:
+    """`<cache_dir>/<owner>__<name>/<revision>.json`; names that could escape the dir are refused."""
+    for part in (*repo.split("/"), revision):
+        if not part or part in (".", "..") or not re.fullmatch(r"[A-Za-z0-9._-]+", part):
+            raise ValueError(f"not a plain repo id or revision: {repo}@{revision}")
+    return os.path.join(cache_dir, repo.replace("/", "__"), f"{revision}.json")
+
+
+def _read_cache(path: str, revision: str) -> HubListing | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        fresh = _COMMIT.match(revision) or time.time() - os.path.getmtime(path) < BRANCH_TTL_S
+    except (OSError, ValueError):
+        return None
+    sizes = data.get("sizes") if isinstance(data, dict) else None
+    if not fresh or not isinstance(sizes, dict) or not isinstance(data.get("commit"), str):
+        return None
+    clean = {str(k): int(v) for k, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return HubListing(str(data.get("repo")), revision, data["commit"], clean, cached=True)
+
+
+def _recent_failure(path: str) -> str | None:
+    try:
+        if time.time() - os.path.getmtime(path + ".failed") >= FAILED_TTL_S:
+            return None
+        with open(path + ".failed", encoding="utf-8") as f:
+            return f.read().strip() + " (asked less than 15 minutes ago)"
+    except OSError:
+        return None
+
+
+def _write_private(path: str, text: str) -> None:
+    """Best effort, 0600 in 0700 dirs, atomically: a plan run by a user who cannot write the state
+    dir still works."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _write_cache(path: str, found: HubListing) -> None:
+    data = {"repo": found.repo, "revision": found.revision, "commit": found.commit, "sizes": found.sizes}
+    _write_private(path, json.dumps(data))
+    with contextlib.suppress(OSError):
+        os.unlink(path + ".failed")
+
+
+def listing(
+    repo: str, revision: str, cache_dir: str, *, offline: bool, endpoint: str | None = None
+) -> HubListing | Unavailable:
+    """The sizes of every file of repo@revision: from the cache, else one `model_info` call (not when
+    offline). Unavailable (with the reason) when neither answers."""
+    try:
+        path = cache_path(cache_dir, repo, revision)
+    except ValueError as exc:
+        return Unavailable(str(exc))
+    cached = _read_cache(path, revision)
+    if cached is not None:
+        return cached
+    if offline:
+        return Unavailable(f"offline, and no cached listing of {repo}@{revision}")
+    failed = _recent_failure(path)
+    if failed is not None:
+        return Unavailable(failed)
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None).model_info(
+            repo, revision=revision, files_metadata=True, timeout=TIMEOUT_S
+        )
+    except Exception as exc:  # huggingface_hub's errors (network, 401, 404) carry the hub's answer
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = f"the hub did not list {repo}@{revision}: {first[:200]}"
+        _write_private(path + ".failed", reason)
+        return Unavailable(reason)
+    if not info.sha or not _COMMIT.match(info.sha):
+        return Unavailable(f"the hub answered without a commit for {repo}@{revision}")
+    sizes = {
+        s.rfilename: int(s.lfs.size if s.lfs is not None else (s.size or 0)) for s in info.siblings or []
+    }
+    found = HubListing(repo, revision, info.sha, sizes, cached=False)
+    _write_cache(path, found)
+    if revision != info.sha:
+        _write_cache(cache_path(cache_dir, repo, info.sha), found)
+    return found
