@@ -14,13 +14,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from actions import supervising, systemd_unit
+from actions import cgroups, supervising, systemd_unit
 from actions.launching import (
     LaunchCommand,
     LaunchInputs,
     ReadinessFailure,
     connect_host,
     launch_command,
+    private_dir,
     read_record,
     refuse_crash_loop,
     wait_ready,
@@ -29,14 +30,15 @@ from actions.launching import (
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
-from reconcile.identity import (
-    IDENTITY,
-    deployment_id,
-    explain_change,
-    launched_sessions,
-    pidfile_path,
-    redact_argv,
-    state_file_path,
+from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
+from reconcile.membership import (
+    Scope,
+    deployment_members,
+    proc_id,
+    read_pidfile,
+    scope_of,
+    server_leader,
+    snapshot,
 )
 from reconcile.plan import ActionResult, Change
 
@@ -88,13 +90,11 @@ def ensure_running(
     elif pid is not None:
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
-    stopped = supervising.stop_marked(
-        deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
-    )
+    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     holder = _port_holder(server.port)
     if holder is not None:
         raise ActionError(
-            f"port {server.port} is held by pid {holder[0]} ({holder[1]}), which is not deployment "
+            f"port {server.port} is held by {holder}, which is not deployment "
             f"{server.name}: stop it or change [server] port (reconcile never signals other processes)"
         )
     started = time.monotonic()
@@ -108,7 +108,7 @@ def ensure_running(
 
 
 def _keep(
-    spec: Spec, command: LaunchCommand, pid: int, record: Mapping[str, Any], progress: ProgressFn | None
+    spec: Spec, command: LaunchCommand, pid: int, record: dict[str, Any], progress: ProgressFn | None
 ) -> ActionResult | None:
     """The server already has the wanted identity: stop its strays, wait if it is still loading.
     None when it must be restarted after all (unhealthy, or not listening past startup_timeout)."""
@@ -117,12 +117,11 @@ def _keep(
         pgid = os.getpgid(pid)
     except ProcessLookupError:
         return None
-    strays = supervising.stop_marked(
-        deployment_id(spec), timeout=server.stop_timeout, spare_pgid=pgid, sessions=launched_sessions(spec)
-    )
+    strays = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, spare_pgid=pgid)
     note = f"; stray(s) {strays.describe()}" if strays.terminated else ""
     health = _health_status(spec)
     if health == 200:
+        _remember_members(spec, pid, record)
         return ActionResult(
             bool(strays.terminated), f"{server.name} runs as pid {pid} with the same launch identity{note}"
         )
@@ -150,48 +149,56 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     server = _server(spec)
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
-    outcome = supervising.stop_marked(
-        deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
-    )
+    outcome = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
     if not outcome.terminated:
-        return ActionResult(False, f"{server.name} is not running (no process carries its marker)")
+        return ActionResult(False, f"{server.name} is not running (no process of the deployment runs)")
     return ActionResult(True, f"{server.name}: {outcome.describe()}")
 
 
-def current_pid(spec: Spec) -> int | None:
-    """The live server: the pidfile's process when alive and marked (a reused pid is not ours), else a
-    marked session leader (a start whose pidfile was never written, or a systemd main process)."""
-    marked = supervising.marked_pids(deployment_id(spec), sessions=launched_sessions(spec))
-    try:
-        with open(pidfile_path(spec), encoding="ascii") as f:
-            pid = int(f.read().split()[0])
-        if pid in marked and supervising.is_alive(pid):
-            return pid
-    except (OSError, ValueError, IndexError):
-        pass
-    return next((p for p in marked if _sid(p) == p), None)
+def current_pid(spec: Spec, scope: Scope | None = None) -> int | None:
+    """The live server: a process reconcile launched (in the deployment's cgroup, or a recorded launch
+    with the same start time and boot), the pidfile's when it is one. Never a bare pid or a marker."""
+    scope = scope or scope_of(spec)
+    return server_leader(scope, deployment_members(scope), read_pidfile(pidfile_path(spec)).pid)
 
 
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
+def _write_pidfile(spec: Spec, pid: int) -> None:
+    """The pidfile, 0600; a corrupt one (0, 1, a kernel thread, garbage) is kept aside as <path>.corrupt."""
+    path = pidfile_path(spec)
+    if os.path.dirname(path) == spec.machine.state_dir.rstrip("/"):
+        private_dir(os.path.dirname(path))
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    if read_pidfile(path).state == "corrupt":
+        os.replace(path, f"{path}.corrupt")
+    atomic_write(path, f"{pid}\n".encode(), mode=0o600)
+
+
+def _remember_members(spec: Spec, pid: int, record: dict[str, Any]) -> None:
+    """Record the healthy server's processes (pid, start time, boot id): where no cgroup holds them, this
+    is how its children are still known once the server itself is gone (a SIGKILL leaves them)."""
+    scope = scope_of(spec)
+    if scope.cgroup is not None:
+        return
+    members = snapshot(deployment_members(scope))
+    if record.get("members") != members:
+        record["members"] = members
+        write_record(spec, record)
 
 
 def _adopt(spec: Spec, command: LaunchCommand, pid: int, record: dict[str, Any]) -> bool:
     """Point the pidfile and the record at `pid` when they do not already (True when rewritten)."""
-    try:
-        with open(pidfile_path(spec), encoding="ascii") as f:
-            if f.read().split()[:1] == [str(pid)] and record.get("pid") == pid:
-                return False
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(pidfile_path(spec)), exist_ok=True)
-    atomic_write(pidfile_path(spec), f"{pid}\n".encode(), mode=0o644)
+    text = read_pidfile(pidfile_path(spec))
+    launch = proc_id(pid)
+    same = text.state == "ok" and text.pid == pid and record.get("pid") == pid
+    if same and launch is not None and record.get("launch") == launch.as_json():
+        return False
+    _write_pidfile(spec, pid)
     record.update(identity=command.identity.digest, components=dict(command.identity.components), pid=pid)
+    if launch is not None:
+        record["launch"] = launch.as_json()
     write_record(spec, record)
     return True
 
@@ -201,8 +208,8 @@ def _start(
 ) -> int:
     server = _server(spec)
     try:
-        for path in (server.log, pidfile_path(spec), state_file_path(spec)):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(server.log), exist_ok=True)
+        private_dir(os.path.dirname(state_file_path(spec)))
         log = open(server.log, "ab")  # noqa: SIM115 - closed below, once the child holds its own copy
     except OSError as exc:
         raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
@@ -215,43 +222,36 @@ def _start(
         )
         log.flush()
         proc: subprocess.Popen[bytes] | None = None
+        group = cgroups.Prepared(None, "the systemd unit's own cgroup")
         if server.supervisor == "systemd":
             systemd_unit.install_unit(spec, command)
             pid = systemd_unit.start_unit(spec)
         else:
-            try:
-                proc = subprocess.Popen(
-                    list(command.argv),
-                    env=dict(command.env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                    cwd="/",
-                )
-            except OSError as exc:
-                raise ActionError(
-                    f"cannot run {command.argv[0]}: {exc.strerror} (is vLLM installed?)"
-                ) from None
+            group = cgroups.prepare(spec)
+            proc = _spawn(command, log, group.path)
             pid = proc.pid
     checkpoint("server.spawned")  # running, and no pidfile names it yet
-    atomic_write(pidfile_path(spec), f"{pid}\n".encode(), mode=0o644)
-    history = [
-        *record.get("history", []),
-        {
-            "at": time.time(),
-            "pid": pid,
-            "identity": command.identity.digest,
-            "outcome": "starting",
-            "reason": reason,
-        },
-    ][-_HISTORY:]
+    launch = proc_id(pid)
+    _write_pidfile(spec, pid)
+    entry: dict[str, Any] = {
+        "at": time.time(),
+        "pid": pid,
+        "identity": command.identity.digest,
+        "outcome": "starting",
+        "reason": reason,
+    }
+    if launch is not None:
+        entry.update(start=launch.start, boot=launch.boot)
+    if group.path is None and server.supervisor != "systemd":
+        entry["fallback"] = group.why  # status says why no cgroup holds this launch
+    history = [*record.get("history", []), entry][-_HISTORY:]
     record.update(
         name=server.name,
         identity=command.identity.digest,
         components=dict(command.identity.components),
         pid=pid,
+        launch=launch.as_json() if launch else None,
+        members=[],
         log_offset=offset,
         history=history,
     )
@@ -260,13 +260,37 @@ def _start(
     history[-1]["outcome"] = "failed" if failure else "ok"
     if failure:
         history[-1]["reason"] = failure.reason
-        supervising.stop_marked(
-            deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
-        )
+        supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     write_record(spec, record)
+    if not failure:
+        _remember_members(spec, pid, record)
     if failure:
         raise ServerStartError(server.name, failure)
     return pid
+
+
+def _spawn(command: LaunchCommand, log: Any, cgroup: str | None) -> subprocess.Popen[bytes]:
+    """The server in a session of its own and, given `cgroup`, in that cgroup before it execs."""
+    entry = cgroups.Entry(cgroup) if cgroup is not None else None
+    try:
+        return subprocess.Popen(
+            list(command.argv),
+            env=dict(command.env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+            preexec_fn=entry.enter if entry is not None else None,
+        )
+    except OSError as exc:
+        raise ActionError(f"cannot run {command.argv[0]}: {exc.strerror} (is vLLM installed?)") from None
+    except subprocess.SubprocessError as exc:  # the child could not enter the cgroup
+        raise ActionError(f"cannot start the server in cgroup {cgroup}: {exc}") from None
+    finally:
+        if entry is not None:
+            entry.close()
 
 
 def _wait(
@@ -301,19 +325,12 @@ def _wait(
     )
 
 
-def _port_holder(port: int) -> tuple[int, str] | None:
-    """(pid, name) of a process listening on TCP `port`, or None when nobody does."""
-    import psutil
+def _port_holder(port: int) -> str | None:
+    """Who listens on TCP `port` ("pid N (user U: command)"), or None when nobody does."""
+    from reconcile.sockets import listeners
 
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            if conn.pid is None:
-                return 0, "(unknown)"
-            try:
-                return conn.pid, psutil.Process(conn.pid).name()
-            except psutil.Error:
-                return conn.pid, "(gone)"
-    return None
+    found = listeners(port)
+    return found[0].describe() if found else None
 
 
 def _health_status(spec: Spec) -> int | None:

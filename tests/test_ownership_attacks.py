@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,11 +60,13 @@ while True:
 
 
 @pytest.fixture(params=["cgroup", "fallback"])
-def deployment(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
+def deployment(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Deployment]:
     if request.param == "fallback":
-        from reconcile import membership
+        from reconcile import cgroups
 
-        monkeypatch.setattr(membership, "cgroup_root", lambda: (None, "forced off by the test"))
+        monkeypatch.setattr(cgroups, "cgroup_root", lambda: (None, "forced off by the test"))
     yield from deployment_in(tmp_path)
 
 
@@ -150,7 +151,9 @@ def _received(spy: subprocess.Popen[bytes]) -> str:
 
 
 @root_only
-def test_a_recorded_pid_that_comes_round_again_is_a_stranger(deployment: Deployment, strangers: list[int]) -> None:
+def test_a_recorded_pid_that_comes_round_again_is_a_stranger(
+    deployment: Deployment, strangers: list[int]
+) -> None:
     d = deployment
     spec = d.spec()
     server_action.ensure_running(spec, INPUTS)
@@ -192,7 +195,9 @@ def _kernel_thread() -> int:
 
 
 @pytest.mark.parametrize("content", ["0", "1", "kthread", "-5", "binary"])
-def test_a_corrupt_pidfile_is_said_in_one_line_and_lists_no_strays(deployment: Deployment, content: str) -> None:
+def test_a_corrupt_pidfile_is_said_in_one_line_and_lists_no_strays(
+    deployment: Deployment, content: str
+) -> None:
     d = deployment
     spec = d.spec()
     d.state_dir.mkdir(mode=0o700)
@@ -228,19 +233,21 @@ def test_a_binary_pidfile_beside_a_running_server_is_replaced_not_a_crash(deploy
 
 
 @root_only
-def test_the_key_never_reaches_a_foreign_listener_on_the_port(deployment: Deployment, strangers: list[int]) -> None:
+def test_the_key_never_reaches_a_foreign_listener_on_the_port(
+    deployment: Deployment, strangers: list[int]
+) -> None:
     d = deployment
     spec = d.spec()
     spy = _as_nobody(["/usr/bin/python3", "-c", SPY, str(d.port)], {}, strangers)
     seen = health.probe(spec)
     check = health.chat_check(spec, timeout=5)
+    listener = server.probe(spec).listener
     got = _received(spy)
     assert d.key not in got and "authorization" not in got.lower()
     assert "GET /health" in got  # it was asked the unkeyed question, so the probe did run
     assert not check.ok
     for text in (seen.error or "", check.steps[0].message):
         assert f"pid {spy.pid}" in text and "nobody" in text and "python3" in text
-    listener = server.probe(spec).listener
     assert (listener.state, listener.pid, listener.user) == ("foreign", spy.pid, "nobody")
     assert listener.cmdline and "python3" in listener.cmdline[0]
 
@@ -297,7 +304,9 @@ def test_records_of_identities_and_launches_are_0600_in_a_0700_dir(deployment: D
         assert (d.state_dir / name).stat().st_mode & 0o777 == 0o600, name
 
 
-def test_a_marked_process_of_another_user_is_never_a_member(deployment: Deployment, strangers: list[int]) -> None:
+def test_a_marked_process_of_another_user_is_never_a_member(
+    deployment: Deployment, strangers: list[int]
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root")
     d = deployment
@@ -306,4 +315,3 @@ def test_a_marked_process_of_another_user_is_never_a_member(deployment: Deployme
     assert server.probe(d.spec()).processes == ()
     assert not server_action.ensure_stopped(d.spec()).changed
     assert other.poll() is None
-

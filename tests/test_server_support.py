@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actions import supervising
+from actions import cgroups, supervising
 from reconcile.identity import MARKER, marker_value
+from reconcile.membership import scope_of
 from reconcile.spec import Spec
 
 FAKE_VLLM = str(Path(__file__).parent / "fakes" / "vllm")
@@ -161,14 +162,17 @@ class Deployment:
 
 
 def _cleanup(d: Deployment) -> None:
-    for pid in supervising.marked_pids(d.marker):
-        supervising.signal_marked(pid, d.marker, signal.SIGKILL)
+    scope = scope_of(d.spec())
+    for pid in supervising.marked_pids(scope):
+        supervising.signal_marked(pid, scope, signal.SIGKILL)
     for proc in d.procs:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(5)
     with contextlib.suppress(AssertionError):
-        wait_for(lambda: not supervising.marked_pids(d.marker), 5.0, "marked processes to go")
+        wait_for(lambda: not supervising.marked_pids(scope), 5.0, "the deployment's processes to go")
+    if scope.cgroup is not None and cgroups.ours(scope.cgroup):
+        cgroups.empty_and_remove(scope.cgroup)
 
 
 def deployment_in(tmp_path: Path) -> Iterator[Deployment]:
