@@ -228,7 +228,13 @@ def _start(
             pid = systemd_unit.start_unit(spec)
         else:
             group = cgroups.prepare(spec)
-            proc = _spawn(command, log, group.path)
+            try:
+                proc = _spawn(command, log, group.path)
+            except _NoEntry as exc:  # made but not enterable (a delegated or threaded subtree)
+                if group.path is not None:
+                    cgroups.empty_and_remove(group.path)
+                group = cgroups.Prepared(None, str(exc))
+                proc = _spawn(command, log, None)
             pid = proc.pid
     checkpoint("server.spawned")  # running, and no pidfile names it yet
     launch = proc_id(pid)
@@ -269,6 +275,10 @@ def _start(
     return pid
 
 
+class _NoEntry(Exception):
+    """The child could not write itself into the cgroup: launch without one (the fallback path)."""
+
+
 def _spawn(command: LaunchCommand, log: Any, cgroup: str | None) -> subprocess.Popen[bytes]:
     """The server in a session of its own and, given `cgroup`, in that cgroup before it execs."""
     entry = cgroups.Entry(cgroup) if cgroup is not None else None
@@ -287,7 +297,7 @@ def _spawn(command: LaunchCommand, log: Any, cgroup: str | None) -> subprocess.P
     except OSError as exc:
         raise ActionError(f"cannot run {command.argv[0]}: {exc.strerror} (is vLLM installed?)") from None
     except subprocess.SubprocessError as exc:  # the child could not enter the cgroup
-        raise ActionError(f"cannot start the server in cgroup {cgroup}: {exc}") from None
+        raise _NoEntry(f"the server could not enter cgroup {cgroup} ({exc})") from None
     finally:
         if entry is not None:
             entry.close()

@@ -187,12 +187,12 @@ def _listener(port: int, scope: Scope, ours: set[int]) -> PortListener:
 
 
 def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:
+    launched = getattr(record, "ownership", None)
+    if launched:  # the last launch could not make or enter its cgroup: its reason
+        return Ownership("fallback", None, launched)
     if scope.cgroup is not None:
         return Ownership("cgroup", scope.cgroup, "the server's own cgroup (v2): members are its processes")
     root, why = cgroups.cgroup_root()
-    launched = getattr(record, "ownership", None)
-    if launched:  # the last launch could not make its cgroup: its reason
-        return Ownership("fallback", None, launched)
     if root is None:
         return Ownership("fallback", None, why)
     return Ownership("cgroup", cgroups.cgroup_path(spec), f"{why}; made at the next start")

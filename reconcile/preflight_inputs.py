@@ -142,7 +142,8 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
         if listener.state == "foreign":
-            kw["port_holder"] = PortHolder(listener.pid, listener.name or "?")
+            cmd = " ".join(listener.cmdline)[:80] or listener.name or "?"
+            kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}")
     return PreflightInputs(**kw)
 
 

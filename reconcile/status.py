@@ -71,7 +71,7 @@ def update_conditions(state_dir: str, plan: Plan, *, now: float | None = None) -
     if record != {k: {"status": v.get("status"), "since": v.get("since")} for k, v in previous.items()}:
         try:
             os.makedirs(state_dir, exist_ok=True)
-            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
+            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o600)
         except OSError:
             pass  # status must still answer on a read-only state dir
     return out
@@ -105,6 +105,10 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
         if wanted is not None and wanted not in got:
             problems.append(f"max_model_len {got} but the spec asks {wanted}")
     facts["problems"] = problems
+    seen = plan.observed.get("server")
+    owned = seen.get("ownership") if isinstance(seen, dict) else None
+    if isinstance(owned, dict):
+        facts["ownership"] = owned
     return facts
 
 
@@ -182,6 +186,11 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
             )
         for p in s.get("problems", []):
             stream.write(f"    ✗ {p}\n")
+        owned = s.get("ownership")
+        if owned:
+            where = f" {owned.get('where')}" if owned.get("where") else ""
+            label = "cgroup" if owned.get("path") == "cgroup" else "fallback (pid + start time + boot id)"
+            stream.write(f"    ownership: {label}{where}: {owned.get('why')}\n")
     if report.gpu_processes:
         stream.write("\n  GPU memory by process:\n")
         for p in report.gpu_processes:

@@ -315,3 +315,57 @@ def test_a_marked_process_of_another_user_is_never_a_member(
     assert server.probe(d.spec()).processes == ()
     assert not server_action.ensure_stopped(d.spec()).changed
     assert other.poll() is None
+
+
+def test_status_says_which_ownership_path_is_in_use_and_why(
+    deployment: Deployment, request: pytest.FixtureRequest
+) -> None:
+    import dataclasses
+    import io
+
+    from reconcile.cgroups import cgroup_name, cgroup_procs
+    from reconcile.status import StatusReport, render_status
+
+    spec = deployment.spec()
+    server_action.ensure_running(spec, INPUTS)
+    seen = server.probe(spec)
+    assert seen.server is not None
+    owned = seen.ownership
+    if request.node.callspec.params["deployment"] == "cgroup":
+        assert (
+            owned.path == "cgroup" and owned.where and owned.where.endswith("/reconcile/" + cgroup_name(spec))
+        )
+        assert {p.pid for p in seen.processes} <= set(cgroup_procs(owned.where))
+    else:
+        assert (owned.path, owned.where) == ("fallback", None) and "forced off by the test" in owned.why
+    out = io.StringIO()
+    render_status(StatusReport("spec.toml", [], {"ownership": dataclasses.asdict(owned)}), out, as_json=False)
+    assert f"ownership: {owned.path}" in out.getvalue() and owned.why in out.getvalue()
+    server_action.ensure_stopped(spec)
+    if owned.where:
+        assert not os.path.exists(owned.where)  # emptied with cgroup.kill and removed
+
+
+def test_a_cgroup_the_child_cannot_enter_falls_back_and_says_why(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    from reconcile.cgroups import cgroup_path
+
+    from actions import cgroups as cgroup_actions
+
+    def refused(self: cgroup_actions.Entry) -> None:
+        os.write(self.fd, b"not-a-pid")  # the kernel answers EINVAL, as it would EBUSY or EOPNOTSUPP
+
+    monkeypatch.setattr(cgroup_actions.Entry, "enter", refused)
+    spec = deployment.spec()
+    result = server_action.ensure_running(spec, INPUTS)
+    assert "started" in result.message
+    seen = server.probe(spec)
+    assert seen.server is not None
+    assert seen.ownership.path == "fallback" and seen.ownership.where is None
+    if request.node.callspec.params["deployment"] == "cgroup":
+        assert "could not enter cgroup" in seen.ownership.why
+        path = cgroup_path(spec)
+        assert path is not None and not os.path.exists(path)  # the unused cgroup was removed
+    # the fallback still knows its own: the launch is recorded with its start time
+    assert server_action.ensure_stopped(spec).changed and server.probe(spec).processes == ()
