@@ -39,8 +39,8 @@ def hog() -> Iterator[subprocess.Popen[str]]:
     """A CUDA process that is not reconcile's: same user (root), its own session, no marker, holding
     2 GiB. Nothing about it but its absence from our cgroup / records tells it from a stray."""
     code = (
-        "import torch, time; x = torch.empty(%d << 30, dtype=torch.uint8, device='cuda'); "
-        "torch.cuda.synchronize(); print('holding', flush=True); time.sleep(900)" % HOG_GIB
+        f"import torch, time; x = torch.empty({HOG_GIB} << 30, dtype=torch.uint8, device='cuda'); "
+        "torch.cuda.synchronize(); print('holding', flush=True); time.sleep(900)"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],

@@ -349,9 +349,8 @@ def test_status_says_which_ownership_path_is_in_use_and_why(
 def test_a_cgroup_the_child_cannot_enter_falls_back_and_says_why(
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    from reconcile.cgroups import cgroup_path
-
     from actions import cgroups as cgroup_actions
+    from reconcile.cgroups import cgroup_path
 
     def refused(self: cgroup_actions.Entry) -> None:
         os.write(self.fd, b"not-a-pid")  # the kernel answers EINVAL, as it would EBUSY or EOPNOTSUPP
