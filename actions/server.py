@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from actions import cgroups, supervising, systemd_unit
+from actions import cgroups, server_records, supervising, systemd_unit
 from actions.launching import (
     LaunchCommand,
     LaunchInputs,
@@ -29,16 +29,11 @@ from actions.launching import (
 )
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
-from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
+from reconcile.host import HttpUnreachable, checkpoint, http_request
 from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
 from reconcile.membership import (
-    Scope,
-    deployment_members,
     proc_id,
-    read_pidfile,
     scope_of,
-    server_leader,
-    snapshot,
 )
 from reconcile.plan import ActionResult, Change
 
@@ -78,12 +73,12 @@ def ensure_running(
     server = _server(spec)
     command = launch_command(spec, inputs, base_env=base_env)
     record = read_record(spec)
-    pid = current_pid(spec)
+    pid = server_records.current_pid(spec)
     reason = "not running"
     if pid is not None and supervising.environ_value(pid, IDENTITY) == command.identity.digest:
         kept = _keep(spec, command, pid, record, progress)
         if kept is not None:
-            if _adopt(spec, command, pid, record):
+            if server_records.adopt(spec, command, pid, record):
                 return ActionResult(True, f"{kept.message}; pidfile and record rewritten for pid {pid}")
             return kept
         reason = _unhealthy_reason(spec, pid)
@@ -121,7 +116,7 @@ def _keep(
     note = f"; stray(s) {strays.describe()}" if strays.terminated else ""
     health = _health_status(spec)
     if health == 200:
-        _remember_members(spec, pid, record)
+        server_records.remember_members(spec, pid, record)
         return ActionResult(
             bool(strays.terminated), f"{server.name} runs as pid {pid} with the same launch identity{note}"
         )
@@ -155,52 +150,6 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     if not outcome.terminated:
         return ActionResult(False, f"{server.name} is not running (no process of the deployment runs)")
     return ActionResult(True, f"{server.name}: {outcome.describe()}")
-
-
-def current_pid(spec: Spec, scope: Scope | None = None) -> int | None:
-    """The live server: a process reconcile launched (in the deployment's cgroup, or a recorded launch
-    with the same start time and boot), the pidfile's when it is one. Never a bare pid or a marker."""
-    scope = scope or scope_of(spec)
-    return server_leader(scope, deployment_members(scope), read_pidfile(pidfile_path(spec)).pid)
-
-
-def _write_pidfile(spec: Spec, pid: int) -> None:
-    """The pidfile, 0600; a corrupt one (0, 1, a kernel thread, garbage) is kept aside as <path>.corrupt."""
-    path = pidfile_path(spec)
-    if os.path.dirname(path) == spec.machine.state_dir.rstrip("/"):
-        private_dir(os.path.dirname(path))
-    else:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    if read_pidfile(path).state == "corrupt":
-        os.replace(path, f"{path}.corrupt")
-    atomic_write(path, f"{pid}\n".encode(), mode=0o600)
-
-
-def _remember_members(spec: Spec, pid: int, record: dict[str, Any]) -> None:
-    """Record the healthy server's processes (pid, start time, boot id): where no cgroup holds them, this
-    is how its children are still known once the server itself is gone (a SIGKILL leaves them)."""
-    scope = scope_of(spec)
-    if scope.cgroup is not None:
-        return
-    members = snapshot(deployment_members(scope))
-    if record.get("members") != members:
-        record["members"] = members
-        write_record(spec, record)
-
-
-def _adopt(spec: Spec, command: LaunchCommand, pid: int, record: dict[str, Any]) -> bool:
-    """Point the pidfile and the record at `pid` when they do not already (True when rewritten)."""
-    text = read_pidfile(pidfile_path(spec))
-    launch = proc_id(pid)
-    same = text.state == "ok" and text.pid == pid and record.get("pid") == pid
-    if same and launch is not None and record.get("launch") == launch.as_json():
-        return False
-    _write_pidfile(spec, pid)
-    record.update(identity=command.identity.digest, components=dict(command.identity.components), pid=pid)
-    if launch is not None:
-        record["launch"] = launch.as_json()
-    write_record(spec, record)
-    return True
 
 
 def _start(
@@ -238,7 +187,7 @@ def _start(
             pid = proc.pid
     checkpoint("server.spawned")  # running, and no pidfile names it yet
     launch = proc_id(pid)
-    _write_pidfile(spec, pid)
+    server_records.write_pidfile(spec, pid)
     entry: dict[str, Any] = {
         "at": time.time(),
         "pid": pid,
@@ -269,7 +218,7 @@ def _start(
         supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     write_record(spec, record)
     if not failure:
-        _remember_members(spec, pid, record)
+        server_records.remember_members(spec, pid, record)
     if failure:
         raise ServerStartError(server.name, failure)
     return pid

@@ -20,6 +20,7 @@ from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, stat
 from reconcile.membership import (
     Scope,
     deployment_members,
+    read_bytes,
     read_pidfile,
     read_stat,
     scope_of,
@@ -132,16 +133,8 @@ def _environ(raw: bytes) -> dict[str, str]:
     return out
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def _boot_time() -> float:
-    for line in (_read("/proc/stat") or b"").splitlines():
+    for line in (read_bytes("/proc/stat") or b"").splitlines():
         if line.startswith(b"btime "):
             return float(line.split()[1])
     return 0.0
@@ -151,7 +144,7 @@ def _process(pid: int, env: Mapping[str, str], btime: float, ticks: int) -> Depl
     stat = read_stat(pid)
     if stat is None:
         return None
-    cmdline = (_read(f"/proc/{pid}/cmdline") or b"").decode(errors="replace").split("\0")
+    cmdline = (read_bytes(f"/proc/{pid}/cmdline") or b"").decode(errors="replace").split("\0")
     return DeploymentProcess(
         pid=pid,
         ppid=stat.ppid,
@@ -199,7 +192,7 @@ def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid
 
 
 def _record(path: str) -> ServerRecord | Absent | Invalid:
-    raw = _read(path)
+    raw = read_bytes(path)
     if raw is None:
         return Absent(path)
     try:

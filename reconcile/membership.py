@@ -61,7 +61,8 @@ class Scope(NamedTuple):
         return os.geteuid() if self.uid is None else self.uid
 
 
-def _read(path: str, limit: int = -1) -> bytes | None:
+def read_bytes(path: str, limit: int = -1) -> bytes | None:
+    """A /proc file's bytes (None when gone or unreadable)."""
     try:
         with open(path, "rb") as f:
             return f.read(limit)
@@ -71,7 +72,7 @@ def _read(path: str, limit: int = -1) -> bytes | None:
 
 def read_stat(pid: int) -> ProcStat | None:
     """None when the process is gone or a zombie (it holds nothing and cannot be stopped again)."""
-    raw = _read(f"/proc/{pid}/stat")
+    raw = read_bytes(f"/proc/{pid}/stat")
     if raw is None or b")" not in raw:
         return None
     head, _, tail = raw.rpartition(b")")
@@ -84,7 +85,7 @@ def read_stat(pid: int) -> ProcStat | None:
 
 def boot_id() -> str:
     if not _BOOT_ID:
-        _BOOT_ID.append((_read("/proc/sys/kernel/random/boot_id") or b"").decode().strip())
+        _BOOT_ID.append((read_bytes("/proc/sys/kernel/random/boot_id") or b"").decode().strip())
     return _BOOT_ID[0]
 
 
@@ -112,7 +113,7 @@ def proc_ids(data: object) -> tuple[ProcId, ...]:
 def uids(pid: int) -> tuple[int, int] | None:
     """(real, effective) uid from /proc/PID/status. Not the owner of /proc/PID: a process that makes
     itself non-dumpable has its /proc files owned by root."""
-    for line in (_read(f"/proc/{pid}/status") or b"").splitlines():
+    for line in (read_bytes(f"/proc/{pid}/status") or b"").splitlines():
         if line.startswith(b"Uid:"):
             parts = line.split()
             if len(parts) >= 3:
@@ -132,7 +133,7 @@ def user_name(uid: int | None) -> str:
 
 
 def _environ(pid: int) -> bytes | None:
-    return _read(f"/proc/{pid}/environ")  # None: gone, a zombie, or not readable
+    return read_bytes(f"/proc/{pid}/environ")  # None: gone, a zombie, or not readable
 
 
 def _overwritten(raw: bytes) -> bool:
@@ -150,13 +151,14 @@ def scope_of(spec: Spec) -> Scope:
     record (<state_dir>/server-<name>.json) says our launches were."""
     launches: tuple[ProcId, ...] = ()
     members: tuple[ProcId, ...] = ()
-    raw = _read(state_file_path(spec))
+    raw = read_bytes(state_file_path(spec))
     try:
         data = json.loads(raw) if raw else {}
     except ValueError:  # a corrupt record proves nothing; the probe reports it
         data = {}
     if isinstance(data, dict):
-        launches = proc_ids([*(data.get("history") or [])[-20:], data.get("launch")])
+        history = data.get("history")
+        launches = proc_ids([*(history[-20:] if isinstance(history, list) else []), data.get("launch")])
         members = proc_ids(data.get("members"))
     return Scope(deployment_id(spec), launches, members, deployment_cgroup(spec))
 

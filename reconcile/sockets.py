@@ -11,8 +11,9 @@ import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from reconcile.cgroups import cgroup_procs
 from reconcile.identity import redact_argv
-from reconcile.membership import Scope, is_member, read_stat, uids, user_name
+from reconcile.membership import Scope, is_member, read_bytes, read_stat, uids, user_name
 
 
 class Listener(NamedTuple):
@@ -36,14 +37,6 @@ class ForeignListener(Exception):
     """A request that would carry the key found a listener that is not the deployment's."""
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def listening_inodes(port: int) -> set[str]:
     """Socket inodes listening on TCP `port`: sock_diag over netlink (what `ss -ltn` does, ~0.1 ms),
     else /proc/net/tcp{,6} (which the kernel builds by walking every socket: ~10 ms each)."""
@@ -53,7 +46,7 @@ def listening_inodes(port: int) -> set[str]:
         pass
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in (_read(table) or b"").decode().splitlines()[1:]:
+        for line in (read_bytes(table) or b"").decode().splitlines()[1:]:
             cols = line.split()
             # local_address is ADDR:PORT in hex; st 0A is LISTEN
             if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
@@ -122,7 +115,7 @@ def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
     for inode in sorted(inodes):
         pid = owners.get(inode)
         stat = read_stat(pid) if pid is not None else None
-        raw = (_read(f"/proc/{pid}/cmdline") or b"") if pid is not None else b""
+        raw = (read_bytes(f"/proc/{pid}/cmdline") or b"") if pid is not None else b""
         cmd = tuple(redact_argv([c for c in raw.decode(errors="replace").split("\0") if c]))
         ids = uids(pid) if pid is not None else None
         out.append(Listener(inode, pid, ids[1] if ids else None, stat.comm if stat else "?", cmd))
@@ -140,7 +133,9 @@ def key_holder_check(port: int, scope: Scope, what: str) -> None:
     Called after the TCP connect and before the request is sent: our connection then waits in the
     queue of a listener that existed at connect time, and a listener cannot be replaced without
     resetting the connections it queued."""
-    found = listeners(port)
+    # Our own processes are looked at first: the fd scan then stops at once when the holder is ours.
+    ours = [*(cgroup_procs(scope.cgroup) if scope.cgroup else []), *(r.pid for r in scope.launches)]
+    found = listeners(port, first=ours)
     if not found:
         raise ForeignListener(f"the key was not sent: nothing that reconcile can see listens on port {port}")
     bad = [x for x in found if x.pid is None or not is_member(x.pid, scope)]

@@ -9,19 +9,26 @@ Figures are printed and written to $OUT/gpu-lab-ownership.json when $OUT is set.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_gpu_lab import LAB, cli, get, gpu_pids, plan_json, server_pid, variant
+from tests.test_gpu_lab import (
+    LAB,
+    cli,
+    dump_figures,
+    get,
+    gpu_pids,
+    kill_server_and_find_strays,
+    plan_json,
+    server_pid,
+    variant,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,10 +65,7 @@ def hog() -> Iterator[subprocess.Popen[str]]:
 @pytest.fixture(scope="module", autouse=True)
 def figures() -> Iterator[None]:
     yield
-    print("\nFIGURES " + json.dumps(FIGURES, indent=2))
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "gpu-lab-ownership.json").write_text(json.dumps(FIGURES, indent=2))
+    dump_figures(FIGURES, "gpu-lab-ownership.json")
 
 
 def test_kill_9_stray_found_by_ownership_and_stopped_foreign_cuda_process_untouched(
@@ -87,17 +91,8 @@ def test_kill_9_stray_found_by_ownership_and_stopped_foreign_cuda_process_untouc
         FIGURES["cgroup_procs"] = len(procs)
         assert str(hog.pid) not in procs and {str(p["pid"]) for p in members} <= set(procs)
 
-    pid = server_pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(3)
-    data = plan_json(spec)
-    strays = [p for p in data["observed"]["server"]["processes"] if p["role"] == "stray"]
-    on_gpu = gpu_pids()
-    FIGURES["strays_after_kill_9"] = [
-        {"pid": p["pid"], "name": p["name"], "gpu_gib": round(on_gpu.get(p["pid"], 0) / 2**30, 2)}
-        for p in strays
-    ]
+    assert server_pid() is not None
+    strays, data, on_gpu = kill_server_and_find_strays(spec, FIGURES, "strays_after_kill_9")
     engine = [p for p in strays if p["name"].startswith("VLLM::EngineCor")]
     assert engine and on_gpu.get(engine[0]["pid"], 0) > 0, (strays, on_gpu)
     assert hog.pid not in {p["pid"] for p in strays}

@@ -21,7 +21,7 @@ from actions.launching import LaunchInputs, launch_command
 from probes import health, server
 from reconcile.errors import ActionError
 from reconcile.identity import IDENTITY, MARKER
-from tests.test_server_support import Deployment, alive, deployment_in, wait_for
+from tests.test_server_support import Deployment, alive, deployment_in, start_and_probe, wait_for
 
 NOBODY = 65534
 INPUTS = LaunchInputs(packages={"vllm": "0.26.0"})
@@ -155,10 +155,7 @@ def test_a_recorded_pid_that_comes_round_again_is_a_stranger(
     deployment: Deployment, strangers: list[int]
 ) -> None:
     d = deployment
-    spec = d.spec()
-    server_action.ensure_running(spec, INPUTS)
-    first = server.probe(spec)
-    assert first.server is not None
+    spec, first = start_and_probe(d, INPUTS)
     recorded = first.server.pid
     _kill_tree(first)
     # Another program's session now has the id our launch record (and the pidfile) names.

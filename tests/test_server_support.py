@@ -161,6 +161,18 @@ class Deployment:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def start_and_probe(d: Deployment, inputs: Any) -> tuple[Spec, Any]:
+    """The server started by the action, and the probe's first look at it (the server found)."""
+    from actions import server as server_action
+    from probes import server
+
+    spec = d.spec()
+    server_action.ensure_running(spec, inputs)
+    first = server.probe(spec)
+    assert first.server is not None
+    return spec, first
+
+
 def _cleanup(d: Deployment) -> None:
     scope = scope_of(d.spec())
     for pid in supervising.marked_pids(scope):
