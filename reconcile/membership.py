@@ -278,6 +278,6 @@ def read_pidfile(path: str) -> PidfileText:
     if pid <= 1:
         return PidfileText("corrupt", pid, f"holds {pid}, which is {'no process' if pid == 0 else 'init'}")
     stat = read_stat(pid)
-    if stat is not None and (stat.flags & PF_KTHREAD or (stat.ppid == 0 and pid == 2)):
+    if stat is not None and stat.flags & PF_KTHREAD:
         return PidfileText("corrupt", pid, f"holds {pid}, a kernel thread ({stat.comm})")
     return PidfileText("ok", pid)
