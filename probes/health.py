@@ -40,6 +40,7 @@ class HealthObservation:
     models_status: int | None = None  # 401: the key was refused (or none was sent)
     models: tuple[ModelCard, ...] = ()
     error: str | None = None
+    foreign_listener: str | None = None  # who holds the port when it is not ours: the key was not sent
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -118,7 +119,11 @@ def probe(spec: Spec) -> HealthObservation:
         models = http_request(
             "GET", host, port, "/v1/models", headers=headers, timeout=timeout, before_send=guard
         )
-    except (HttpUnreachable, ForeignListener) as exc:
+    except ForeignListener as exc:
+        return HealthObservation(
+            url, state, health.status, version, error=str(exc), foreign_listener=exc.holder
+        )
+    except HttpUnreachable as exc:
         return HealthObservation(url, state, health.status, version, error=str(exc))
     cards: list[ModelCard] = []
     error = None

@@ -27,7 +27,7 @@ from reconcile.membership import (
     server_leader,
     user_name,
 )
-from reconcile.sockets import listeners
+from reconcile.sockets import listeners, one_line
 
 if TYPE_CHECKING:
     from reconcile.spec import Spec
@@ -76,7 +76,7 @@ class PortListener:
         """`pid 123 (user bob: python3 -m http.server 8000)`, for plans and errors."""
         if self.pid is None:
             return "a process reconcile cannot see (another namespace?)"
-        return f"pid {self.pid} (user {self.user or '?'}: {' '.join(self.cmdline)[:120] or self.name})"
+        return f"pid {self.pid} (user {self.user or '?'}: {one_line(self.cmdline) or self.name})"
 
 
 @dataclass(frozen=True)

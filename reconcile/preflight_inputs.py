@@ -16,6 +16,7 @@ from reconcile.engine.catalogue import known_model
 from reconcile.plan import Finding
 from reconcile.preflight import GpuFact, GpuProcess, PortHolder, PreflightInputs, run_preflight
 from reconcile.probing import Observed
+from reconcile.sockets import one_line
 
 if TYPE_CHECKING:
     from reconcile.spec import Spec
@@ -142,7 +143,7 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
         if listener.state == "foreign":
-            cmd = " ".join(listener.cmdline)[:80] or listener.name or "?"
+            cmd = one_line(listener.cmdline, 80) or listener.name or "?"
             kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}")
     return PreflightInputs(**kw)
 

@@ -16,6 +16,13 @@ from reconcile.identity import redact_argv
 from reconcile.membership import Scope, is_member, read_bytes, read_stat, uids, user_name
 
 
+def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
+    """A command line fit for one line of output: control characters (a newline in a `-c` script)
+    become spaces, runs of spaces one."""
+    text = " ".join(argv)
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:limit]
+
+
 class Listener(NamedTuple):
     """One listening socket on the port and the process that holds it (pid None: not visible from
     here, e.g. another network or pid namespace)."""
@@ -29,12 +36,17 @@ class Listener(NamedTuple):
     def describe(self) -> str:
         if self.pid is None:
             return "a process reconcile cannot see (another namespace?)"
-        cmd = " ".join(self.cmdline)[:120] or self.comm
+        cmd = one_line(self.cmdline) or self.comm
         return f"pid {self.pid} (user {user_name(self.uid)}: {cmd})"
 
 
 class ForeignListener(Exception):
-    """A request that would carry the key found a listener that is not the deployment's."""
+    """A request that would carry the key found a listener that is not the deployment's; `holder`
+    says who it is (pid, user, command)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def listening_inodes(port: int) -> set[str]:
@@ -137,9 +149,12 @@ def key_holder_check(port: int, scope: Scope, what: str) -> None:
     ours = [*(cgroup_procs(scope.cgroup) if scope.cgroup else []), *(r.pid for r in scope.launches)]
     found = listeners(port, first=ours)
     if not found:
-        raise ForeignListener(f"the key was not sent: nothing that reconcile can see listens on port {port}")
+        raise ForeignListener(
+            f"the key was not sent: nothing that reconcile can see listens on port {port}", "nobody visible"
+        )
     bad = [x for x in found if x.pid is None or not is_member(x.pid, scope)]
     if bad:
+        holder = bad[0].describe()
         raise ForeignListener(
-            f"the key was not sent: port {port} is held by {bad[0].describe()}, which is not {what}"
+            f"the key was not sent: port {port} is held by {holder}, which is not {what}", holder
         )

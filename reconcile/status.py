@@ -90,6 +90,10 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
     facts["models"] = models
     want_len = server.args.get("max-model-len")
     problems = []
+    if health.get("foreign_listener"):
+        problems.append(
+            f"what answers on the port is not ours: {health['foreign_listener']}; the key was not sent"
+        )
     if health.get("models_status") == 401:
         problems.append("/v1/models refused our key (401)")
     if server.served_model_name and models and all(m.get("id") != server.served_model_name for m in models):

@@ -365,3 +365,29 @@ def test_a_cgroup_the_child_cannot_enter_falls_back_and_says_why(
         assert path is not None and not os.path.exists(path)  # the unused cgroup was removed
     # the fallback still knows its own: the launch is recorded with its start time
     assert server_action.ensure_stopped(spec).changed and server.probe(spec).processes == ()
+
+
+@root_only
+def test_a_read_only_plan_sends_no_key_to_a_listener_of_another_user(
+    tmp_path: Path, strangers: list[int]
+) -> None:
+    """Attack 2 as the issue ran it: the server down, `reconcile plan` on the command line."""
+    from tests.apply_support import demo_in
+
+    for demo in demo_in(tmp_path):
+        demo.key_file.parent.mkdir(parents=True, exist_ok=True)
+        demo.key_file.write_text("sk-the-real-key\n")
+        demo.key_file.chmod(0o600)
+        spy = _as_nobody(["/usr/bin/python3", "-c", SPY, str(demo.port)], {}, strangers)
+        run = demo.cli("plan")
+        status = demo.cli("status")
+        got = _received(spy)
+        assert "sk-the-real-key" not in got and "authorization" not in got.lower()
+        assert run.returncode == 1, run.output  # host.port: the port is held
+        shown = f"port {demo.port} is held by `/usr/bin/python3 -c"
+        assert shown in run.output and "of user nobody (pid " in run.output, run.output
+        assert f"pid {spy.pid}" in run.output
+        assert "ownership:" in status.output, status.output
+        assert f"what answers on the port is not ours: pid {spy.pid} (user nobody" in status.output
+        (held,) = [line for line in run.output.splitlines() if "is held by" in line]
+        assert held.endswith("[host.port]")  # one line, though the spy's command line has newlines
