@@ -281,9 +281,25 @@ def read_record(spec: Spec) -> dict[str, Any]:
 
 
 def write_record(spec: Spec, record: Mapping[str, Any]) -> None:
+    """The record, 0600 in the 0700 state dir: it names our launches, which is what membership trusts."""
     path = state_file_path(spec)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
+    private_dir(os.path.dirname(path))
+    atomic_write(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
+
+
+def private_dir(path: str) -> None:
+    """Make `path` (mode 0700 whatever the umask), or narrow an existing one of ours to 0700. A dir of
+    another user's, or a shared sticky one such as /tmp, is left as it is."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path, 0o700)
+    st = os.stat(path)
+    if st.st_uid == os.geteuid() and not st.st_mode & 0o1000 and st.st_mode & 0o777 != 0o700:
+        os.chmod(path, 0o700)
 
 
 def reset_crash_loop(spec: Spec) -> ActionResult:

@@ -14,13 +14,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from actions import supervising, systemd_unit
+from actions import cgroups, server_records, supervising, systemd_unit
 from actions.launching import (
     LaunchCommand,
     LaunchInputs,
     ReadinessFailure,
     connect_host,
     launch_command,
+    private_dir,
     read_record,
     refuse_crash_loop,
     wait_ready,
@@ -28,15 +29,11 @@ from actions.launching import (
 )
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
-from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
-from reconcile.identity import (
-    IDENTITY,
-    deployment_id,
-    explain_change,
-    launched_sessions,
-    pidfile_path,
-    redact_argv,
-    state_file_path,
+from reconcile.host import HttpUnreachable, checkpoint, http_request
+from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
+from reconcile.ownership.membership import (
+    proc_id,
+    scope_of,
 )
 from reconcile.plan.records import ActionResult, Change
 
@@ -76,25 +73,23 @@ def ensure_running(
     server = _server(spec)
     command = launch_command(spec, inputs, base_env=base_env)
     record = read_record(spec)
-    pid = current_pid(spec)
+    pid = server_records.current_pid(spec)
     reason = "not running"
     if pid is not None and supervising.environ_value(pid, IDENTITY) == command.identity.digest:
         kept = _keep(spec, command, pid, record, progress)
         if kept is not None:
-            if _adopt(spec, command, pid, record):
+            if server_records.adopt(spec, command, pid, record):
                 return ActionResult(True, f"{kept.message}; pidfile and record rewritten for pid {pid}")
             return kept
         reason = _unhealthy_reason(spec, pid)
     elif pid is not None:
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
-    stopped = supervising.stop_marked(
-        deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
-    )
+    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     holder = _port_holder(server.port)
     if holder is not None:
         raise ActionError(
-            f"port {server.port} is held by pid {holder[0]} ({holder[1]}), which is not deployment "
+            f"port {server.port} is held by {holder}, which is not deployment "
             f"{server.name}: stop it or change [server] port (reconcile never signals other processes)"
         )
     started = time.monotonic()
@@ -108,7 +103,7 @@ def ensure_running(
 
 
 def _keep(
-    spec: Spec, command: LaunchCommand, pid: int, record: Mapping[str, Any], progress: ProgressFn | None
+    spec: Spec, command: LaunchCommand, pid: int, record: dict[str, Any], progress: ProgressFn | None
 ) -> ActionResult | None:
     """The server already has the wanted identity: stop its strays, wait if it is still loading.
     None when it must be restarted after all (unhealthy, or not listening past startup_timeout)."""
@@ -117,12 +112,11 @@ def _keep(
         pgid = os.getpgid(pid)
     except ProcessLookupError:
         return None
-    strays = supervising.stop_marked(
-        deployment_id(spec), timeout=server.stop_timeout, spare_pgid=pgid, sessions=launched_sessions(spec)
-    )
+    strays = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, spare_pgid=pgid)
     note = f"; stray(s) {strays.describe()}" if strays.terminated else ""
     health = _health_status(spec)
     if health == 200:
+        server_records.remember_members(spec, pid, record)
         return ActionResult(
             bool(strays.terminated), f"{server.name} runs as pid {pid} with the same launch identity{note}"
         )
@@ -150,50 +144,12 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     server = _server(spec)
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
-    outcome = supervising.stop_marked(
-        deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
-    )
+    outcome = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
     if not outcome.terminated:
-        return ActionResult(False, f"{server.name} is not running (no process carries its marker)")
+        return ActionResult(False, f"{server.name} is not running (no process of the deployment runs)")
     return ActionResult(True, f"{server.name}: {outcome.describe()}")
-
-
-def current_pid(spec: Spec) -> int | None:
-    """The live server: the pidfile's process when alive and marked (a reused pid is not ours), else a
-    marked session leader (a start whose pidfile was never written, or a systemd main process)."""
-    marked = supervising.marked_pids(deployment_id(spec), sessions=launched_sessions(spec))
-    try:
-        with open(pidfile_path(spec), encoding="ascii") as f:
-            pid = int(f.read().split()[0])
-        if pid in marked and supervising.is_alive(pid):
-            return pid
-    except (OSError, ValueError, IndexError):
-        pass
-    return next((p for p in marked if _sid(p) == p), None)
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
-
-
-def _adopt(spec: Spec, command: LaunchCommand, pid: int, record: dict[str, Any]) -> bool:
-    """Point the pidfile and the record at `pid` when they do not already (True when rewritten)."""
-    try:
-        with open(pidfile_path(spec), encoding="ascii") as f:
-            if f.read().split()[:1] == [str(pid)] and record.get("pid") == pid:
-                return False
-    except OSError:
-        pass
-    os.makedirs(os.path.dirname(pidfile_path(spec)), exist_ok=True)
-    atomic_write(pidfile_path(spec), f"{pid}\n".encode(), mode=0o644)
-    record.update(identity=command.identity.digest, components=dict(command.identity.components), pid=pid)
-    write_record(spec, record)
-    return True
 
 
 def _start(
@@ -201,8 +157,8 @@ def _start(
 ) -> int:
     server = _server(spec)
     try:
-        for path in (server.log, pidfile_path(spec), state_file_path(spec)):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(server.log), exist_ok=True)
+        private_dir(os.path.dirname(state_file_path(spec)))
         log = open(server.log, "ab")  # noqa: SIM115 - closed below, once the child holds its own copy
     except OSError as exc:
         raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
@@ -215,43 +171,42 @@ def _start(
         )
         log.flush()
         proc: subprocess.Popen[bytes] | None = None
+        group = cgroups.Prepared(None, "the systemd unit's own cgroup")
         if server.supervisor == "systemd":
             systemd_unit.install_unit(spec, command)
             pid = systemd_unit.start_unit(spec)
         else:
+            group = cgroups.prepare(spec)
             try:
-                proc = subprocess.Popen(
-                    list(command.argv),
-                    env=dict(command.env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                    cwd="/",
-                )
-            except OSError as exc:
-                raise ActionError(
-                    f"cannot run {command.argv[0]}: {exc.strerror} (is vLLM installed?)"
-                ) from None
+                proc = _spawn(command, log, group.path)
+            except _NoEntry as exc:  # made but not enterable (a delegated or threaded subtree)
+                if group.path is not None:
+                    cgroups.empty_and_remove(group.path)
+                group = cgroups.Prepared(None, str(exc))
+                proc = _spawn(command, log, None)
             pid = proc.pid
     checkpoint("server.spawned")  # running, and no pidfile names it yet
-    atomic_write(pidfile_path(spec), f"{pid}\n".encode(), mode=0o644)
-    history = [
-        *record.get("history", []),
-        {
-            "at": time.time(),
-            "pid": pid,
-            "identity": command.identity.digest,
-            "outcome": "starting",
-            "reason": reason,
-        },
-    ][-_HISTORY:]
+    launch = proc_id(pid)
+    server_records.write_pidfile(spec, pid)
+    entry: dict[str, Any] = {
+        "at": time.time(),
+        "pid": pid,
+        "identity": command.identity.digest,
+        "outcome": "starting",
+        "reason": reason,
+    }
+    if launch is not None:
+        entry.update(start=launch.start, boot=launch.boot)
+    if group.path is None and server.supervisor != "systemd":
+        entry["fallback"] = group.why  # status says why no cgroup holds this launch
+    history = [*record.get("history", []), entry][-_HISTORY:]
     record.update(
         name=server.name,
         identity=command.identity.digest,
         components=dict(command.identity.components),
         pid=pid,
+        launch=launch.as_json() if launch else None,
+        members=[],
         log_offset=offset,
         history=history,
     )
@@ -260,13 +215,41 @@ def _start(
     history[-1]["outcome"] = "failed" if failure else "ok"
     if failure:
         history[-1]["reason"] = failure.reason
-        supervising.stop_marked(
-            deployment_id(spec), timeout=server.stop_timeout, sessions=launched_sessions(spec)
-        )
+        supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     write_record(spec, record)
+    if not failure:
+        server_records.remember_members(spec, pid, record)
     if failure:
         raise ServerStartError(server.name, failure)
     return pid
+
+
+class _NoEntry(Exception):
+    """The child could not write itself into the cgroup: launch without one (the fallback path)."""
+
+
+def _spawn(command: LaunchCommand, log: Any, cgroup: str | None) -> subprocess.Popen[bytes]:
+    """The server in a session of its own and, given `cgroup`, in that cgroup before it execs."""
+    entry = cgroups.Entry(cgroup) if cgroup is not None else None
+    try:
+        return subprocess.Popen(
+            list(command.argv),
+            env=dict(command.env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+            preexec_fn=entry.enter if entry is not None else None,
+        )
+    except OSError as exc:
+        raise ActionError(f"cannot run {command.argv[0]}: {exc.strerror} (is vLLM installed?)") from None
+    except subprocess.SubprocessError as exc:  # the child could not enter the cgroup
+        raise _NoEntry(f"the server could not enter cgroup {cgroup} ({exc})") from None
+    finally:
+        if entry is not None:
+            entry.close()
 
 
 def _wait(
@@ -301,19 +284,12 @@ def _wait(
     )
 
 
-def _port_holder(port: int) -> tuple[int, str] | None:
-    """(pid, name) of a process listening on TCP `port`, or None when nobody does."""
-    import psutil
+def _port_holder(port: int) -> str | None:
+    """Who listens on TCP `port` ("pid N (user U: command)"), or None when nobody does."""
+    from reconcile.ownership.sockets import listeners
 
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            if conn.pid is None:
-                return 0, "(unknown)"
-            try:
-                return conn.pid, psutil.Process(conn.pid).name()
-            except psutil.Error:
-                return conn.pid, "(gone)"
-    return None
+    found = listeners(port)
+    return found[0].describe() if found else None
 
 
 def _health_status(spec: Spec) -> int | None:

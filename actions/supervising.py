@@ -1,7 +1,8 @@
-"""A deployment's processes, as actions.server handles them: find by marker, stop, confirm GPU release.
+"""A deployment's processes, as actions.server handles them: find its members, stop, confirm GPU release.
 
-Only processes whose environment carries RECONCILE_DEPLOYMENT=<name> are ever signalled; a process
-without it is left alone whatever its name, command line or port.
+Only members (reconcile.ownership.membership: the deployment's cgroup, a recorded launch with the same start
+time and boot, the marker; never another user's process) are ever signalled, each pinned by a pidfd
+and checked again first; anything else is left alone whatever its name, command line or port.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import NamedTuple, TextIO
 
 from reconcile.errors import RetryableError
-from reconcile.identity import deployment_members, is_member
+from reconcile.ownership.membership import Scope, deployment_members, is_member
 
 
 def environ_value(pid: int, key: str) -> str | None:
@@ -39,11 +40,11 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def marked_pids(name: str, *, spare_pgid: int | None = None, sessions: Collection[int] = ()) -> list[int]:
-    """Live processes of deployment `name` (ourselves excluded), by pid: those carrying its marker,
-    and members of our launches' `sessions` (reconcile.identity.deployment_members says why)."""
+def marked_pids(scope: Scope | str, *, spare_pgid: int | None = None) -> list[int]:
+    """Live members of the deployment (ourselves excluded), by pid; a bare name means the marker only
+    (reconcile.ownership.membership.deployment_members says why)."""
     out = []
-    for pid in deployment_members(name, sessions):
+    for pid in deployment_members(scope):
         if spare_pgid is None or _pgid(pid) != spare_pgid:
             out.append(pid)
     return sorted(out)
@@ -56,14 +57,14 @@ class _Held:
         self.pid, self.fd = pid, fd
 
     @classmethod
-    def take(cls, pid: int, name: str, sessions: Collection[int] = ()) -> _Held | None:
+    def take(cls, pid: int, scope: Scope | str) -> _Held | None:
         try:
             fd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:
             return None
         except (OSError, AttributeError):  # a kernel before 5.3: fall back to the pid
             fd = None
-        if is_member(pid, name, sessions):  # checked after pinning
+        if is_member(pid, scope):  # checked after pinning
             return cls(pid, fd)
         if fd is not None:
             os.close(fd)
@@ -93,9 +94,9 @@ class _Held:
             os.close(self.fd)
 
 
-def signal_marked(pid: int, name: str, sig: int, sessions: Collection[int] = ()) -> bool:
+def signal_marked(pid: int, scope: Scope | str, sig: int) -> bool:
     """Send `sig` to `pid` only if it is ours (checked after pinning it with a pidfd)."""
-    held = _Held.take(pid, name, sessions)
+    held = _Held.take(pid, scope)
     if held is None:
         return False
     try:
@@ -113,7 +114,7 @@ class StopOutcome(NamedTuple):
 
     def describe(self) -> str:
         if not self.terminated:
-            return "no process carried the marker"
+            return "no process of the deployment ran"
         text = f"stopped {len(self.terminated)} process(es) ({', '.join(map(str, self.terminated))})"
         if self.killed:
             text += f"; SIGKILL needed for {', '.join(map(str, self.killed))}"
@@ -121,24 +122,25 @@ class StopOutcome(NamedTuple):
 
 
 def stop_marked(
-    name: str,
+    scope: Scope | str,
     *,
     timeout: float,
     spare_pgid: int | None = None,
     gpu_budget: float = 10.0,
-    sessions: Collection[int] = (),
 ) -> StopOutcome:
-    """SIGTERM every marked process (all members of the server's group and any stray), wait up to
-    `timeout`, SIGKILL what is left, then confirm with NVML that none of them holds GPU memory.
+    """SIGTERM every member (the server's group and any stray), wait up to `timeout`, SIGKILL what is
+    left, then confirm with NVML that none of them holds GPU memory. A whole stop (no `spare_pgid`)
+    ends with the deployment's cgroup emptied by cgroup.kill and removed.
 
     Each member is signalled on its own rather than by killpg: a group signal would also reach a
-    process of that group that dropped the marker.
+    process of that group that is not a member.
     """
+    name = scope if isinstance(scope, str) else scope.name
     held: dict[int, _Held] = {}
 
     def sweep(sig: int) -> None:  # catches children spawned while we wait, too
-        for pid in marked_pids(name, spare_pgid=spare_pgid, sessions=sessions):
-            if pid not in held and (h := _Held.take(pid, name, sessions)) is not None:
+        for pid in marked_pids(scope, spare_pgid=spare_pgid):
+            if pid not in held and (h := _Held.take(pid, scope)) is not None:
                 held[pid] = h
                 h.send(sig)
 
@@ -163,6 +165,11 @@ def stop_marked(
             h.close()
     if left:
         raise RetryableError(f"deployment {name}: pid(s) {', '.join(map(str, left))} survived SIGKILL")
+    if spare_pgid is None and not isinstance(scope, str) and scope.cgroup is not None:
+        from actions.cgroups import empty_and_remove, ours
+
+        if ours(scope.cgroup):
+            empty_and_remove(scope.cgroup)
     killed += [pid for pid in held if pid not in termed]
     gpu = confirm_gpu_released(list(held), budget=gpu_budget) if held else ""
     return StopOutcome(tuple(held), tuple(killed), gpu)

@@ -1,7 +1,8 @@
 """The server's HTTP answers: /health, /version, /v1/models (with the key), and `reconcile check`'s chat.
 
 Read only. probe() is called by reconcile.plan.prober, chat_check() by the CLI's check command. The API key
-is read from its file for the requests and is never kept in a result.
+is read from its file for the requests, never kept in a result, and sent only once every listener on
+the port is found to be a member of the deployment (reconcile.ownership.sockets.key_holder_check).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
+from reconcile.ownership.sockets import ForeignListener
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from reconcile.spec.models import Spec
 
 
@@ -33,6 +37,7 @@ class HealthObservation(NamedTuple):
     models_status: int | None = None  # 401: the key was refused (or none was sent)
     models: tuple[ModelCard, ...] = ()
     error: str | None = None
+    foreign_listener: str | None = None  # who holds the port when it is not ours: the key was not sent
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -74,6 +79,17 @@ def _headers(spec: Spec) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def _guard(spec: Spec) -> Callable[[], None]:
+    """Run after the connect, before the keyed request is sent: refuses unless the port's listeners are
+    all the deployment's own processes (a local user listening there would otherwise get the key)."""
+    from reconcile.ownership.membership import scope_of
+    from reconcile.ownership.sockets import key_holder_check
+
+    scope, (_host, port) = scope_of(spec), _target(spec)
+    what = f"deployment {spec.server.name if spec.server else '?'}"
+    return lambda: key_holder_check(port, scope, what)
+
+
 def _json(resp: HttpResponse) -> Any:
     try:
         return resp.json()
@@ -93,7 +109,15 @@ def probe(spec: Spec) -> HealthObservation:
     try:
         body = _json(http_request("GET", host, port, "/version", timeout=timeout))
         version = body.get("version") if isinstance(body, dict) else None
-        models = http_request("GET", host, port, "/v1/models", headers=_headers(spec), timeout=timeout)
+        headers = _headers(spec)
+        guard = _guard(spec) if headers else None
+        models = http_request(
+            "GET", host, port, "/v1/models", headers=headers, timeout=timeout, before_send=guard
+        )
+    except ForeignListener as exc:
+        return HealthObservation(
+            url, state, health.status, version, error=str(exc), foreign_listener=exc.holder
+        )
     except HttpUnreachable as exc:
         return HealthObservation(url, state, health.status, version, error=str(exc))
     cards: list[ModelCard] = []
@@ -143,15 +167,16 @@ def answer(status: int, body: bytes, limit: int = 300) -> str:
 
 def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
     host, port = _target(spec)
-    headers = {**_headers(spec), "Content-Type": "application/json"}
+    keyed = _headers(spec)
     resp = http_request(
         "POST",
         host,
         port,
         "/v1/chat/completions",
-        headers=headers,
+        headers={**keyed, "Content-Type": "application/json"},
         body=json.dumps(body).encode(),
         timeout=timeout,
+        before_send=_guard(spec) if keyed else None,
     )
     return resp.status, _json(resp), answer(resp.status, resp.body)
 
@@ -216,7 +241,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
             )
         if server.args.get("enable-auto-tool-choice") is True:
             steps.append(_tool_step(spec, model, timeout, min(256, budget)))
-    except HttpUnreachable as exc:
+    except (HttpUnreachable, ForeignListener) as exc:
         steps.append(CheckStep("chat", False, str(exc)))
     return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
 

@@ -1,5 +1,5 @@
-"""What runs for the spec's vLLM deployment: its processes (by the environment marker every child
-inherits), the pidfile, who listens on the port, and the recorded launch identity. Read only.
+"""What runs for the spec's vLLM deployment: its processes (reconcile.ownership.membership says which are
+ours), the pidfile, who listens on the port, the recorded launch identity, the ownership path. Read only.
 
 Called by reconcile.plan.prober. It reads /proc directly: one environ read per process is the whole cost
 (about 1-2 ms for 100 processes), and psutil's import alone would be 18 ms.
@@ -14,16 +14,19 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from probes.common import Absent, Invalid
-from reconcile.identity import (
-    IDENTITY,
-    MARKER,
-    deployment_id,
+from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, state_file_path
+from reconcile.ownership import cgroups
+from reconcile.ownership.membership import (
+    Scope,
     deployment_members,
-    launched_sessions,
-    pidfile_path,
-    redact_argv,
-    state_file_path,
+    read_bytes,
+    read_pidfile,
+    read_stat,
+    scope_of,
+    server_leader,
+    user_name,
 )
+from reconcile.ownership.sockets import listeners, one_line
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -46,11 +49,13 @@ class DeploymentProcess(NamedTuple):
 
 
 class Pidfile(NamedTuple):
-    """`ours`: alive and carrying the marker; `foreign`: alive without it (a reused pid)."""
+    """`ours`: the server reconcile launched; `foreign`: alive but not it (a reused pid); `corrupt`: not
+    the decimal pid of an ordinary process (0, 1, a kernel thread, garbage): `reason` says which."""
 
     path: str
-    state: Literal["absent", "unreadable", "dead", "foreign", "ours"]
+    state: Literal["absent", "unreadable", "corrupt", "dead", "foreign", "ours"]
     pid: int | None = None
+    reason: str = ""
 
 
 class PortListener(NamedTuple):
@@ -60,6 +65,23 @@ class PortListener(NamedTuple):
     state: Literal["ours", "foreign", "nobody"]
     pid: int | None = None  # None for a foreign listener whose owner cannot be found (another netns)
     name: str | None = None
+    user: str | None = None
+    cmdline: tuple[str, ...] = ()  # any --api-key value shown as (secret)
+
+    def describe(self) -> str:
+        """`pid 123 (user bob: python3 -m http.server 8000)`, for plans and errors."""
+        if self.pid is None:
+            return "a process reconcile cannot see (another namespace?)"
+        return f"pid {self.pid} (user {self.user or '?'}: {one_line(self.cmdline) or self.name})"
+
+
+class Ownership(NamedTuple):
+    """How the deployment's processes are told from others: `cgroup` (members are the processes of
+    `where`) or `fallback` (recorded pid + start time + boot id, and the marker); `why` says why."""
+
+    path: Literal["cgroup", "fallback"]
+    where: str | None
+    why: str
 
 
 class ServerRecord(NamedTuple):
@@ -69,6 +91,7 @@ class ServerRecord(NamedTuple):
     components: Mapping[str, str] = MappingProxyType({})
     last_outcome: str | None = None
     last_reason: str | None = None
+    ownership: str | None = None  # why the last launch fell back (no cgroup could be made), if it did
 
 
 class ServerObservation(NamedTuple):
@@ -77,6 +100,7 @@ class ServerObservation(NamedTuple):
     pidfile: Pidfile
     listener: PortListener
     record: ServerRecord | Absent | Invalid
+    ownership: Ownership = Ownership("fallback", None, "not probed")
 
     @property
     def server(self) -> DeploymentProcess | None:
@@ -93,33 +117,6 @@ class ServerObservation(NamedTuple):
         return server.identity if server else None
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _stat(pid: int) -> tuple[str, list[bytes]] | None:
-    """(comm, the fields after it) from /proc/PID/stat; None when gone or a zombie."""
-    raw = _read(f"/proc/{pid}/stat")
-    if raw is None or b")" not in raw:
-        return None
-    head, _, tail = raw.rpartition(b")")
-    fields = tail.split()
-    if not fields or fields[0] in (b"Z", b"X"):
-        return None
-    return head.partition(b"(")[2].decode(errors="replace"), fields
-
-
-def _boot_time() -> float:
-    for line in (_read("/proc/stat") or b"").splitlines():
-        if line.startswith(b"btime "):
-            return float(line.split()[1])
-    return 0.0
-
-
 def _environ(raw: bytes) -> dict[str, str]:
     out = {}
     for item in raw.split(b"\0"):
@@ -129,118 +126,66 @@ def _environ(raw: bytes) -> dict[str, str]:
     return out
 
 
-def _marked(name: str, sessions: tuple[int, ...]) -> list[tuple[int, dict[str, str]]]:
-    """The deployment's processes (see reconcile.identity.deployment_members for the rule)."""
-    return [(pid, _environ(raw)) for pid, raw in sorted(deployment_members(name, sessions).items())]
+def _boot_time() -> float:
+    for line in (read_bytes("/proc/stat") or b"").splitlines():
+        if line.startswith(b"btime "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def _process(pid: int, env: Mapping[str, str], btime: float, ticks: int) -> DeploymentProcess | None:
-    stat = _stat(pid)
+    stat = read_stat(pid)
     if stat is None:
         return None
-    comm, f = stat
-    cmdline = (_read(f"/proc/{pid}/cmdline") or b"").decode(errors="replace").split("\0")
+    cmdline = (read_bytes(f"/proc/{pid}/cmdline") or b"").decode(errors="replace").split("\0")
     return DeploymentProcess(
         pid=pid,
-        ppid=int(f[1]),
-        pgid=int(f[2]),
-        sid=int(f[3]),
-        name=comm,
+        ppid=stat.ppid,
+        pgid=stat.pgid,
+        sid=stat.sid,
+        name=stat.comm,
         cmdline=tuple(redact_argv([c for c in cmdline if c])),
-        create_time=btime + int(f[19]) / ticks,
+        create_time=btime + stat.start / ticks,
         identity=env.get(IDENTITY),
         role="stray",
     )
 
 
-def _pidfile(path: str, marked: set[int]) -> Pidfile:
-    raw = _read(path)
-    if raw is None:
-        return Pidfile(path, "absent") if not os.path.lexists(path) else Pidfile(path, "unreadable")
-    try:
-        pid = int(raw.split()[0])
-    except (ValueError, IndexError):
-        return Pidfile(path, "unreadable")
-    if pid in marked:
-        return Pidfile(path, "ours", pid)
-    return Pidfile(path, "foreign" if _stat(pid) is not None else "dead", pid)
+def _pidfile(path: str, leader: int | None) -> Pidfile:
+    text = read_pidfile(path)
+    if text.state != "ok":
+        return Pidfile(path, text.state, text.pid, text.reason)
+    if text.pid == leader:
+        return Pidfile(path, "ours", text.pid)
+    alive = read_stat(text.pid or 0) is not None
+    return Pidfile(path, "foreign" if alive else "dead", text.pid)
 
 
-def _listening_inodes(port: int) -> set[str]:
-    """Socket inodes listening on TCP `port`: sock_diag over netlink (what `ss -ltn` does, ~0.1 ms),
-    else /proc/net/tcp{,6} (which the kernel builds by walking every socket: ~10 ms each)."""
-    try:
-        return _diag_listening(port)
-    except OSError:
-        pass
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in (_read(table) or b"").decode().splitlines()[1:]:
-            cols = line.split()
-            # local_address is ADDR:PORT in hex; st 0A is LISTEN
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    return inodes
-
-
-def _diag_listening(port: int) -> set[str]:
-    import socket
-    import struct
-
-    inodes = set()
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4) as sock:  # NETLINK_SOCK_DIAG
-        sock.settimeout(2.0)
-        for family in (socket.AF_INET, socket.AF_INET6):
-            # inet_diag_req_v2: family, protocol, ext, pad, states (1 << TCP_LISTEN), a zeroed sockid
-            req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << 10) + bytes(48)
-            # nlmsghdr: SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP
-            sock.send(struct.pack("=IHHII", 16 + len(req), 20, 0x301, 1, 0) + req)
-            done = False
-            while not done:
-                data = sock.recv(65536)
-                offset = 0
-                while offset + 16 <= len(data):
-                    length, kind = struct.unpack_from("=IH", data, offset)
-                    if kind == 2:  # NLMSG_ERROR
-                        raise OSError(-struct.unpack_from("=i", data, offset + 16)[0], "sock_diag failed")
-                    if kind == 3 or length < 16:  # NLMSG_DONE
-                        done = True
-                        break
-                    # inet_diag_msg: 4 bytes, sockid (sport big-endian first, 48 bytes), 4 u32s, inode
-                    if struct.unpack_from("!H", data, offset + 20)[0] == port:
-                        inodes.add(str(struct.unpack_from("=I", data, offset + 16 + 68)[0]))
-                    offset += (length + 3) & ~3
-    return inodes
-
-
-def _socket_owner(inodes: set[str], first: list[int]) -> int | None:
-    targets = {f"socket:[{i}]" for i in inodes}
-    rest = (int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in first)
-    for pid in [*first, *rest]:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
-                    return pid
-            except OSError:
-                continue
-    return None
-
-
-def _listener(port: int, ours: set[int]) -> PortListener:
-    inodes = _listening_inodes(port)
-    if not inodes:
+def _listener(port: int, scope: Scope, ours: set[int]) -> PortListener:
+    found = listeners(port, first=sorted(ours))
+    if not found:
         return PortListener(port, "nobody")
-    pid = _socket_owner(inodes, sorted(ours))
-    stat = _stat(pid) if pid is not None else None
-    return PortListener(port, "ours" if pid in ours else "foreign", pid, stat[0] if stat else None)
+    bad = next((x for x in found if x.pid not in ours), None)
+    x = bad or found[0]
+    state: Literal["ours", "foreign"] = "foreign" if bad else "ours"
+    user = user_name(x.uid) if x.uid is not None else None
+    return PortListener(port, state, x.pid, x.comm if x.pid is not None else None, user, x.cmdline)
+
+
+def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:
+    launched = getattr(record, "ownership", None)
+    if launched:  # the last launch could not make or enter its cgroup: its reason
+        return Ownership("fallback", None, launched)
+    if scope.cgroup is not None:
+        return Ownership("cgroup", scope.cgroup, "the server's own cgroup (v2): members are its processes")
+    root, why = cgroups.cgroup_root()
+    if root is None:
+        return Ownership("fallback", None, why)
+    return Ownership("cgroup", cgroups.cgroup_path(spec), f"{why}; made at the next start")
 
 
 def _record(path: str) -> ServerRecord | Absent | Invalid:
-    raw = _read(path)
+    raw = read_bytes(path)
     if raw is None:
         return Absent(path)
     try:
@@ -251,6 +196,7 @@ def _record(path: str) -> ServerRecord | Absent | Invalid:
             components={str(k): str(v) for k, v in (data.get("components") or {}).items()},
             last_outcome=history[-1].get("outcome"),
             last_reason=history[-1].get("reason"),
+            ownership=history[-1].get("fallback") if isinstance(history[-1].get("fallback"), str) else None,
         )
     except (ValueError, AttributeError, TypeError) as exc:
         return Invalid(path, f"not a server record: {exc}", raw.decode(errors="replace")[:2000])
@@ -261,25 +207,27 @@ def probe(spec: Spec) -> ServerObservation:
     if server is None:
         raise ValueError("the spec has no [server]")
     btime, ticks = _boot_time(), os.sysconf("SC_CLK_TCK")
+    scope = scope_of(spec)
     found = [
         p
-        for pid, env in _marked(deployment_id(spec), launched_sessions(spec))
-        if (p := _process(pid, env, btime, ticks)) is not None
+        for pid, raw in deployment_members(scope).items()
+        if (p := _process(pid, _environ(raw), btime, ticks)) is not None
     ]
-    pidfile = _pidfile(pidfile_path(spec), {p.pid for p in found})
-    leader = next((p for p in found if p.pid == pidfile.pid and pidfile.state == "ours"), None)
-    if leader is None:  # no pidfile (or a systemd main process): a marked session leader is the server
-        leader = next((p for p in found if p.pid == p.sid), None)
+    # Adopted as the server only what reconcile launched (its cgroup, or a recorded launch).
+    lead = server_leader(scope, [p.pid for p in found], read_pidfile(pidfile_path(spec)).pid)
+    leader = next((p for p in found if p.pid == lead), None)
     processes = []
     for p in sorted(found, key=lambda p: p.pid):
         role: Role = "stray"
         if leader is not None:
             role = "server" if p.pid == leader.pid else "member" if p.pgid == leader.pgid else "stray"
         processes.append(p._replace(role=role))
+    record = _record(state_file_path(spec))
     return ServerObservation(
         name=server.name,
         processes=tuple(processes),
-        pidfile=pidfile,
-        listener=_listener(server.port, {p.pid for p in found}),
-        record=_record(state_file_path(spec)),
+        pidfile=_pidfile(pidfile_path(spec), leader.pid if leader else None),
+        listener=_listener(server.port, scope, {p.pid for p in found}),
+        record=record,
+        ownership=_ownership(spec, scope, record),
     )

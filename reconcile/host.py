@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 
@@ -93,8 +93,10 @@ def http_request(
     headers: Mapping[str, str] | None = None,
     body: bytes | None = None,
     timeout: float = 5.0,
+    before_send: Callable[[], None] | None = None,
 ) -> HttpResponse:
-    """One HTTP/1.1 request with `Connection: close` over a plain socket.
+    """One HTTP/1.1 request with `Connection: close` over a plain socket. `before_send` runs once the
+    connection is made and before a byte is sent; what it raises propagates (the key guard's refusal).
 
     Not http.client: it imports the email package (~20-30 ms), a tenth of a converged plan, for
     the three loopback GETs the health probe makes.
@@ -116,6 +118,8 @@ def http_request(
     chunks: list[bytes] = []
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
+            if before_send is not None:
+                before_send()
             sock.sendall(request)
             while data := sock.recv(65536):
                 chunks.append(data)

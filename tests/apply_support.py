@@ -23,6 +23,8 @@ import tomlkit
 
 from actions import supervising
 from reconcile.identity import marker_value
+from reconcile.ownership.membership import Scope, scope_of
+from reconcile.spec.loader import load_spec
 from tests.test_server_support import FAKE_VLLM, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,8 +170,16 @@ class Demo:
         numbers = sorted(int(p.stem) for p in directory.glob("*.json") if p.stem.isdigit())
         return [json.loads((directory / f"{n}.json").read_text()) for n in numbers]
 
+    def scope(self) -> Scope | str:
+        """What proves this demo's processes (its cgroup, its records, its marker); the marker alone
+        when the spec on disk does not load (a test broke it on purpose)."""
+        try:
+            return scope_of(load_spec(str(self.spec_path)).spec)
+        except Exception:
+            return self.marker
+
     def server_pids(self) -> list[int]:
-        return supervising.marked_pids(self.marker)
+        return supervising.marked_pids(self.scope())
 
     def server_environ(self, key: str) -> str | None:
         pid = int(self.pidfile.read_text().split()[0])
@@ -187,8 +197,8 @@ class Demo:
 
 
 def stop_servers(demo: Demo) -> None:
-    """Teardown: every process carrying this demo's marker (RECONCILE_DEPLOYMENT=<name>@<state dir>)."""
-    supervising.stop_marked(demo.marker, timeout=5.0)
+    """Teardown: every process of this demo, then its cgroup (a whole stop removes it)."""
+    supervising.stop_marked(demo.scope(), timeout=5.0)
 
 
 def demo_in(tmp_path: Path, seed: Path | None = None) -> Iterator[Demo]:

@@ -131,6 +131,23 @@ def gpu_pids() -> dict[int, int]:
         pynvml.nvmlShutdown()
 
 
+def kill_server_and_find_strays(
+    spec: str, figures: dict[str, Any], key: str
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[int, int]]:
+    """kill -9 of the API server, then the plan's strays (figures[key]: pid, name, GiB each), the plan
+    and NVML's pid -> bytes."""
+    os.kill(server_pid() or 0, signal.SIGKILL)
+    time.sleep(3)
+    data = plan_json(spec)
+    strays = [p for p in data["observed"]["server"]["processes"] if p["role"] == "stray"]
+    on_gpu = gpu_pids()
+    figures[key] = [
+        {"pid": p["pid"], "name": p["name"], "gpu_gib": round(on_gpu.get(p["pid"], 0) / 2**30, 2)}
+        for p in strays
+    ]
+    return strays, data, on_gpu
+
+
 def starts_in_log() -> int:
     try:
         return (LAB / "tiny.log").read_text(errors="replace").count(": starting tiny")
@@ -138,13 +155,18 @@ def starts_in_log() -> int:
         return 0
 
 
+def dump_figures(figures: dict[str, Any], name: str) -> None:
+    """Print the figures and write them to $OUT/<name> when $OUT is set."""
+    print("\nFIGURES " + json.dumps(figures, indent=2))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, name).write_text(json.dumps(figures, indent=2))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def figures() -> Iterator[None]:
     yield
-    print("\nFIGURES " + json.dumps(FIGURES, indent=2))
-    out = os.environ.get("OUT")
-    if out:
-        Path(out, "gpu-lab.json").write_text(json.dumps(FIGURES, indent=2))
+    dump_figures(FIGURES, "gpu-lab.json")
     cli("apply", "--spec", variant("stop", {'\nname = "tiny"': '\nname = "tiny"\nrunning = false'}))
 
 
@@ -339,15 +361,7 @@ def test_tensor_parallel_two_workers_and_the_zombie_scenario() -> None:
     names = [p["name"] for p in data["observed"]["server"]["processes"]]
     FIGURES["tp2_processes"] = names
     assert sum(1 for n in names if n.startswith("VLLM::Worker")) == 2, names
-    os.kill(server_pid() or 0, signal.SIGKILL)
-    time.sleep(3)
-    data = plan_json(spec)
-    strays = [p for p in data["observed"]["server"]["processes"] if p["role"] == "stray"]
-    on_gpu = gpu_pids()
-    FIGURES["tp2_strays"] = [
-        {"pid": p["pid"], "name": p["name"], "gpu_gib": round(on_gpu.get(p["pid"], 0) / 2**30, 2)}
-        for p in strays
-    ]
+    strays, _data, _on_gpu = kill_server_and_find_strays(spec, FIGURES, "tp2_strays")
     assert sum(1 for p in strays if p["name"].startswith("VLLM::Worker")) == 2
     code, _out, _err, took = cli("apply", "--spec", spec)
     FIGURES["tp2_cleanup_s"] = round(took, 1)

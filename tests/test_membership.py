@@ -1,6 +1,7 @@
-"""Which processes belong to a deployment: the marker, or our session when setproctitle hid it.
+"""Which processes belong to a deployment: the marker, our live session when setproctitle hid it, or
+a recorded (pid, start time, boot id) once the session's leader is gone.
 
-Real processes and sessions; the rule in reconcile.identity is what stop_marked signals by.
+Real processes and sessions; the rule in reconcile.ownership.membership is what stop_marked signals by.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.identity import MARKER, deployment_members, is_member
+from reconcile.identity import MARKER
+from reconcile.ownership.membership import (
+    ProcId,
+    Scope,
+    deployment_members,
+    is_member,
+    proc_id,
+    proc_ids,
+    snapshot,
+)
 
 NAME = f"membership-{os.getpid()}@/tmp/state"
 
@@ -54,11 +64,13 @@ def test_a_hidden_child_of_our_session_is_ours_even_after_the_leader_dies(
 ) -> None:
     leader, child = _session({"PATH": os.environ["PATH"], MARKER: NAME}, procs)
     assert set(deployment_members(NAME)) == {leader, child}
+    seen = Scope(NAME, members=proc_ids(snapshot(deployment_members(NAME))))  # what a healthy start records
     os.kill(leader, signal.SIGKILL)
     procs[0].wait()  # reaped: the session id now names no process
-    assert set(deployment_members(NAME, sessions=(leader,))) == {child}
-    assert is_member(child, NAME, sessions=(leader,))
-    assert not is_member(child, NAME)  # without the launch record nothing ties it to us
+    assert set(deployment_members(seen)) == {child}
+    assert is_member(child, seen)
+    assert not is_member(child, NAME)  # without the record nothing ties it to us
+    assert not is_member(child, Scope(NAME, launches=(ProcId(leader, 0, "x"),)))  # nor a bare session id
 
 
 def test_someone_elses_session_under_a_recorded_id_is_never_ours(
@@ -66,9 +78,12 @@ def test_someone_elses_session_under_a_recorded_id_is_never_ours(
 ) -> None:
     # The pid we recorded is now the leader of a session we did not start (pid reuse).
     leader, child = _session({"PATH": os.environ["PATH"]}, procs)
-    assert deployment_members(NAME, sessions=(leader,)) == {}
-    assert not is_member(child, NAME, sessions=(leader,))
-    assert not is_member(leader, NAME, sessions=(leader,))
+    now = proc_id(leader)
+    assert now is not None
+    stale = Scope(NAME, launches=(ProcId(leader, now.start - 1, now.boot),))  # our launch, long gone
+    assert deployment_members(stale) == {}
+    assert not is_member(child, stale)
+    assert not is_member(leader, stale)
 
 
 def test_a_process_of_our_session_with_a_normal_environment_but_no_marker_is_not_ours(
@@ -83,7 +98,9 @@ def test_a_process_of_our_session_with_a_normal_environment_but_no_marker_is_not
     time.sleep(0.2)
     (child,) = _children(leader.pid)
     assert set(deployment_members(NAME)) == {leader.pid}
-    assert not is_member(child, NAME, sessions=(leader.pid,))
+    launched = proc_id(leader.pid)
+    assert launched is not None
+    assert not is_member(child, Scope(NAME, launches=(launched,)))
 
 
 def test_the_real_setproctitle_hides_the_marker_and_the_session_still_finds_the_process(
@@ -111,7 +128,9 @@ def test_the_real_setproctitle_hides_the_marker_and_the_session_still_finds_the_
     (engine,) = kids
     with open(f"/proc/{engine}/environ", "rb") as f:
         assert MARKER.encode() not in f.read()  # what the marker alone cannot see
+    assert set(deployment_members(NAME)) == {leader.pid, engine}  # the live leader's session
+    seen = Scope(NAME, members=proc_ids(snapshot(deployment_members(NAME))))
     os.kill(leader.pid, signal.SIGKILL)
     procs[0].wait()
-    assert set(deployment_members(NAME, sessions=(leader.pid,))) == {engine}
-    assert is_member(engine, NAME, sessions=(leader.pid,))
+    assert set(deployment_members(seen)) == {engine}
+    assert is_member(engine, seen)

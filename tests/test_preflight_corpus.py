@@ -30,12 +30,8 @@ PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b-instruct": 70.6, "mistral-7b
 
 
 def copied(record: Any, **changes: Any) -> Any:
-    """A copy with changes of a dataclass or a NamedTuple record."""
-    import dataclasses
-
-    return (
-        record._replace(**changes) if hasattr(record, "_replace") else dataclasses.replace(record, **changes)
-    )
+    """A copy of a record with changes."""
+    return record._replace(**changes)
 
 
 def corpus(name: str) -> dict[str, Any]:

@@ -13,12 +13,8 @@ from tests.test_preflight import GOOD, spec
 
 
 def copied(record: Any, **changes: Any) -> Any:
-    """A copy with changes of a dataclass or a NamedTuple record."""
-    import dataclasses
-
-    return (
-        record._replace(**changes) if hasattr(record, "_replace") else dataclasses.replace(record, **changes)
-    )
+    """A copy of a record with changes."""
+    return record._replace(**changes)
 
 
 def rendered(plan: Plan) -> str:

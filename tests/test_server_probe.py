@@ -12,6 +12,7 @@ from actions import server as server_action
 from actions.launching import LaunchInputs
 from probes import health, server
 from probes.common import Absent
+from reconcile.ownership import sockets
 from tests.test_server_support import (
     Deployment,
     deployment_in,
@@ -89,7 +90,7 @@ def test_the_listener_is_found_through_proc_net_tcp_when_netlink_fails(
     def no_netlink(port: int) -> set[str]:
         raise PermissionError(1, "sock_diag refused")
 
-    monkeypatch.setattr(server, "_diag_listening", no_netlink)
+    monkeypatch.setattr(sockets, "_diag_listening", no_netlink)
     slow = server.probe(spec).listener
     assert fast == slow and slow.state == "ours" and slow.name == "vllm"
 

@@ -27,6 +27,7 @@ from tests.test_server_support import (
     foreign_holder,
     free_port,
     lock_is_held,
+    start_and_probe,
     wait_for,
 )
 
@@ -43,10 +44,7 @@ def test_sigkilled_server_leaves_a_stray_that_the_probe_names_and_a_start_cleans
     deployment: Deployment,
 ) -> None:
     d = deployment
-    spec = d.spec()
-    server_action.ensure_running(spec, INPUTS)
-    first = server.probe(spec)
-    assert first.server is not None
+    spec, first = start_and_probe(d, INPUTS)
     (engine,) = [p for p in first.processes if p.role == "member"]
     os.kill(first.server.pid, signal.SIGKILL)
     wait_for(lambda: not alive(first.server.pid), 5, "the API server to die")  # type: ignore[union-attr]

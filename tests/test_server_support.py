@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actions import supervising
+from actions import cgroups, supervising
 from reconcile.identity import MARKER, marker_value
+from reconcile.ownership.membership import scope_of
 from reconcile.spec.models import Spec
 
 FAKE_VLLM = str(Path(__file__).parent / "fakes" / "vllm")
@@ -160,15 +161,30 @@ class Deployment:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def start_and_probe(d: Deployment, inputs: Any) -> tuple[Spec, Any]:
+    """The server started by the action, and the probe's first look at it (the server found)."""
+    from actions import server as server_action
+    from probes import server
+
+    spec = d.spec()
+    server_action.ensure_running(spec, inputs)
+    first = server.probe(spec)
+    assert first.server is not None
+    return spec, first
+
+
 def _cleanup(d: Deployment) -> None:
-    for pid in supervising.marked_pids(d.marker):
-        supervising.signal_marked(pid, d.marker, signal.SIGKILL)
+    scope = scope_of(d.spec())
+    for pid in supervising.marked_pids(scope):
+        supervising.signal_marked(pid, scope, signal.SIGKILL)
     for proc in d.procs:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(5)
     with contextlib.suppress(AssertionError):
-        wait_for(lambda: not supervising.marked_pids(d.marker), 5.0, "marked processes to go")
+        wait_for(lambda: not supervising.marked_pids(scope), 5.0, "the deployment's processes to go")
+    if scope.cgroup is not None and cgroups.ours(scope.cgroup):
+        cgroups.empty_and_remove(scope.cgroup)
 
 
 def deployment_in(tmp_path: Path) -> Iterator[Deployment]:

@@ -70,7 +70,7 @@ def update_conditions(state_dir: str, plan: Plan, *, now: float | None = None) -
     if record != {k: {"status": v.get("status"), "since": v.get("since")} for k, v in previous.items()}:
         try:
             os.makedirs(state_dir, exist_ok=True)
-            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
+            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o600)
         except OSError:
             pass  # status must still answer on a read-only state dir
     return out
@@ -89,6 +89,10 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
     facts["models"] = models
     want_len = server.args.get("max-model-len")
     problems = []
+    if health.get("foreign_listener"):
+        problems.append(
+            f"what answers on the port is not ours: {health['foreign_listener']}; the key was not sent"
+        )
     if health.get("models_status") == 401:
         problems.append("/v1/models refused our key (401)")
     if server.served_model_name and models and all(m.get("id") != server.served_model_name for m in models):
@@ -104,6 +108,10 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
         if wanted is not None and wanted not in got:
             problems.append(f"max_model_len {got} but the spec asks {wanted}")
     facts["problems"] = problems
+    seen = plan.observed.get("server")
+    owned = seen.get("ownership") if isinstance(seen, dict) else None
+    if isinstance(owned, dict):
+        facts["ownership"] = owned
     return facts
 
 
@@ -181,6 +189,11 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
             )
         for p in s.get("problems", []):
             stream.write(f"    ✗ {p}\n")
+        owned = s.get("ownership")
+        if owned:
+            where = f" {owned.get('where')}" if owned.get("where") else ""
+            label = "cgroup" if owned.get("path") == "cgroup" else "fallback (pid + start time + boot id)"
+            stream.write(f"    ownership: {label}{where}: {owned.get('why')}\n")
     if report.gpu_processes:
         stream.write("\n  GPU memory by process:\n")
         for p in report.gpu_processes:

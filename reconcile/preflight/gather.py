@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Unavailable
 from reconcile.engine.catalogue import known_model
+from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight import (
@@ -208,7 +209,8 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
         if listener.state == "foreign":
-            kw["port_holder"] = PortHolder(listener.pid, listener.name or "?")
+            cmd = one_line(listener.cmdline, 80) or listener.name or "?"
+            kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}")
     return PreflightInputs(**kw)
 
 

@@ -69,6 +69,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     where = f"{want.host}:{want.port}"
     if running is None:
         extra = f"; first stop {len(strays)} stray process(es) of a dead server" if strays else ""
+        if seen.pidfile.state == "corrupt":
+            extra += f"; pidfile {seen.pidfile.path} {seen.pidfile.reason}: kept aside as .corrupt"
         return Change(
             "server",
             "+",
@@ -113,7 +115,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
             "server",
             "-",
             f"stop {len(strays)} stray process(es) of {want.name}",
-            "processes with this deployment's marker outside the live server's group",
+            "processes of this deployment (its cgroup, its recorded launches, its marker) outside the "
+            "live server's group",
             stray_diffs,
         )
     if seen.pidfile.state != "ours":
@@ -123,7 +126,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
             "server",
             "~",
             f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
-            f"the pidfile is {seen.pidfile.state}",
+            f"the pidfile is {seen.pidfile.state}"
+            + (f" ({seen.pidfile.reason}; kept aside as .corrupt)" if seen.pidfile.reason else ""),
             (FieldDiff("pidfile", seen.pidfile.pid, running.pid),),
         )
     version = getattr(health, "version", None)
