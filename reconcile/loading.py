@@ -26,6 +26,14 @@ __all__ = ["LoadedSpec", "dotted", "find_spec", "load_spec", "schema_text", "spe
 _PATH = r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*"
 _REF = re.compile(rf"\{{\{{({_PATH})\}}\}}|\{{({_PATH})\}}")  # {{escaped.path}} | {section.key}
 _MISSING = object()
+# Cc (C0, DEL, C1) and the Unicode line separators: none belongs in a value that may reach a unit, an
+# EnvironmentFile, a cron line, an apt source, a command line or a terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # newline and tab allowed
+# Free text that only reaches JSON (config.json, the smoke prompt's request) or the plan's header:
+# newlines and tabs are allowed there, other control characters (terminal escapes) are not.
+_FREE_TEXT = (("machine", "description"), ("health", "smoke_prompt"), ("model", "config"))
+CONTROL_ALLOWED = "(text without control characters: no newline, tab or escape code)"
 
 
 @dataclass(frozen=True)
@@ -168,6 +176,29 @@ class _Refs:
         return self.done[path]
 
 
+def _control_characters(node: Any, parts: list[Part]) -> list[tuple[list[Part], str]]:
+    """Every string (key or value) holding a control character, as (where, message)."""
+    found: list[tuple[list[Part], str]] = []
+    free = any(tuple(parts[: len(f)]) == f for f in _FREE_TEXT)
+    pattern = _TEXT_CONTROL if free else _CONTROL
+
+    def what(text: str) -> str:
+        m = pattern.search(text)
+        return repr(m.group())[1:-1] if m else ""
+
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(key, str) and (bad := what(key)):
+                found.append(([*parts, key], f"the key holds a control character ({bad}) {CONTROL_ALLOWED}"))
+            found += _control_characters(value, [*parts, key])
+    elif isinstance(node, list):
+        for n, value in enumerate(node):
+            found += _control_characters(value, [*parts, n])
+    elif isinstance(node, str) and (bad := what(node)):
+        found.append((parts, f"{show(node)} holds a control character ({bad}) {CONTROL_ALLOWED}"))
+    return found
+
+
 def _default_of(keys: list[str]) -> Any:
     """`{machine.state_dir}` works when the spec leaves it at its default."""
     model: Any = Spec
@@ -204,7 +235,7 @@ def _finish(
 ) -> LoadedSpec:
     refs = _Refs(merged, os.path.dirname(chain[0].abspath))
     resolved = refs.walk(merged, []) if resolve else merged
-    found = [(e.parts, e.message) for e in refs.errors]
+    found = [(e.parts, e.message) for e in refs.errors] + _control_characters(resolved, [])
     try:
         spec = Spec.model_validate(resolved)
     except ValidationError as e:

@@ -7,6 +7,8 @@ look at) and the actions. Every field's description is its documentation (`recon
 from __future__ import annotations
 
 import json
+import math
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -25,6 +27,17 @@ from pydantic_core import PydanticCustomError
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'
+_LONGEST = 86400.0  # a spec's timeouts and windows: a day is already far past any real boot or stop
+# Directories that hold the system itself: reconcile writes (and removes its own files) in model.dir,
+# state_dir and venv.path, so each must be a directory of its own, never one of these.
+_SYSTEM_DIR_NAMES = (
+    "/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run /sbin /srv "
+    "/sys /tmp /usr /var /usr/bin /usr/include /usr/lib /usr/lib64 /usr/libexec /usr/local /usr/local/bin "
+    "/usr/local/lib /usr/local/sbin /usr/local/share /usr/sbin /usr/share /usr/src /var/cache /var/lib "
+    "/var/log /var/mail /var/opt /var/run /var/spool /var/tmp /etc/apt /etc/systemd /etc/systemd/system "
+    "/dev/shm /run/user /run/systemd"
+)
+SYSTEM_DIRS = frozenset(_SYSTEM_DIR_NAMES.split())
 
 
 @dataclass(frozen=True)
@@ -49,9 +62,25 @@ def parse_duration(value: object) -> float:
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     else:
         raise ValueError(f"{_q(value)} is not a duration ({_DURATIONS})")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{_q(value)} is not a finite duration ({_DURATIONS})")
     if seconds <= 0:
         raise ValueError(f"{_q(value)} is not a positive duration ({_DURATIONS})")
     return seconds
+
+
+def _spec_duration(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds > _LONGEST:
+        raise ValueError(f"{_q(value)} is longer than a day ({_DURATIONS})")
+    return seconds
+
+
+def _no_bool(value: object) -> object:
+    """TOML's true is not 1: pydantic's lax int and float would take it as one."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "a boolean is not a number")
+    return value
 
 
 def _absolute(value: str) -> str:
@@ -59,6 +88,58 @@ def _absolute(value: str) -> str:
         raise ValueError(f"{_q(value)} is a relative path (an absolute path, starting with /)")
     if "\x00" in value:
         raise ValueError("a path cannot contain a NUL byte (an absolute path, starting with /)")
+    return value
+
+
+def _own_dir(value: str) -> str:
+    # Lexical, like the rest of validation (the spec cache keeps the result): "/usr/local/.." is /usr.
+    normal = "/" + posixpath.normpath(value).lstrip("/")
+    if normal in SYSTEM_DIRS:
+        raise ValueError(
+            f"{_q(value)} is a system directory (a directory of its own below it, "
+            "e.g. /var/lib/reconcile/models/NAME)"
+        )
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(
+            f"{_q(value)} is not an environment variable name "
+            "(letters, digits and _, not starting with a digit)"
+        )
+    return value
+
+
+def _apt_word(noun: str) -> AfterValidator:
+    """Suite and components: one word of a one-line apt source (a space, a bracket or # would start
+    another field, an option list or a comment there)."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(r"[^\s\[\]#]+", value):
+            raise ValueError(
+                f'{_q(value)} is not {noun} (one word without spaces, brackets or #, e.g. "bookworm" or "/")'
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+def _apt_uri(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s#]+", value):
+        raise ValueError(
+            f"{_q(value)} is not a repository URI (scheme:address without spaces or #, "
+            'e.g. "https://example.com/debian" or "file:/srv/repo")'
+        )
+    return value
+
+
+def _keyring_path(value: str) -> str:
+    if re.search(r"[\s\[\],#]", value):
+        raise ValueError(
+            f"{_q(value)} is not a keyring path for apt "
+            "(an absolute path without spaces, brackets, commas or #)"
+        )
     return value
 
 
@@ -100,7 +181,19 @@ def _flag_names(value: dict[str, Any]) -> dict[str, Any]:
 
 
 AbsPath = Annotated[str, AfterValidator(_absolute), Expect("an absolute path", "a path starting with /")]
-Duration = Annotated[float, BeforeValidator(parse_duration), Expect("a duration", _DURATIONS)]
+Duration = Annotated[float, BeforeValidator(_spec_duration), Expect("a duration", _DURATIONS)]
+OwnDir = Annotated[
+    str,
+    AfterValidator(_absolute),
+    AfterValidator(_own_dir),
+    Expect("an absolute path", "a path starting with /"),
+]
+EnvName = Annotated[
+    str,
+    AfterValidator(_env_name),
+    Expect("an environment variable name", "letters, digits and _, not starting with a digit"),
+]
+Int = Annotated[int, BeforeValidator(_no_bool)]
 VersionSpec = Annotated[
     str, AfterValidator(_specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
 ]
@@ -110,7 +203,9 @@ PackageName = Annotated[
 AptPackage = Annotated[
     str, AfterValidator(_apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
 ]
-Port = Annotated[int, Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")]
+Port = Annotated[
+    int, BeforeValidator(_no_bool), Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")
+]
 Scalar = str | int | float | bool
 ArgValue = Annotated[
     Scalar | list[Scalar] | dict[str, Any],
@@ -138,20 +233,23 @@ class Machine(_Model):
     hostname: str | None = Field(
         None, description="Host this spec is for; plan warns when it runs elsewhere."
     )
-    state_dir: AbsPath = Field(
+    state_dir: OwnDir = Field(
         "/var/lib/reconcile", description="Where the lock, generations and last-run report live."
     )
     description: str = Field("", description="Free text shown in the plan header.")
 
 
 class Gpu(_Model):
-    count: int | None = Field(None, ge=0, description="How many GPUs must be visible (None: any).")
+    count: Int | None = Field(None, ge=0, description="How many GPUs must be visible (None: any).")
     name: str | None = Field(None, description='Expected GPU name as NVML reports it, e.g. "NVIDIA H200".')
     compute_capability: Annotated[str | None, Expect("a compute capability", 'major.minor, e.g. "12.0"')] = (
         Field(None, pattern=r"^\d+\.\d+$", description='Expected compute capability, e.g. "12.0" for sm_120.')
     )
-    memory_gib: float | None = Field(
-        None, gt=0, description="Memory per GPU in GiB, used by the preflight when no GPU can be probed."
+    memory_gib: Annotated[float, BeforeValidator(_no_bool)] | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Memory per GPU in GiB, used by the preflight when no GPU can be probed.",
     )
     min_driver: Annotated[str | None, Expect("a driver version", 'dotted numbers, e.g. "580.95"')] = Field(
         None, pattern=r"^\d+(\.\d+)*$", description='Lowest acceptable driver version, e.g. "580.95".'
@@ -177,11 +275,20 @@ class Cuda(_Model):
 
 
 class AptRepository(_Model):
-    name: str = Field(description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).")
-    uri: str = Field(description="Repository URI (http(s):// or file:/).")
-    suite: str = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
-    components: list[str] = Field(default_factory=list, description="Components (empty for flat).")
-    keyring: AbsPath | None = Field(
+    name: Annotated[str, Expect("a repository name", "letters, digits, '.', '_', '-'; a file stem")] = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).",
+    )
+    uri: Annotated[str, AfterValidator(_apt_uri)] = Field(
+        description="Repository URI (http(s):// or file:/)."
+    )
+    suite: Annotated[str, _apt_word("an apt suite")] = Field(
+        description='Suite, e.g. "/" for a flat repository or "bookworm".'
+    )
+    components: list[Annotated[str, _apt_word("an apt component")]] = Field(
+        default_factory=list, description="Components (empty for flat)."
+    )
+    keyring: Annotated[AbsPath, AfterValidator(_keyring_path)] | None = Field(
         None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings)."
     )
     key_source: AbsPath | None = Field(
@@ -207,7 +314,7 @@ class Apt(_Model):
 
 
 class Venv(_Model):
-    path: AbsPath = Field(description="The virtual environment's directory.")
+    path: OwnDir = Field(description="The virtual environment's directory.")
     python: str = Field("python3", description="Interpreter used to create it (a name on PATH or a path).")
     index_url: str | None = Field(None, description="pip --index-url.")
     extra_index_urls: list[str] = Field(default_factory=list, description="pip --extra-index-url, in order.")
@@ -233,9 +340,9 @@ class Model(_Model):
     repo: str | None = Field(None, description='Hugging Face repo id, e.g. "nvidia/NVIDIA-Nemotron-...".')
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit and recorded.")
     source: AbsPath | None = Field(None, description="A local directory to copy from instead of the hub.")
-    dir: AbsPath = Field(description="Where the model's files live.")
+    dir: OwnDir = Field(description="Where the model's files live.")
     allow_patterns: list[str] = Field(default_factory=list, description="Only these files (globs).")
-    max_workers: int = Field(8, ge=1, le=64, description="Parallel downloads.")
+    max_workers: Int = Field(8, ge=1, le=64, description="Parallel downloads.")
     offline: StrictBool = Field(
         False, description="Never contact the hub: use what is there, name what is missing."
     )
@@ -266,7 +373,7 @@ class ApiKey(_Model):
 
 
 class CrashLoop(_Model):
-    max_starts: int = Field(3, ge=1, description="Failed starts allowed within `window`.")
+    max_starts: Int = Field(3, ge=1, description="Failed starts allowed within `window`.")
     window: Duration = Field(600.0, description='The window, e.g. "10m".')
 
 
@@ -291,7 +398,7 @@ class Server(_Model):
         default_factory=dict,
         description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the server.")
     crash_loop: CrashLoop = Field(default_factory=CrashLoop, description="Crash-loop guard.")
 
     @model_validator(mode="after")
