@@ -111,34 +111,35 @@ def _env_name(value: str) -> str:
     return value
 
 
-def _apt_word(noun: str) -> AfterValidator:
-    """Suite and components: one word of a one-line apt source (a space, a bracket or # would start
-    another field, an option list or a comment there)."""
-
-    def check(value: str) -> str:
-        if not re.fullmatch(r"[^\s\[\]#]+", value):
-            raise ValueError(
-                f'{_q(value)} is not {noun} (one word without spaces, brackets or #, e.g. "bookworm" or "/")'
-            )
-        return value
-
-    return AfterValidator(check)
+# One field of a one-line apt source: whitespace would start another field, [ ] an option list, " a
+# quoted word, # a comment, and a control character another line. (Also checked by actions.apt's writer.)
+_APT_WORD = r'[^\s\x00-\x1f\x7f-\x9f\u2028\u2029\[\]#"]+'
 
 
-def _apt_uri(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s#]+", value):
+def apt_word(noun: str, value: str) -> str:
+    """A suite or a component."""
+    if not re.fullmatch(_APT_WORD, value):
         raise ValueError(
-            f"{_q(value)} is not a repository URI (scheme:address without spaces or #, "
+            f"{_q(value)} is not {noun} "
+            '(one word without spaces, quotes, brackets or #, e.g. "bookworm" or "/")'
+        )
+    return value
+
+
+def apt_uri(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:" + _APT_WORD, value):
+        raise ValueError(
+            f"{_q(value)} is not a repository URI (scheme:address without spaces, quotes, brackets or #, "
             'e.g. "https://example.com/debian" or "file:/srv/repo")'
         )
     return value
 
 
-def _keyring_path(value: str) -> str:
-    if re.search(r"[\s\[\],#]", value):
+def apt_keyring(value: str) -> str:
+    if not re.fullmatch(r"/" + _APT_WORD.replace("#", "#,"), value):
         raise ValueError(
             f"{_q(value)} is not a keyring path for apt "
-            "(an absolute path without spaces, brackets, commas or #)"
+            "(an absolute path without spaces, quotes, brackets, commas or #)"
         )
     return value
 
@@ -279,16 +280,14 @@ class AptRepository(_Model):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).",
     )
-    uri: Annotated[str, AfterValidator(_apt_uri)] = Field(
-        description="Repository URI (http(s):// or file:/)."
-    )
-    suite: Annotated[str, _apt_word("an apt suite")] = Field(
+    uri: Annotated[str, AfterValidator(apt_uri)] = Field(description="Repository URI (http(s):// or file:/).")
+    suite: Annotated[str, AfterValidator(lambda v: apt_word("an apt suite", v))] = Field(
         description='Suite, e.g. "/" for a flat repository or "bookworm".'
     )
-    components: list[Annotated[str, _apt_word("an apt component")]] = Field(
+    components: list[Annotated[str, AfterValidator(lambda v: apt_word("an apt component", v))]] = Field(
         default_factory=list, description="Components (empty for flat)."
     )
-    keyring: Annotated[AbsPath, AfterValidator(_keyring_path)] | None = Field(
+    keyring: Annotated[AbsPath, AfterValidator(apt_keyring)] | None = Field(
         None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings)."
     )
     key_source: AbsPath | None = Field(

@@ -175,9 +175,9 @@ EXPECTED = {
     + OWN_DIR,
     "apt_keyring_with_option.toml": "apt_keyring_with_option.toml:8: apt.repositories[0].keyring: "
     '"/etc/apt/keyrings/cuda.gpg] [trusted=yes" is not a keyring path for apt (an absolute path without '
-    "spaces, brackets, commas or #)",
+    "spaces, quotes, brackets, commas or #)",
     "apt_suite_with_space.toml": "apt_suite_with_space.toml:4: apt.repositories[0].suite: "
-    '"bookworm [trusted=yes]" is not an apt suite (one word without spaces, brackets or #, '
+    '"bookworm [trusted=yes]" is not an apt suite (one word without spaces, quotes, brackets or #, '
     'e.g. "bookworm" or "/")',
     "apt_repository_bad_name.toml": "apt_repository_bad_name.toml:2: apt.repositories[0].name: "
     "\"../../sources.list\" is not a repository name (letters, digits, '.', '_', '-'; a file stem)",
