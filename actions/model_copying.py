@@ -12,17 +12,57 @@ import tempfile
 from collections.abc import Iterable
 
 from actions.model_config import place_source_config
+from reconcile.errors import ActionError
 from reconcile.host import checkpoint, fsync_dir
+from reconcile.names import is_inside, name_problem
 
 
 def source_files(source: str) -> list[str]:
-    """Every file below `source`, "/"-separated and sorted."""
-    return sorted(
-        os.path.relpath(os.path.join(root, f), source).replace(os.sep, "/")
-        for root, dirs, files in os.walk(source)
-        if os.path.relpath(root, source).split(os.sep)[0] != ".cache"  # huggingface_hub's bookkeeping
-        for f in files
-    )
+    """Every file below `source`, "/"-separated and sorted; refused (ActionError) when a name holds a
+    control character or a symlink leads out of the source."""
+    roots = _allowed_roots(source)
+    names = []
+    for root, dirs, files in os.walk(source):
+        rel_root = os.path.relpath(root, source)
+        if rel_root.split(os.sep)[0] == ".cache":  # huggingface_hub's bookkeeping
+            continue
+        for entry in [*dirs, *files]:
+            full = os.path.join(root, entry)
+            rel = os.path.normpath(os.path.join(rel_root, entry)).replace(os.sep, "/")
+            if (problem := name_problem(rel)) is not None:
+                raise ActionError(f"[model].source {source}: {rel!r} {problem}: rename it or leave it out")
+            if os.path.islink(full) and not any(is_inside(full, r) for r in roots):
+                raise ActionError(
+                    f"[model].source {source}: {rel} is a symlink to {os.path.realpath(full)}, outside the "
+                    "source: copy the file in, or remove the link"
+                )
+        names += [os.path.normpath(os.path.join(rel_root, f)).replace(os.sep, "/") for f in files]
+    return sorted(names)
+
+
+def _allowed_roots(source: str) -> list[str]:
+    """Where the source's symlinks may lead: inside it, and for a huggingface_hub cache snapshot
+    (<repo>/snapshots/<rev>, every file a link to ../../blobs/...) into that repo's blobs."""
+    real = os.path.realpath(source)
+    roots = [real]
+    if os.path.basename(os.path.dirname(real)) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
+    return roots
+
+
+def inside_model_dir(model_dir: str, name: str) -> str:
+    """`model_dir`/`name` (a checked name); refused when an existing part of it is a symlink leading out."""
+    path = os.path.join(model_dir, name)
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent) and parent != model_dir:
+        parent = os.path.dirname(parent)
+    if not is_inside(parent, model_dir):
+        shown = os.path.relpath(parent, model_dir)
+        raise ActionError(
+            f"{model_dir}: {shown} is a symlink to {os.path.realpath(parent)}, outside the model dir: "
+            f"{name} would be written there (remove the link)"
+        )
+    return path
 
 
 def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
@@ -34,7 +74,7 @@ def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
 
 
 def _copy_one(src: str, model_dir: str, name: str) -> bool:
-    dst = os.path.join(model_dir, name)
+    dst = inside_model_dir(model_dir, name)
     if name == "config.json" and (placed := place_source_config(src, model_dir)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):

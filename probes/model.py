@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid
+from reconcile.names import name_problem
 
 if TYPE_CHECKING:
     from reconcile.spec import Spec
@@ -142,6 +143,10 @@ def parse_record(doc: JsonDoc) -> DownloadRecord | Invalid:
     if problems:
         message = f"download record has bad or missing {', '.join(problems)}"
         return Invalid(doc.path, message, json.dumps(data))
+    for name in files:  # type: ignore[union-attr]  # checked above: a dict
+        if (problem := name_problem(name)) is not None:
+            message = f"download record lists {name!r}, which {problem} (reconcile never writes that)"
+            return Invalid(doc.path, message, json.dumps(data))
     return DownloadRecord(
         data.get("repo"),
         str(data.get("revision") or ""),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from reconcile.errors import SpecError
 from reconcile.loaded import LoadedSpec, find_spec
+from reconcile.names import control_char
 from reconcile.spec import Spec
 from reconcile.spec_errors import describe, schema_text, show, unwrap
 from reconcile.tomllines import Part, dotted, syntax_error
@@ -26,10 +27,6 @@ __all__ = ["LoadedSpec", "dotted", "find_spec", "load_spec", "schema_text", "spe
 _PATH = r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*"
 _REF = re.compile(rf"\{{\{{({_PATH})\}}\}}|\{{({_PATH})\}}")  # {{escaped.path}} | {section.key}
 _MISSING = object()
-# Cc (C0, DEL, C1) and the Unicode line separators: none belongs in a value that may reach a unit, an
-# EnvironmentFile, a cron line, an apt source, a command line or a terminal.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # newline and tab allowed
 # Free text that only reaches JSON (config.json, the smoke prompt's request) or the plan's header:
 # newlines and tabs are allowed there, other control characters (terminal escapes) are not.
 _FREE_TEXT = (("machine", "description"), ("health", "smoke_prompt"), ("model", "config"))
@@ -180,11 +177,9 @@ def _control_characters(node: Any, parts: list[Part]) -> list[tuple[list[Part], 
     """Every string (key or value) holding a control character, as (where, message)."""
     found: list[tuple[list[Part], str]] = []
     free = any(tuple(parts[: len(f)]) == f for f in _FREE_TEXT)
-    pattern = _TEXT_CONTROL if free else _CONTROL
 
-    def what(text: str) -> str:
-        m = pattern.search(text)
-        return repr(m.group())[1:-1] if m else ""
+    def what(text: str) -> str | None:
+        return control_char(text.replace("\n", "").replace("\t", "") if free else text)
 
     if isinstance(node, dict):
         for key, value in node.items():

@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from reconcile.names import name_problem
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'
@@ -99,6 +101,16 @@ def _own_dir(value: str) -> str:
             f"{_q(value)} is a system directory (a directory of its own below it, "
             "e.g. /var/lib/reconcile/models/NAME)"
         )
+    return value
+
+
+_INSIDE = '(a relative path inside the model dir, e.g. "plugin/x.py")'
+
+
+def _relative_name(value: str) -> str:
+    # An absolute path is allowed when it is under model.dir ("{model.dir}/x.py"): Model checks that.
+    if (problem := name_problem(value[1:] if value.startswith("/") else value)) is not None:
+        raise ValueError(f"{_q(value)} {problem} {_INSIDE}")
     return value
 
 
@@ -345,7 +357,7 @@ class Model(_Model):
     offline: StrictBool = Field(
         False, description="Never contact the hub: use what is there, name what is missing."
     )
-    required_files: list[str] = Field(
+    required_files: list[Annotated[str, AfterValidator(_relative_name)]] = Field(
         default_factory=list,
         description="Files that must exist in `dir` (e.g. the reasoning-parser plugin, the chat template).",
     )
@@ -359,6 +371,10 @@ class Model(_Model):
             raise _at("source", "set with repo too (one of them: repo for the hub, source for a directory)")
         if self.repo is not None and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", self.repo):
             raise _at("repo", f"{_q(self.repo)} is not a hub repo id (owner/name)")
+        for n, name in enumerate(self.required_files):
+            if name.startswith("/") and not name.startswith(self.dir.rstrip("/") + "/"):
+                where = {"at": ("required_files", n)}
+                raise PydanticCustomError("spec", f"{_q(name)} is outside the model dir {_INSIDE}", where)
         return self
 
 

@@ -11,17 +11,15 @@ import re
 from collections.abc import Sequence
 
 from reconcile.errors import ActionError
+from reconcile.names import control_char
 
-# C0, DEL, C1 and the Unicode line separators: a unit or an EnvironmentFile line would end at some of them.
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def refuse_control(text: str, what: str) -> None:
-    m = CONTROL.search(text)
-    if m is not None:
+    if (bad := control_char(text)) is not None:
         raise ActionError(
-            f"{what} holds a control character ({repr(m.group())[1:-1]}): {text[:60]!r}; it would start "
+            f"{what} holds a control character ({bad}): {text[:60]!r}; it would start "
             "a line of its own in the generated file (remove it from the spec)"
         )
 
