@@ -14,7 +14,6 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from actions.model_config import (
@@ -26,7 +25,7 @@ from actions.model_config import (
     patch_config,
 )
 from actions.model_copying import copy_files, inside_model_dir, source_files
-from actions.model_resuming import resume_partials
+from actions.model_resuming import partials, resume_partials
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.names import name_problem
@@ -82,6 +81,7 @@ def download(model: Model, *, progress: bool) -> ActionResult:
     on_disk = recorded.get("commit") == commit and not _size_problems(model.dir, sizes)
     if on_disk and recorded == manifest:
         return ActionResult(False, f"{repo}@{commit[:12]}: all {len(sizes)} files present")
+    etags = {n: f.etag for n, f in wanted.items()}
     if not on_disk:
         os.makedirs(model.dir, exist_ok=True)
         paths = {name: inside_model_dir(model.dir, name) for name in sizes}
@@ -90,7 +90,6 @@ def download(model: Model, *, progress: bool) -> ActionResult:
             if name != "config.json" and os.path.isfile(path) and os.path.getsize(path) != size:
                 os.unlink(path)
         quiet = None if progress else _quiet_tqdm()
-        etags = {n: f.etag for n, f in wanted.items()}
         _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
         _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)
@@ -100,8 +99,9 @@ def download(model: Model, *, progress: bool) -> ActionResult:
             f"{repo}@{commit[:12]}: not the size the hub lists: {'; '.join(problems)} (apply again; if it "
             "persists, the hub or a proxy serves other bytes than it lists)"
         )
-    for part in Path(model.dir, ".cache", "huggingface", "download").rglob("*.incomplete"):
-        part.unlink(missing_ok=True)  # partials of killed runs that could not be resumed
+    for name, etag in etags.items():  # partials of killed runs that could not be resumed
+        for part in partials(model.dir, name, etag) if etag else ():
+            part.unlink(missing_ok=True)
     _write_manifest(model.dir, manifest)
     what = f"downloaded {len(sizes)} files" if not on_disk else "files already there, recorded"
     return ActionResult(True, f"{repo}@{commit[:12]}: {what} ({_human(sum(sizes.values()))})")

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from actions.model_config import place_source_config
 from reconcile.errors import ActionError
-from reconcile.host import checkpoint, fsync_dir
+from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
 from reconcile.names import is_inside, name_problem
 
 
@@ -66,7 +66,17 @@ def inside_model_dir(model_dir: str, name: str) -> str:
 
 
 def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
-    """Copy `names` from `source` into `model_dir` unless size and mtime match; returns those copied."""
+    """Copy `names` from `source` into `model_dir` unless size and mtime match; returns those copied.
+
+    First the temps a killed copy left: only beside the files it copies, only of those files.
+    """
+    names = list(names)
+    by_dir: dict[str, set[str]] = {}
+    for name in names:
+        by_dir.setdefault(os.path.dirname(os.path.join(model_dir, name)), set()).add(os.path.basename(name))
+    for directory, basenames in by_dir.items():
+        if is_inside(directory, model_dir):  # else _copy_one refuses the name
+            remove_stale_temps(directory, basenames)
     copied = [n for n in names if _copy_one(os.path.join(source, n), model_dir, n)]
     if copied:
         fsync_dir(model_dir)
@@ -82,7 +92,7 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
         if s.st_size == d.st_size and int(s.st_mtime) == int(d.st_mtime):  # rsync's rule, 1 s granularity
             return False
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=os.path.dirname(dst))
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
