@@ -6,6 +6,7 @@ Called by `actions.model.download` for `[model].source`; the manifest stays `act
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -101,8 +102,11 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
             os.fsync(f.fileno())
         checkpoint(f"model.copy:{name}")
         os.replace(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # shutil names the source first: the full disk is the destination's
+            raise OSError(exc.errno, exc.strerror, dst) from exc
         raise
     return True

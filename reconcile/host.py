@@ -244,6 +244,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def move_aside(path: str) -> str:
+    """Rename a damaged state file to `<path>.corrupt-<time>` (kept for a person to read); returns it."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = f"{path}.corrupt-{stamp}"
+    n = 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = f"{path}.corrupt-{stamp}.{n}"
+    os.rename(path, aside)
+    return aside
+
+
 def atomic_symlink(target: str, link: str) -> None:
     """Point `link` at `target` atomically: a new link beside it, then rename over the old one."""
     directory = os.path.dirname(link) or "."
