@@ -18,9 +18,9 @@ from actions.launching import LaunchCommand
 from reconcile import scheduling
 from reconcile.errors import ReconcileError
 from reconcile.identity import Identity
-from reconcile.spec import AptRepository, Spec
+from reconcile.spec import Spec
 from tests import generated_parsers as parse
-from tests.test_generated_files import SERVICE_KEYS
+from tests.test_generated_files import SERVICE_KEYS, hostile_repo
 
 CASES = int(os.environ.get("RECONCILE_FUZZ_CASES", "10000"))
 BATCH = 10
@@ -142,15 +142,7 @@ def test_the_cron_and_timer_writers_inject_no_job_and_no_key() -> None:
 def test_the_apt_source_writer_injects_no_option_and_no_entry() -> None:
     def check(case: list[str]) -> None:
         name, uri, suite, keyring, components = case[0], case[1], case[2], "/" + case[3], case[4:]
-        repo = AptRepository.model_construct(
-            name=name,
-            uri=uri,
-            suite=suite,
-            components=components,
-            keyring=keyring,
-            key_source=None,
-            trusted=False,
-        )
+        repo = hostile_repo(name=name, uri=uri, suite=suite, components=components, keyring=keyring)
         entries = parse.apt_sources(apt.sources_line(repo))
         assert [(e.kind, e.options, e.uri, e.suite, e.components) for e in entries] == [
             ("deb", {"signed-by": keyring}, uri, suite, components)
