@@ -271,3 +271,58 @@ def test_apt_reads_the_written_source_as_exactly_the_intended_entry(tmp_path: Pa
         f"{listed}:2 https://example.com/debian/ bookworm main",
         f"{listed}:2 https://example.com/debian/ bookworm non-free",
     ]
+
+
+# apt's own C++ parser, through python-apt (Debian's python3-apt, for the system interpreter).
+_APT_PKG = """
+import apt_pkg, json, sys
+apt_pkg.init_config()
+apt_pkg.config.set("Dir::Etc::sourcelist", sys.argv[1])
+apt_pkg.config.set("Dir::Etc::sourceparts", "-")
+apt_pkg.init_system()
+sources = apt_pkg.SourceList()
+sources.read_main_list()
+print(json.dumps([[m.uri, m.dist, m.is_trusted, len(m.index_files)] for m in sources.list]))
+"""
+needs_python_apt = pytest.mark.skipif(
+    subprocess.run(["/usr/bin/python3", "-c", "import apt_pkg"], capture_output=True).returncode != 0
+    if shutil.which("/usr/bin/python3")
+    else True,
+    reason="no python3-apt",
+)
+
+
+def apt_pkg_entries(listed: Path) -> list[list[object]]:
+    import json
+
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", _APT_PKG, str(listed)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    entries: list[list[object]] = json.loads(done.stdout)
+    return entries
+
+
+@needs_python_apt
+@pytest.mark.parametrize(
+    ("uri", "suite", "components"),
+    [
+        ("https://example.com/de%20bian", "bookworm", ["main", "non-free"]),
+        ("file:/srv/repo", "./", []),
+        ("https://example.com/x;y=z", "stable/updates", ["a+b"]),
+    ],
+)
+def test_apts_own_parser_reads_one_signed_entry_for_each_written_source(
+    tmp_path: Path, uri: str, suite: str, components: list[str]
+) -> None:
+    keyring = tmp_path / "k.gpg"
+    keyring.write_bytes(b"")
+    repo = AptRepository(name="ex", uri=uri, suite=suite, components=components, keyring=str(keyring))
+    apt.add_repository(repo, str(tmp_path))
+    entries = apt_pkg_entries(tmp_path / "reconcile-ex.list")
+    assert len(entries) == 1
+    assert entries[0][1:3] == [suite, False]  # the suite intended, signed (not trusted=yes)
+    # The check can fail: the old writer's line for keyring = ".../k.gpg trusted=yes" is a trusted source.
+    old = tmp_path / "old.list"
+    old.write_text(f"deb [signed-by={keyring} trusted=yes] {uri} {suite} {' '.join(components)}\n")
+    assert apt_pkg_entries(old)[0][2] is True
