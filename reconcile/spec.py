@@ -125,6 +125,7 @@ def _env_name(value: str) -> str:
 
 # One field of a one-line apt source: whitespace would start another field, [ ] an option list, " a
 # quoted word, # a comment, and a control character another line. (Also checked by actions.apt's writer.)
+_ONE_WORD = "one word without spaces, quotes, brackets or #"
 _APT_WORD = r'[^\s\x00-\x1f\x7f-\x9f\u2028\u2029\[\]#"]+'
 
 
@@ -292,16 +293,27 @@ class AptRepository(_Model):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).",
     )
-    uri: Annotated[str, AfterValidator(apt_uri)] = Field(description="Repository URI (http(s):// or file:/).")
-    suite: Annotated[str, AfterValidator(lambda v: apt_word("an apt suite", v))] = Field(
-        description='Suite, e.g. "/" for a flat repository or "bookworm".'
-    )
-    components: list[Annotated[str, AfterValidator(lambda v: apt_word("an apt component", v))]] = Field(
-        default_factory=list, description="Components (empty for flat)."
-    )
-    keyring: Annotated[AbsPath, AfterValidator(apt_keyring)] | None = Field(
-        None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings)."
-    )
+    uri: Annotated[
+        str,
+        AfterValidator(apt_uri),
+        Expect("a repository URI", "scheme:address without spaces, quotes, brackets or #"),
+    ] = Field(description="Repository URI (http(s):// or file:/).")
+    suite: Annotated[
+        str, AfterValidator(lambda v: apt_word("an apt suite", v)), Expect("an apt suite", _ONE_WORD)
+    ] = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
+    components: list[
+        Annotated[
+            str, AfterValidator(lambda v: apt_word("an apt component", v)), Expect("a component", _ONE_WORD)
+        ]
+    ] = Field(default_factory=list, description="Components (empty for flat).")
+    keyring: (
+        Annotated[
+            AbsPath,
+            AfterValidator(apt_keyring),
+            Expect("a keyring path", "an absolute path without spaces, quotes, brackets, commas or #"),
+        ]
+        | None
+    ) = Field(None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings).")
     key_source: AbsPath | None = Field(
         None, description="A local key file that apply copies to `keyring` when that is missing."
     )
