@@ -154,3 +154,20 @@ def test_a_full_disk_during_venv_creation_says_so_naming_the_path(small_fs: Path
         ).returncode
         == 0
     )
+
+
+def test_a_damaged_textfile_counter_does_not_break_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without a readable spec there is no last-run.json: the counters carry on from the textfile.
+    spec = tmp_path / "box.toml"
+    spec.write_text("[server\n")
+    prom = tmp_path / "reconcile.prom"
+    prom.write_text(
+        'reconcile_runs_total{outcome="error"} +Inf\nreconcile_runs_total{outcome="changed"} -3\n'
+    )
+
+    assert main(["plan", "--spec", str(spec), "--textfile", str(prom)]) == 1
+
+    assert "internal error" not in capsys.readouterr().err
+    assert 'reconcile_runs_total{outcome="error"} 1' in prom.read_text().splitlines()
