@@ -261,7 +261,7 @@ def move_aside(path: str) -> str:
 def atomic_symlink(target: str, link: str) -> None:
     """Point `link` at `target` atomically: a new link beside it, then rename over the old one."""
     directory = os.path.dirname(link) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(link)}.{os.getpid()}.tmp")
+    tmp = os.path.join(directory, f".{os.path.basename(link)}.reconcile-{os.getpid()}.tmp")  # ours alone
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     os.symlink(target, tmp)
