@@ -40,7 +40,7 @@ def sources_line(repo: AptRepository) -> str:
     Every field is checked again here, whatever validated the spec: a space, a bracket, a quote, a #
     or a newline in one of them would give apt another option (`trusted=yes`), field or entry.
     """
-    from reconcile.spec import apt_keyring, apt_uri, apt_word
+    from reconcile.spec_values import apt_keyring, apt_uri, apt_word
 
     try:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", repo.name):

@@ -45,7 +45,7 @@ class Every:
 def parse_every(text: str) -> Every:
     """'5m' -> every 5 minutes on the clock (:00, :05, ...): only intervals that cron and systemd
     both keep even are accepted."""
-    from reconcile.spec import parse_duration
+    from reconcile.spec_values import parse_duration
 
     days = re.fullmatch(r"\s*(\d+)\s*d\s*", text)
     try:

@@ -6,9 +6,6 @@ look at) and the actions. Every field's description is its documentation (`recon
 
 from __future__ import annotations
 
-import json
-import math
-import posixpath
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -24,22 +21,25 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from reconcile.names import name_problem
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'
-_LONGEST = 86400.0  # a spec's timeouts and windows: a day is already far past any real boot or stop
-# Directories that hold the system itself: reconcile writes (and removes its own files) in model.dir,
-# state_dir and venv.path, so each must be a directory of its own, never one of these.
-_SYSTEM_DIR_NAMES = (
-    "/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run /sbin /srv "
-    "/sys /tmp /usr /var /usr/bin /usr/include /usr/lib /usr/lib64 /usr/libexec /usr/local /usr/local/bin "
-    "/usr/local/lib /usr/local/sbin /usr/local/share /usr/sbin /usr/share /usr/src /var/cache /var/lib "
-    "/var/log /var/mail /var/opt /var/run /var/spool /var/tmp /etc/apt /etc/systemd /etc/systemd/system "
-    "/dev/shm /run/user /run/systemd"
+from reconcile.spec_values import (
+    DURATIONS,
+    INSIDE,
+    ONE_WORD,
+    absolute,
+    apt_keyring,
+    apt_name,
+    apt_uri,
+    apt_word,
+    env_name,
+    flag_names,
+    no_bool,
+    own_dir,
+    package_name,
+    quoted,
+    relative_name,
+    spec_duration,
+    specifier,
 )
-SYSTEM_DIRS = frozenset(_SYSTEM_DIR_NAMES.split())
 
 
 @dataclass(frozen=True)
@@ -50,176 +50,30 @@ class Expect:
     allowed: str  # "an integer 1-65535": what to write instead
 
 
-def _q(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
-
-
-def parse_duration(value: object) -> float:
-    """`90`, `"90s"`, `"15m"`, `"1h"`, `"500ms"` -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"{str(value).lower()} is not a duration ({_DURATIONS})")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    else:
-        raise ValueError(f"{_q(value)} is not a duration ({_DURATIONS})")
-    if not math.isfinite(seconds):
-        raise ValueError(f"{_q(value)} is not a finite duration ({_DURATIONS})")
-    if seconds <= 0:
-        raise ValueError(f"{_q(value)} is not a positive duration ({_DURATIONS})")
-    return seconds
-
-
-def _spec_duration(value: object) -> float:
-    seconds = parse_duration(value)
-    if seconds > _LONGEST:
-        raise ValueError(f"{_q(value)} is longer than a day ({_DURATIONS})")
-    return seconds
-
-
-def _no_bool(value: object) -> object:
-    """TOML's true is not 1: pydantic's lax int and float would take it as one."""
-    if isinstance(value, bool):
-        raise PydanticCustomError("bool_not_number", "a boolean is not a number")
-    return value
-
-
-def _absolute(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError(f"{_q(value)} is a relative path (an absolute path, starting with /)")
-    if "\x00" in value:
-        raise ValueError("a path cannot contain a NUL byte (an absolute path, starting with /)")
-    return value
-
-
-def _own_dir(value: str) -> str:
-    # Lexical, like the rest of validation (the spec cache keeps the result): "/usr/local/.." is /usr.
-    normal = "/" + posixpath.normpath(value).lstrip("/")
-    if normal in SYSTEM_DIRS:
-        raise ValueError(
-            f"{_q(value)} is a system directory (a directory of its own below it, "
-            "e.g. /var/lib/reconcile/models/NAME)"
-        )
-    return value
-
-
-_INSIDE = '(a relative path inside the model dir, e.g. "plugin/x.py")'
-
-
-def _relative_name(value: str) -> str:
-    # An absolute path is allowed when it is under model.dir ("{model.dir}/x.py"): Model checks that.
-    if (problem := name_problem(value[1:] if value.startswith("/") else value)) is not None:
-        raise ValueError(f"{_q(value)} {problem} {_INSIDE}")
-    return value
-
-
-def _env_name(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-        raise ValueError(
-            f"{_q(value)} is not an environment variable name "
-            "(letters, digits and _, not starting with a digit)"
-        )
-    return value
-
-
-# One field of a one-line apt source: whitespace would start another field, [ ] an option list, " a
-# quoted word, # a comment, and a control character another line. (Also checked by actions.apt's writer.)
-_ONE_WORD = "one word without spaces, quotes, brackets or #"
-_APT_WORD = r'[^\s\x00-\x1f\x7f-\x9f\u2028\u2029\[\]#"]+'
-
-
-def apt_word(noun: str, value: str) -> str:
-    """A suite or a component."""
-    if not re.fullmatch(_APT_WORD, value):
-        raise ValueError(
-            f"{_q(value)} is not {noun} "
-            '(one word without spaces, quotes, brackets or #, e.g. "bookworm" or "/")'
-        )
-    return value
-
-
-def apt_uri(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:" + _APT_WORD, value):
-        raise ValueError(
-            f"{_q(value)} is not a repository URI (scheme:address without spaces, quotes, brackets or #, "
-            'e.g. "https://example.com/debian" or "file:/srv/repo")'
-        )
-    return value
-
-
-def apt_keyring(value: str) -> str:
-    if not re.fullmatch(r"/" + _APT_WORD.replace("#", "#,"), value):
-        raise ValueError(
-            f"{_q(value)} is not a keyring path for apt "
-            "(an absolute path without spaces, quotes, brackets, commas or #)"
-        )
-    return value
-
-
-def _specifier(value: str) -> str:
-    if value.strip() in ("*", ""):
-        return "*"
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        SpecifierSet(value)
-    except InvalidSpecifier:
-        raise ValueError(
-            f'{_q(value)} is not a version specifier ("*", "==0.26.0", ">=0.26.0rc1", "~=1.11")'
-        ) from None
-    return value
-
-
-def _package_name(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
-        raise ValueError(f"{_q(value)} is not a package name (letters, digits, '.', '_', '-')")
-    return value
-
-
-def _apt_name(value: str) -> str:
-    name, _, version = value.partition("=")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", name):
-        raise ValueError(f'{_q(value)} is not an apt package (a lowercase name, optionally "name=version")')
-    if "=" in value and not re.fullmatch(r"[A-Za-z0-9.+~:-]+", version):
-        raise ValueError(f'{_q(value)} has a bad version after "=" (digits, letters, ".+~:-")')
-    return value
-
-
-def _flag_names(value: dict[str, Any]) -> dict[str, Any]:
-    for key in value:
-        if key.startswith("-"):
-            message = "write the flag without its leading dashes ({name} = ...)"
-            raise PydanticCustomError("spec", message, {"at": (key,), "name": key.lstrip("-")})
-    return value
-
-
-AbsPath = Annotated[str, AfterValidator(_absolute), Expect("an absolute path", "a path starting with /")]
-Duration = Annotated[float, BeforeValidator(_spec_duration), Expect("a duration", _DURATIONS)]
+AbsPath = Annotated[str, AfterValidator(absolute), Expect("an absolute path", "a path starting with /")]
+Duration = Annotated[float, BeforeValidator(spec_duration), Expect("a duration", DURATIONS)]
 OwnDir = Annotated[
     str,
-    AfterValidator(_absolute),
-    AfterValidator(_own_dir),
+    AfterValidator(absolute),
+    AfterValidator(own_dir),
     Expect("an absolute path", "a path starting with /"),
 ]
 EnvName = Annotated[
     str,
-    AfterValidator(_env_name),
+    AfterValidator(env_name),
     Expect("an environment variable name", "letters, digits and _, not starting with a digit"),
 ]
-Int = Annotated[int, BeforeValidator(_no_bool)]
+Int = Annotated[int, BeforeValidator(no_bool)]
 VersionSpec = Annotated[
-    str, AfterValidator(_specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
+    str, AfterValidator(specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
 ]
 PackageName = Annotated[
-    str, AfterValidator(_package_name), Expect("a package name", "letters, digits, '.', '_', '-'")
+    str, AfterValidator(package_name), Expect("a package name", "letters, digits, '.', '_', '-'")
 ]
 AptPackage = Annotated[
-    str, AfterValidator(_apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
+    str, AfterValidator(apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
 ]
-Port = Annotated[
-    int, BeforeValidator(_no_bool), Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")
-]
+Port = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")]
 Scalar = str | int | float | bool
 ArgValue = Annotated[
     Scalar | list[Scalar] | dict[str, Any],
@@ -259,7 +113,7 @@ class Gpu(_Model):
     compute_capability: Annotated[str | None, Expect("a compute capability", 'major.minor, e.g. "12.0"')] = (
         Field(None, pattern=r"^\d+\.\d+$", description='Expected compute capability, e.g. "12.0" for sm_120.')
     )
-    memory_gib: Annotated[float, BeforeValidator(_no_bool)] | None = Field(
+    memory_gib: Annotated[float, BeforeValidator(no_bool)] | None = Field(
         None,
         gt=0,
         allow_inf_nan=False,
@@ -299,11 +153,11 @@ class AptRepository(_Model):
         Expect("a repository URI", "scheme:address without spaces, quotes, brackets or #"),
     ] = Field(description="Repository URI (http(s):// or file:/).")
     suite: Annotated[
-        str, AfterValidator(lambda v: apt_word("an apt suite", v)), Expect("an apt suite", _ONE_WORD)
+        str, AfterValidator(lambda v: apt_word("an apt suite", v)), Expect("an apt suite", ONE_WORD)
     ] = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
     components: list[
         Annotated[
-            str, AfterValidator(lambda v: apt_word("an apt component", v)), Expect("a component", _ONE_WORD)
+            str, AfterValidator(lambda v: apt_word("an apt component", v)), Expect("a component", ONE_WORD)
         ]
     ] = Field(default_factory=list, description="Components (empty for flat).")
     keyring: (
@@ -369,7 +223,7 @@ class Model(_Model):
     offline: StrictBool = Field(
         False, description="Never contact the hub: use what is there, name what is missing."
     )
-    required_files: list[Annotated[str, AfterValidator(_relative_name)]] = Field(
+    required_files: list[Annotated[str, AfterValidator(relative_name)]] = Field(
         default_factory=list,
         description="Files that must exist in `dir` (e.g. the reasoning-parser plugin, the chat template).",
     )
@@ -382,11 +236,11 @@ class Model(_Model):
         if self.repo and self.source:
             raise _at("source", "set with repo too (one of them: repo for the hub, source for a directory)")
         if self.repo is not None and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", self.repo):
-            raise _at("repo", f"{_q(self.repo)} is not a hub repo id (owner/name)")
+            raise _at("repo", f"{quoted(self.repo)} is not a hub repo id (owner/name)")
         for n, name in enumerate(self.required_files):
             if name.startswith("/") and not name.startswith(self.dir.rstrip("/") + "/"):
                 where = {"at": ("required_files", n)}
-                raise PydanticCustomError("spec", f"{_q(name)} is outside the model dir {_INSIDE}", where)
+                raise PydanticCustomError("spec", f"{quoted(name)} is outside the model dir {INSIDE}", where)
         return self
 
 
@@ -421,7 +275,7 @@ class Server(_Model):
     pidfile: AbsPath | None = Field(None, description="Pidfile (default: <state_dir>/<name>.pid).")
     startup_timeout: Duration = Field(900.0, description="How long to wait for /health = 200.")
     stop_timeout: Duration = Field(30.0, description="Grace period between SIGTERM and SIGKILL.")
-    args: Annotated[dict[str, ArgValue], AfterValidator(_flag_names)] = Field(
+    args: Annotated[dict[str, ArgValue], AfterValidator(flag_names)] = Field(
         default_factory=dict,
         description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
     )
