@@ -53,15 +53,16 @@ def _allowed_roots(source: str) -> list[str]:
 
 def inside_model_dir(model_dir: str, name: str) -> str:
     """`model_dir`/`name` (a checked name); refused when an existing part of it is a symlink leading out."""
-    path = os.path.join(model_dir, name)
+    top = os.path.normpath(model_dir)
+    path = os.path.join(top, name)
     parent = os.path.dirname(path)
-    while not os.path.lexists(parent) and parent != model_dir:
+    while parent != top and not os.path.lexists(parent):
         parent = os.path.dirname(parent)
-    if not is_inside(parent, model_dir):
-        shown = os.path.relpath(parent, model_dir)
+    if not is_inside(parent, top):
+        shown = os.path.relpath(parent, top)
         raise ActionError(
-            f"{model_dir}: {shown} is a symlink to {os.path.realpath(parent)}, outside the model dir: "
-            f"{name} would be written there (remove the link)"
+            f"{model_dir}: {shown} leads to {os.path.realpath(parent)} through a symlink, outside the model "
+            f"dir: {name} would be written there (remove the link)"
         )
     return path
 
