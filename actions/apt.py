@@ -35,7 +35,24 @@ _NOT_FOUND = (
 
 
 def sources_line(repo: AptRepository) -> str:
-    """The one-line `deb` entry for `repo` (flat when the suite ends with '/')."""
+    """The one-line `deb` entry for `repo` (flat when the suite ends with '/').
+
+    Every field is checked again here, whatever validated the spec: a space, a bracket, a quote, a #
+    or a newline in one of them would give apt another option (`trusted=yes`), field or entry.
+    """
+    from reconcile.spec.values import apt_keyring, apt_uri, apt_word
+
+    try:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", repo.name):
+            raise ValueError(f"{repo.name!r} is not a repository name (letters, digits, '.', '_', '-')")
+        apt_uri(repo.uri)
+        apt_word("an apt suite", repo.suite)
+        for component in repo.components:
+            apt_word("an apt component", component)
+        if repo.keyring is not None:
+            apt_keyring(repo.keyring)
+    except ValueError as exc:
+        raise ActionError(f"[apt].repositories {repo.name[:40]!r}: {exc}") from None
     flat = repo.suite.endswith("/")
     if flat and repo.components:
         raise ActionError(

@@ -13,7 +13,6 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from actions.model_config import (
@@ -24,11 +23,12 @@ from actions.model_config import (
     original_path,
     patch_config,
 )
-from actions.model_copying import copy_files, source_files
-from actions.model_resuming import resume_partials
+from actions.model_copying import copy_files, inside_model_dir, source_files
+from actions.model_resuming import partials, resume_partials
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.plan.records import ActionResult
+from reconcile.safety.names import name_problem
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
@@ -68,6 +68,7 @@ def download(model: Model, *, progress: bool) -> ActionResult:
         raise ActionError("[model] needs `repo` (a hub repo id) or `source` (a local directory)")
     repo, endpoint = model.repo, _endpoint()
     commit, listing = _listing(repo, model.revision, endpoint)
+    _refuse_names(listing, f"{repo}@{commit[:12]}: the hub lists", _HUB_FIX)
     wanted = {n: f for n, f in sorted(listing.items()) if selected(n, model.allow_patterns)}
     if not wanted:
         raise ActionError(f"{repo}@{commit[:12]}: no file matches allow_patterns {model.allow_patterns}")
@@ -78,14 +79,15 @@ def download(model: Model, *, progress: bool) -> ActionResult:
     on_disk = recorded.get("commit") == commit and not _size_problems(model.dir, sizes)
     if on_disk and recorded == manifest:
         return ActionResult(False, f"{repo}@{commit[:12]}: all {len(sizes)} files present")
+    etags = {n: f.etag for n, f in wanted.items()}
     if not on_disk:
         os.makedirs(model.dir, exist_ok=True)
+        paths = {name: inside_model_dir(model.dir, name) for name in sizes}
         for name, size in sizes.items():  # huggingface_hub trusts its own record over a damaged file
-            path = os.path.join(model.dir, name)
+            path = paths[name]
             if name != "config.json" and os.path.isfile(path) and os.path.getsize(path) != size:
                 os.unlink(path)
         quiet = None if progress else _quiet_tqdm()
-        etags = {n: f.etag for n, f in wanted.items()}
         _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
         _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)
@@ -95,11 +97,22 @@ def download(model: Model, *, progress: bool) -> ActionResult:
             f"{repo}@{commit[:12]}: not the size the hub lists: {'; '.join(problems)} (apply again; if it "
             "persists, the hub or a proxy serves other bytes than it lists)"
         )
-    for part in Path(model.dir, ".cache", "huggingface", "download").rglob("*.incomplete"):
-        part.unlink(missing_ok=True)  # partials of killed runs that could not be resumed
+    for name, etag in etags.items():  # partials of killed runs that could not be resumed
+        for part in partials(model.dir, name, etag) if etag else ():
+            part.unlink(missing_ok=True)
     _write_manifest(model.dir, manifest)
     what = f"downloaded {len(sizes)} files" if not on_disk else "files already there, recorded"
     return ActionResult(True, f"{repo}@{commit[:12]}: {what} ({_human(sum(sizes.values()))})")
+
+
+_HUB_FIX = "a hub never lists such a name: check HF_ENDPOINT and what answers there"
+
+
+def _refuse_names(names: Iterable[str], where: str, fix: str) -> None:
+    """A name that would leave the model dir (or hold a control character) is refused before any join."""
+    for name in names:
+        if (problem := name_problem(name)) is not None:
+            raise ActionError(f"{where} {name!r}, which {problem}: refused, nothing written ({fix})")
 
 
 def _human(n: int) -> str:
@@ -247,6 +260,9 @@ def _check_offline(model: Model) -> ActionResult:
             f"offline: {where} is missing or unreadable, so nothing records which files belong in "
             f"{model.dir}; download once with offline = false, or copy the files in and use `source`"
         )
+    _refuse_names(
+        manifest["files"], f"offline: {where} lists", f"reconcile never writes that: remove {where}"
+    )
     if model.repo is not None and manifest.get("repo") != model.repo:
         raise ActionError(f"offline: {model.dir} holds {manifest.get('repo')!r}, the spec {model.repo!r}")
     if _COMMIT.match(model.revision) and manifest.get("commit") not in (None, model.revision):

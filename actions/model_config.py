@@ -8,7 +8,6 @@ the backed-up original value comes back. (A Python caller's None is written as J
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from reconcile.errors import ActionError
-from reconcile.host import atomic_write, fsync_dir
+from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
 from reconcile.plan.records import ActionResult
 
 CONFIG = "config.json"
@@ -139,12 +138,8 @@ def _keys(patch: Mapping[str, Any]) -> str:
 
 
 def _remove_stale_temps(model_dir: str) -> None:
-    # atomic_write's temp files survive a SIGKILL; they are ours (the apply lock rules out a live writer).
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(model_dir):
-            if re.fullmatch(r"\.config\.json(\.bak)?\..+\.tmp", name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(model_dir, name))
+    # atomic_write's temp files survive a SIGKILL: only ours, of these two files, of a writer that is gone.
+    remove_stale_temps(model_dir, (CONFIG, BACKUP))
 
 
 # -- config.json among the model's files (used by actions.model's download and copy) ---------------------

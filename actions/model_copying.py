@@ -6,27 +6,79 @@ Called by `actions.model.download` for `[model].source`; the manifest stays `act
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable
 
 from actions.model_config import place_source_config
-from reconcile.host import checkpoint, fsync_dir
+from reconcile.errors import ActionError
+from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
+from reconcile.safety.names import is_inside, name_problem
 
 
 def source_files(source: str) -> list[str]:
-    """Every file below `source`, "/"-separated and sorted."""
-    return sorted(
-        os.path.relpath(os.path.join(root, f), source).replace(os.sep, "/")
-        for root, dirs, files in os.walk(source)
-        if os.path.relpath(root, source).split(os.sep)[0] != ".cache"  # huggingface_hub's bookkeeping
-        for f in files
-    )
+    """Every file below `source`, "/"-separated and sorted; refused (ActionError) when a name holds a
+    control character or a symlink leads out of the source."""
+    roots = _allowed_roots(source)
+    names = []
+    for root, dirs, files in os.walk(source):
+        rel_root = os.path.relpath(root, source)
+        if rel_root.split(os.sep)[0] == ".cache":  # huggingface_hub's bookkeeping
+            continue
+        for entry in [*dirs, *files]:
+            full = os.path.join(root, entry)
+            rel = os.path.normpath(os.path.join(rel_root, entry)).replace(os.sep, "/")
+            if (problem := name_problem(rel)) is not None:
+                raise ActionError(f"[model].source {source}: {rel!r} {problem}: rename it or leave it out")
+            if os.path.islink(full) and not any(is_inside(full, r) for r in roots):
+                raise ActionError(
+                    f"[model].source {source}: {rel} is a symlink to {os.path.realpath(full)}, outside the "
+                    "source: copy the file in, or remove the link"
+                )
+        names += [os.path.normpath(os.path.join(rel_root, f)).replace(os.sep, "/") for f in files]
+    return sorted(names)
+
+
+def _allowed_roots(source: str) -> list[str]:
+    """Where the source's symlinks may lead: inside it, and for a huggingface_hub cache snapshot
+    (<repo>/snapshots/<rev>, every file a link to ../../blobs/...) into that repo's blobs."""
+    real = os.path.realpath(source)
+    roots = [real]
+    if os.path.basename(os.path.dirname(real)) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
+    return roots
+
+
+def inside_model_dir(model_dir: str, name: str) -> str:
+    """`model_dir`/`name` (a checked name); refused when an existing part of it is a symlink leading out."""
+    top = os.path.normpath(model_dir)
+    path = os.path.join(top, name)
+    parent = os.path.dirname(path)
+    while parent != top and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not is_inside(parent, top):
+        shown = os.path.relpath(parent, top)
+        raise ActionError(
+            f"{model_dir}: {shown} leads to {os.path.realpath(parent)} through a symlink, outside the model "
+            f"dir: {name} would be written there (remove the link)"
+        )
+    return path
 
 
 def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
-    """Copy `names` from `source` into `model_dir` unless size and mtime match; returns those copied."""
+    """Copy `names` from `source` into `model_dir` unless size and mtime match; returns those copied.
+
+    First the temps a killed copy left: only beside the files it copies, only of those files.
+    """
+    names = list(names)
+    by_dir: dict[str, set[str]] = {}
+    for name in names:
+        by_dir.setdefault(os.path.dirname(os.path.join(model_dir, name)), set()).add(os.path.basename(name))
+    for directory, basenames in by_dir.items():
+        if is_inside(directory, model_dir):  # else _copy_one refuses the name
+            remove_stale_temps(directory, basenames)
     copied = [n for n in names if _copy_one(os.path.join(source, n), model_dir, n)]
     if copied:
         fsync_dir(model_dir)
@@ -34,7 +86,7 @@ def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
 
 
 def _copy_one(src: str, model_dir: str, name: str) -> bool:
-    dst = os.path.join(model_dir, name)
+    dst = inside_model_dir(model_dir, name)
     if name == "config.json" and (placed := place_source_config(src, model_dir)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):
@@ -42,7 +94,7 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
         if s.st_size == d.st_size and int(s.st_mtime) == int(d.st_mtime):  # rsync's rule, 1 s granularity
             return False
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=os.path.dirname(dst))
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
@@ -51,8 +103,11 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
             os.fsync(f.fileno())
         checkpoint(f"model.copy:{name}")
         os.replace(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # shutil names the source first: the full disk is the destination's
+            raise OSError(exc.errno, exc.strerror, dst) from exc
         raise
     return True

@@ -33,10 +33,7 @@ def resume_partials(
         paths = get_local_download_paths(Path(model_dir), name)
         if etag is None or paths.file_path.exists():
             continue
-        stem = paths.incomplete_path(etag).name[: -len("incomplete")]
-        folder = paths.metadata_path.parent
-        found = (folder / n for n in os.listdir(folder) if n.startswith(stem) and n.endswith(".incomplete"))
-        parts = sorted(found, key=lambda p: p.stat().st_size, reverse=True)
+        parts = sorted(partials(model_dir, name, etag), key=lambda p: p.stat().st_size, reverse=True)
         for extra in parts[1:]:
             extra.unlink(missing_ok=True)
         if not parts:
@@ -60,6 +57,18 @@ def resume_partials(
         os.chmod(part, 0o644)
         os.replace(part, paths.file_path)
         write_download_metadata(Path(model_dir), name, commit, etag)
+
+
+def partials(model_dir: str, name: str, etag: str) -> list[Path]:
+    """huggingface_hub's partial files of `name` at `etag`: the exact names in the exact directory."""
+    try:
+        from huggingface_hub._local_folder import get_local_download_paths
+    except ImportError:
+        return []
+    paths = get_local_download_paths(Path(model_dir), name)
+    stem = paths.incomplete_path(etag).name[: -len("incomplete")]
+    folder = paths.metadata_path.parent
+    return [folder / n for n in os.listdir(folder) if n.startswith(stem) and n.endswith(".incomplete")]
 
 
 def _matches_etag(path: str, etag: str) -> bool:

@@ -74,6 +74,29 @@ def _run(argv: Sequence[str], timeout: float, what: str) -> Completed:
         raise ActionError(_redact(f"{what}: {exc}")) from None
 
 
+# A venv with pip takes about 20 MiB; less than this free after a failed creation is the reason.
+_VENV_NEEDS = 32 * 1024 * 1024
+
+
+def _no_space(path: str, out: Completed) -> str | None:
+    """Say so when a creation failed for want of space: venv hides ensurepip's own error ("returned
+    non-zero exit status 1"), so the filesystem holding `path` is asked too."""
+    where = path
+    while not os.path.exists(where) and where != os.path.dirname(where):
+        where = os.path.dirname(where)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if "No space left on device" not in out.stdout + out.stderr and free >= _VENV_NEEDS:
+        return None
+    return (
+        f"No space left on device: the filesystem holding {path} has {free // 1024} KiB free and a venv "
+        "with pip needs about 30 MiB: free some space, then apply again"
+    )
+
+
 def _pyvenv_cfg(venv: Venv) -> dict[str, str]:
     cfg: dict[str, str] = {}
     with open(os.path.join(venv.path, "pyvenv.cfg"), encoding="utf-8") as f:
@@ -180,6 +203,8 @@ def create(venv: Venv) -> ActionResult:
         except CommandTimeout as exc:
             raise ActionError(str(exc)) from None
         if not out.ok:
+            if (full := _no_space(venv.path, out)) is not None:
+                raise ActionError(f"{' '.join(argv)} {venv.path} failed: {full}")
             raise ActionError(f"{' '.join(argv)} {venv.path} failed:\n{_tail(out)}")
         checkpoint("venv.created")
         done.append(f"created {venv.path} with {venv.python}")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from probes.common import Absent, Invalid
+from reconcile.safety.names import name_problem
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -138,6 +139,10 @@ def parse_record(doc: JsonDoc) -> DownloadRecord | Invalid:
     if problems:
         message = f"download record has bad or missing {', '.join(problems)}"
         return Invalid(doc.path, message, json.dumps(data))
+    for name in files:  # type: ignore[union-attr]  # checked above: a dict
+        if (problem := name_problem(name)) is not None:
+            message = f"download record lists {name!r}, which {problem} (reconcile never writes that)"
+            return Invalid(doc.path, message, json.dumps(data))
     return DownloadRecord(
         data.get("repo"),
         str(data.get("revision") or ""),

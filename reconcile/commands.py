@@ -225,7 +225,7 @@ def cmd_timer(args: argparse.Namespace) -> int:
         print("\n".join(filter(None, (said, gone.next_steps))))
         return 0
     from reconcile.spec.loader import find_spec, load_spec
-    from reconcile.spec.models import parse_duration
+    from reconcile.spec.values import parse_duration
 
     path = os.path.abspath(find_spec(args.spec))
     loaded = load_spec(path)  # a timer for a spec that does not load would only fail every tick
@@ -254,7 +254,7 @@ def cmd_timer(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    from reconcile.spec.models import parse_duration
+    from reconcile.spec.values import parse_duration
     from reconcile.unattended.pause import pause
 
     try:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NamedTuple
 
 
@@ -175,7 +176,7 @@ def atomic_write(
     never readable by others, even half-written), fsync, rename, fsync the directory.
     """
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=directory)
     try:
         if mode is None:
             with contextlib.suppress(FileNotFoundError):
@@ -201,10 +202,68 @@ def atomic_write(
     fsync_dir(directory)
 
 
+# A temp file of ours: "." + the file's name + ".reconcile-" + the writer's pid + "-" + mkstemp's 8
+# random characters + ".tmp". The pid lets a sweep leave the temp of a writer that still runs.
+_OWN_TEMP = re.compile(r"^\.(?P<name>.+)\.reconcile-(?P<pid>[0-9]+)-[a-z0-9_]{8}\.tmp$")
+
+
+def temp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}.reconcile-{os.getpid()}-"
+
+
+def remove_stale_temps(directory: str, names: Collection[str] | None) -> list[str]:
+    """Remove the temp files a killed writer of ours left in `directory` (never below it): of the files
+    `names` (None: of any file, for a directory only reconcile writes in), whose writer is gone.
+
+    Another program's temp file never matches: the name says "reconcile" and its writer's pid.
+    Returns the paths removed.
+    """
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        m = _OWN_TEMP.match(entry)
+        if m is None or (names is not None and m.group("name") not in names) or _alive(int(m.group("pid"))):
+            continue
+        path = os.path.join(directory, entry)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # a pid reused by this very process: that writer is gone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def move_aside(path: str) -> str:
+    """Rename a damaged state file to `<path>.corrupt-<time>` (kept for a person to read); returns it."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = f"{path}.corrupt-{stamp}"
+    n = 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = f"{path}.corrupt-{stamp}.{n}"
+    os.rename(path, aside)
+    return aside
+
+
 def atomic_symlink(target: str, link: str) -> None:
     """Point `link` at `target` atomically: a new link beside it, then rename over the old one."""
     directory = os.path.dirname(link) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(link)}.{os.getpid()}.tmp")
+    tmp = os.path.join(directory, f".{os.path.basename(link)}.reconcile-{os.getpid()}.tmp")  # ours alone
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     os.symlink(target, tmp)

@@ -14,6 +14,8 @@ from reconcile.spec.models import Spec
 
 BAD = Path(__file__).parent / "bad_specs"
 DURATIONS = '(90 (seconds), "500ms", "90s", "15m" or "1h")'
+OWN_DIR = "(a directory of its own below it, e.g. /var/lib/reconcile/models/NAME)"
+CTRL = "(text without control characters: no newline, tab or escape code)"
 
 # file -> the one line the user sees ({dir} is tests/bad_specs, absolute)
 EXPECTED = {
@@ -147,6 +149,37 @@ EXPECTED = {
     "(set model, or add a [model] section)",
     "first_error_in_file_order.toml": "first_error_in_file_order.toml:7: server.port: 0 is not a port "
     "(an integer 1-65535)",
+    # hostile values: control characters, names that inject, numbers that are not numbers
+    "control_char_in_log.toml": "control_char_in_log.toml:5: server.log: "
+    '"/var/log/vllm/nemotron.log\\nExecStartPre=/bin/sh -c id" holds a control character (\\n) ' + CTRL,
+    "control_char_in_env_key.toml": "control_char_in_env_key.toml:6: "
+    'server.env."HF_HUB_OFFLINE=1\\nLD_PRELOAD": the key holds a control character (\\n) ' + CTRL,
+    "env_key_with_equals.toml": 'env_key_with_equals.toml:8: server.env."VLLM_PORT=1": "VLLM_PORT=1" '
+    "is not an environment variable name (letters, digits and _, not starting with a digit)",
+    "escape_in_description.toml": "escape_in_description.toml:3: machine.description: "
+    '"a box \\u001b[2J\\u001b[H cleared your terminal" holds a control character (\\x1b) ' + CTRL,
+    "newline_in_cron_state_dir.toml": "newline_in_cron_state_dir.toml:2: machine.state_dir: "
+    '"/var/lib/reconcile\\n* * * * * root /tmp/evil" holds a control character (\\n) ' + CTRL,
+    "port_true.toml": "port_true.toml:6: server.port: true is not a port (an integer 1-65535)",
+    "gpu_count_true.toml": "gpu_count_true.toml:2: gpu.count: true is not an integer (a whole number >= 0)",
+    "stop_timeout_nan.toml": "stop_timeout_nan.toml:6: server.stop_timeout: nan is not a finite duration "
+    + DURATIONS,
+    "startup_timeout_inf.toml": "startup_timeout_inf.toml:6: server.startup_timeout: inf is not a finite "
+    "duration " + DURATIONS,
+    "duration_too_long.toml": 'duration_too_long.toml:2: health.timeout: "48h" is longer than a day '
+    + DURATIONS,
+    "model_dir_root.toml": 'model_dir_root.toml:3: model.dir: "/" is a system directory ' + OWN_DIR,
+    "state_dir_tmp.toml": 'state_dir_tmp.toml:3: machine.state_dir: "/tmp/" is a system directory ' + OWN_DIR,
+    "venv_path_usr.toml": 'venv_path_usr.toml:2: venv.path: "/usr/local/../" is a system directory '
+    + OWN_DIR,
+    "apt_keyring_with_option.toml": "apt_keyring_with_option.toml:8: apt.repositories[0].keyring: "
+    '"/etc/apt/keyrings/cuda.gpg] [trusted=yes" is not a keyring path for apt (an absolute path without '
+    "spaces, quotes, brackets, commas or #)",
+    "apt_suite_with_space.toml": "apt_suite_with_space.toml:4: apt.repositories[0].suite: "
+    '"bookworm [trusted=yes]" is not an apt suite (one word without spaces, quotes, brackets or #, '
+    'e.g. "bookworm" or "/")',
+    "apt_repository_bad_name.toml": "apt_repository_bad_name.toml:2: apt.repositories[0].name: "
+    "\"../../sources.list\" is not a repository name (letters, digits, '.', '_', '-'; a file stem)",
 }
 
 

@@ -12,11 +12,11 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from reconcile.errors import ReconcileError
-from reconcile.host import atomic_write
+from reconcile.host import atomic_write, remove_stale_temps
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -110,48 +110,31 @@ def apply_lock(
 
 # --- leftovers of a killed apply ------------------------------------------------------------
 
-# host.atomic_write's temp name: "." + the file's name + "." + mkstemp's 8 random characters + ".tmp".
-_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
-
 
 def sweep_stale_temps(spec: Spec) -> list[str]:
     """Remove the temp files that an apply killed between write and rename left beside the files it
-    writes (the key's may hold a whole key). Only under the apply lock: then no writer of ours is alive.
+    writes (the key's may hold a whole key). Only under the apply lock.
 
-    Looks only where reconcile writes: the state dir, the model dir, and beside the key file and the
-    pidfile; there, only names of the atomic-write pattern, and beside the key and the pidfile only
-    those of that very file. Returns the paths removed.
+    No tree is walked: the state dir and its generations/ (any of reconcile's temp names: only reconcile
+    writes there), and beside the model's config.json, its backup and its record, the key file and the
+    pidfile (the temps of those very files). Only reconcile's own temp names, of a writer that is gone
+    (host.remove_stale_temps). Returns the paths removed.
     """
     from reconcile.identity import pidfile_path
 
-    places: list[tuple[str, str | None, bool]] = [(spec.machine.state_dir, None, True)]
+    places: list[tuple[str, Collection[str] | None]] = [
+        (spec.machine.state_dir, None),
+        (generations_dir(spec.machine.state_dir), None),
+    ]
     if spec.model is not None:
-        places.append((spec.model.dir, None, True))
+        places.append((spec.model.dir, (".reconcile-model.json", "config.json", "config.json.bak")))
     if spec.api_key is not None:
-        places.append((os.path.dirname(spec.api_key.file), os.path.basename(spec.api_key.file), False))
+        places.append((os.path.dirname(spec.api_key.file), (os.path.basename(spec.api_key.file),)))
     if spec.server is not None:
         pidfile = pidfile_path(spec)
-        places.append((os.path.dirname(pidfile), os.path.basename(pidfile), False))
-    removed: list[str] = []
-    for top, only, deep in places:
-        for directory, dirs, names in os.walk(top) if deep else [(top, [], _listdir(top))]:
-            dirs[:] = [d for d in dirs if d != ".cache"]  # huggingface_hub's own partials: it resumes them
-            for name in names:
-                m = _TEMP.match(name)
-                if m is None or (only is not None and m.group("name") != only):
-                    continue
-                path = os.path.join(directory, name)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    removed.append(path)
+        places.append((os.path.dirname(pidfile), (os.path.basename(pidfile),)))
+    removed = [path for directory, names in places for path in remove_stale_temps(directory, names)]
     return sorted(set(removed))
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 # --- generations -------------------------------------------------------------------------

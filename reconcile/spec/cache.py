@@ -18,7 +18,9 @@ from typing import Any
 from reconcile import __version__
 from reconcile.spec.loaded import LoadedSpec
 
-_FORMAT = 2  # 2: the spec is stored as spec_view data, not as pydantic objects
+# 2: the spec is stored as spec_view data, not as pydantic objects. 3: specs validated before the
+# control-character, env-name, number and system-directory checks must be validated again.
+_FORMAT = 3
 
 
 def cache_dir() -> str:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from reconcile.errors import SpecError
+from reconcile.safety.names import control_char
 from reconcile.spec.errors import describe, schema_text, show, unwrap
 from reconcile.spec.lines import Part, dotted, syntax_error
 from reconcile.spec.lines import Scan as _Scan  # tests reach the scanner here too
@@ -25,6 +26,10 @@ __all__ = ["LoadedSpec", "dotted", "find_spec", "load_spec", "schema_text", "spe
 _PATH = r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*"
 _REF = re.compile(rf"\{{\{{({_PATH})\}}\}}|\{{({_PATH})\}}")  # {{escaped.path}} | {section.key}
 _MISSING = object()
+# Free text that only reaches JSON (config.json, the smoke prompt's request) or the plan's header:
+# newlines and tabs are allowed there, other control characters (terminal escapes) are not.
+_FREE_TEXT = (("machine", "description"), ("health", "smoke_prompt"), ("model", "config"))
+CONTROL_ALLOWED = "(text without control characters: no newline, tab or escape code)"
 
 
 class _File(NamedTuple):
@@ -166,6 +171,27 @@ class _Refs:
         return self.done[path]
 
 
+def _control_characters(node: Any, parts: list[Part]) -> list[tuple[list[Part], str]]:
+    """Every string (key or value) holding a control character, as (where, message)."""
+    found: list[tuple[list[Part], str]] = []
+    free = any(tuple(parts[: len(f)]) == f for f in _FREE_TEXT)
+
+    def what(text: str) -> str | None:
+        return control_char(text.replace("\n", "").replace("\t", "") if free else text)
+
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(key, str) and (bad := what(key)):
+                found.append(([*parts, key], f"the key holds a control character ({bad}) {CONTROL_ALLOWED}"))
+            found += _control_characters(value, [*parts, key])
+    elif isinstance(node, list):
+        for n, value in enumerate(node):
+            found += _control_characters(value, [*parts, n])
+    elif isinstance(node, str) and (bad := what(node)):
+        found.append((parts, f"{show(node)} holds a control character ({bad}) {CONTROL_ALLOWED}"))
+    return found
+
+
 def _default_of(keys: list[str]) -> Any:
     """`{machine.state_dir}` works when the spec leaves it at its default."""
     model: Any = Spec
@@ -202,7 +228,7 @@ def _finish(
 ) -> LoadedSpec:
     refs = _Refs(merged, os.path.dirname(chain[0].abspath))
     resolved = refs.walk(merged, []) if resolve else merged
-    found = [(e.parts, e.message) for e in refs.errors]
+    found = [(e.parts, e.message) for e in refs.errors] + _control_characters(resolved, [])
     try:
         spec = Spec.model_validate(resolved)
     except ValidationError as e:

@@ -6,7 +6,6 @@ look at) and the actions. Every field's description is its documentation (`recon
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -21,9 +20,25 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'
+from reconcile.spec.values import (
+    DURATIONS,
+    INSIDE,
+    ONE_WORD,
+    absolute,
+    apt_keyring,
+    apt_name,
+    apt_uri,
+    apt_word,
+    env_name,
+    flag_names,
+    no_bool,
+    own_dir,
+    package_name,
+    quoted,
+    relative_name,
+    spec_duration,
+    specifier,
+)
 
 
 class Expect(NamedTuple):
@@ -33,82 +48,30 @@ class Expect(NamedTuple):
     allowed: str  # "an integer 1-65535": what to write instead
 
 
-def _q(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
-
-
-def parse_duration(value: object) -> float:
-    """`90`, `"90s"`, `"15m"`, `"1h"`, `"500ms"` -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"{str(value).lower()} is not a duration ({_DURATIONS})")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    else:
-        raise ValueError(f"{_q(value)} is not a duration ({_DURATIONS})")
-    if seconds <= 0:
-        raise ValueError(f"{_q(value)} is not a positive duration ({_DURATIONS})")
-    return seconds
-
-
-def _absolute(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError(f"{_q(value)} is a relative path (an absolute path, starting with /)")
-    if "\x00" in value:
-        raise ValueError("a path cannot contain a NUL byte (an absolute path, starting with /)")
-    return value
-
-
-def _specifier(value: str) -> str:
-    if value.strip() in ("*", ""):
-        return "*"
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
-    try:
-        SpecifierSet(value)
-    except InvalidSpecifier:
-        raise ValueError(
-            f'{_q(value)} is not a version specifier ("*", "==0.26.0", ">=0.26.0rc1", "~=1.11")'
-        ) from None
-    return value
-
-
-def _package_name(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
-        raise ValueError(f"{_q(value)} is not a package name (letters, digits, '.', '_', '-')")
-    return value
-
-
-def _apt_name(value: str) -> str:
-    name, _, version = value.partition("=")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", name):
-        raise ValueError(f'{_q(value)} is not an apt package (a lowercase name, optionally "name=version")')
-    if "=" in value and not re.fullmatch(r"[A-Za-z0-9.+~:-]+", version):
-        raise ValueError(f'{_q(value)} has a bad version after "=" (digits, letters, ".+~:-")')
-    return value
-
-
-def _flag_names(value: dict[str, Any]) -> dict[str, Any]:
-    for key in value:
-        if key.startswith("-"):
-            message = "write the flag without its leading dashes ({name} = ...)"
-            raise PydanticCustomError("spec", message, {"at": (key,), "name": key.lstrip("-")})
-    return value
-
-
-AbsPath = Annotated[str, AfterValidator(_absolute), Expect("an absolute path", "a path starting with /")]
-Duration = Annotated[float, BeforeValidator(parse_duration), Expect("a duration", _DURATIONS)]
+AbsPath = Annotated[str, AfterValidator(absolute), Expect("an absolute path", "a path starting with /")]
+Duration = Annotated[float, BeforeValidator(spec_duration), Expect("a duration", DURATIONS)]
+OwnDir = Annotated[
+    str,
+    AfterValidator(absolute),
+    AfterValidator(own_dir),
+    Expect("an absolute path", "a path starting with /"),
+]
+EnvName = Annotated[
+    str,
+    AfterValidator(env_name),
+    Expect("an environment variable name", "letters, digits and _, not starting with a digit"),
+]
+Int = Annotated[int, BeforeValidator(no_bool)]
 VersionSpec = Annotated[
-    str, AfterValidator(_specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
+    str, AfterValidator(specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
 ]
 PackageName = Annotated[
-    str, AfterValidator(_package_name), Expect("a package name", "letters, digits, '.', '_', '-'")
+    str, AfterValidator(package_name), Expect("a package name", "letters, digits, '.', '_', '-'")
 ]
 AptPackage = Annotated[
-    str, AfterValidator(_apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
+    str, AfterValidator(apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
 ]
-Port = Annotated[int, Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")]
+Port = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")]
 Scalar = str | int | float | bool
 ArgValue = Annotated[
     Scalar | list[Scalar] | dict[str, Any],
@@ -136,20 +99,23 @@ class Machine(_Model):
     hostname: str | None = Field(
         None, description="Host this spec is for; plan warns when it runs elsewhere."
     )
-    state_dir: AbsPath = Field(
+    state_dir: OwnDir = Field(
         "/var/lib/reconcile", description="Where the lock, generations and last-run report live."
     )
     description: str = Field("", description="Free text shown in the plan header.")
 
 
 class Gpu(_Model):
-    count: int | None = Field(None, ge=0, description="How many GPUs must be visible (None: any).")
+    count: Int | None = Field(None, ge=0, description="How many GPUs must be visible (None: any).")
     name: str | None = Field(None, description='Expected GPU name as NVML reports it, e.g. "NVIDIA H200".')
     compute_capability: Annotated[str | None, Expect("a compute capability", 'major.minor, e.g. "12.0"')] = (
         Field(None, pattern=r"^\d+\.\d+$", description='Expected compute capability, e.g. "12.0" for sm_120.')
     )
-    memory_gib: float | None = Field(
-        None, gt=0, description="Memory per GPU in GiB, used by the preflight when no GPU can be probed."
+    memory_gib: Annotated[float, BeforeValidator(no_bool)] | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Memory per GPU in GiB, used by the preflight when no GPU can be probed.",
     )
     min_driver: Annotated[str | None, Expect("a driver version", 'dotted numbers, e.g. "580.95"')] = Field(
         None, pattern=r"^\d+(\.\d+)*$", description='Lowest acceptable driver version, e.g. "580.95".'
@@ -175,13 +141,31 @@ class Cuda(_Model):
 
 
 class AptRepository(_Model):
-    name: str = Field(description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).")
-    uri: str = Field(description="Repository URI (http(s):// or file:/).")
-    suite: str = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
-    components: list[str] = Field(default_factory=list, description="Components (empty for flat).")
-    keyring: AbsPath | None = Field(
-        None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings)."
+    name: Annotated[str, Expect("a repository name", "letters, digits, '.', '_', '-'; a file stem")] = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).",
     )
+    uri: Annotated[
+        str,
+        AfterValidator(apt_uri),
+        Expect("a repository URI", "scheme:address without spaces, quotes, brackets or #"),
+    ] = Field(description="Repository URI (http(s):// or file:/).")
+    suite: Annotated[
+        str, AfterValidator(lambda v: apt_word("an apt suite", v)), Expect("an apt suite", ONE_WORD)
+    ] = Field(description='Suite, e.g. "/" for a flat repository or "bookworm".')
+    components: list[
+        Annotated[
+            str, AfterValidator(lambda v: apt_word("an apt component", v)), Expect("a component", ONE_WORD)
+        ]
+    ] = Field(default_factory=list, description="Components (empty for flat).")
+    keyring: (
+        Annotated[
+            AbsPath,
+            AfterValidator(apt_keyring),
+            Expect("a keyring path", "an absolute path without spaces, quotes, brackets, commas or #"),
+        ]
+        | None
+    ) = Field(None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings).")
     key_source: AbsPath | None = Field(
         None, description="A local key file that apply copies to `keyring` when that is missing."
     )
@@ -205,7 +189,7 @@ class Apt(_Model):
 
 
 class Venv(_Model):
-    path: AbsPath = Field(description="The virtual environment's directory.")
+    path: OwnDir = Field(description="The virtual environment's directory.")
     python: str = Field("python3", description="Interpreter used to create it (a name on PATH or a path).")
     index_url: str | None = Field(None, description="pip --index-url.")
     extra_index_urls: list[str] = Field(default_factory=list, description="pip --extra-index-url, in order.")
@@ -231,13 +215,13 @@ class Model(_Model):
     repo: str | None = Field(None, description='Hugging Face repo id, e.g. "nvidia/NVIDIA-Nemotron-...".')
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit and recorded.")
     source: AbsPath | None = Field(None, description="A local directory to copy from instead of the hub.")
-    dir: AbsPath = Field(description="Where the model's files live.")
+    dir: OwnDir = Field(description="Where the model's files live.")
     allow_patterns: list[str] = Field(default_factory=list, description="Only these files (globs).")
-    max_workers: int = Field(8, ge=1, le=64, description="Parallel downloads.")
+    max_workers: Int = Field(8, ge=1, le=64, description="Parallel downloads.")
     offline: StrictBool = Field(
         False, description="Never contact the hub: use what is there, name what is missing."
     )
-    required_files: list[str] = Field(
+    required_files: list[Annotated[str, AfterValidator(relative_name)]] = Field(
         default_factory=list,
         description="Files that must exist in `dir` (e.g. the reasoning-parser plugin, the chat template).",
     )
@@ -250,7 +234,11 @@ class Model(_Model):
         if self.repo and self.source:
             raise _at("source", "set with repo too (one of them: repo for the hub, source for a directory)")
         if self.repo is not None and not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", self.repo):
-            raise _at("repo", f"{_q(self.repo)} is not a hub repo id (owner/name)")
+            raise _at("repo", f"{quoted(self.repo)} is not a hub repo id (owner/name)")
+        for n, name in enumerate(self.required_files):
+            if name.startswith("/") and not name.startswith(self.dir.rstrip("/") + "/"):
+                where = {"at": ("required_files", n)}
+                raise PydanticCustomError("spec", f"{quoted(name)} is outside the model dir {INSIDE}", where)
         return self
 
 
@@ -264,7 +252,7 @@ class ApiKey(_Model):
 
 
 class CrashLoop(_Model):
-    max_starts: int = Field(3, ge=1, description="Failed starts allowed within `window`.")
+    max_starts: Int = Field(3, ge=1, description="Failed starts allowed within `window`.")
     window: Duration = Field(600.0, description='The window, e.g. "10m".')
 
 
@@ -285,11 +273,11 @@ class Server(_Model):
     pidfile: AbsPath | None = Field(None, description="Pidfile (default: <state_dir>/<name>.pid).")
     startup_timeout: Duration = Field(900.0, description="How long to wait for /health = 200.")
     stop_timeout: Duration = Field(30.0, description="Grace period between SIGTERM and SIGKILL.")
-    args: Annotated[dict[str, ArgValue], AfterValidator(_flag_names)] = Field(
+    args: Annotated[dict[str, ArgValue], AfterValidator(flag_names)] = Field(
         default_factory=dict,
         description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server.")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the server.")
     crash_loop: CrashLoop = Field(default_factory=CrashLoop, description="Crash-loop guard.")
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ Called by `reconcile.unattended.report` with the run's last-run record.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -153,7 +154,9 @@ def previous_from_textfile(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 if m := _COUNTER_LINE.match(line.strip()):
-                    counters[f"{m.group(1)}_total"][m.group(3)] = int(float(m.group(4)))
+                    value = float(m.group(4))
+                    if math.isfinite(value) and value >= 0:  # a damaged count starts afresh
+                        counters[f"{m.group(1)}_total"][m.group(3)] = int(value)
                 elif m := _SUCCESS_LINE.match(line.strip()):
                     out["last_success_timestamp"] = float(m.group(1))
     except (OSError, ValueError):
@@ -162,7 +165,7 @@ def previous_from_textfile(path: str) -> dict[str, Any]:
 
 
 def write_textfile(path: str, record: Mapping[str, Any]) -> None:
-    """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.XXXX.tmp`."""
+    """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.reconcile-PID-XXXX.tmp`."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     atomic_write(path, render_textfile(record).encode(), mode=0o644)

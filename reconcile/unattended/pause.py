@@ -113,8 +113,13 @@ def read_pause(state_dir: str, *, include_expired: bool = False) -> Pause | None
             raw = f.read()
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        raise ReconcileError(
+            f"{state_dir}: [machine].state_dir is not a directory (a file is there): move the file "
+            "away, or set state_dir to a directory of reconcile's own"
+        ) from None
     except OSError as exc:
-        return Pause(f"{path} cannot be read ({exc.strerror}); remove it to resume", "?", 0, 0.0)
+        return Pause(f"{path} cannot be read ({exc.strerror}); remove it to resume", "?", 0, time.time())
     try:
         data = json.loads(raw)
         found = Pause(

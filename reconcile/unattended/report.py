@@ -7,6 +7,7 @@ last-run.json (or, when the spec could not even be loaded, from the previous tex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -16,7 +17,7 @@ from dataclasses import asdict
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from reconcile.host import atomic_write
+from reconcile.host import atomic_write, move_aside
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def build_record(f: RunFacts, previous: Mapping[str, Any] | None) -> dict[str, A
     failures += 1 if f.error is not None or (f.report is not None and f.report.refused) else 0
     verdict = outcome(f)
     success = f.exit_code in (0, 2) and verdict != "error"
-    old = (previous or {}).get("counters", {})
+    old = (previous or {}).get("counters") or {}
     counters = {
         "changes_total": {r: int(old.get("changes_total", {}).get(r, 0)) + counts[r] for r in RESULTS},
         "runs_total": {o: int(old.get("runs_total", {}).get(o, 0)) + (o == verdict) for o in OUTCOMES},
@@ -150,12 +151,36 @@ def last_run_path(state_dir: str) -> str:
 
 
 def read_last_run(state_dir: str) -> dict[str, Any] | None:
+    """The previous report, or None. One that is not what reconcile writes (bad JSON, another format,
+    counters that are not counts) is moved aside as last-run.json.corrupt-<time>: its counters are
+    unusable anyway, and this run's report starts them afresh instead of failing on every run."""
+    path = last_run_path(state_dir)
     try:
-        with open(last_run_path(state_dir), encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and data.get("format") == FORMAT and _counts_ok(data.get("counters")):
+        return data
+    with contextlib.suppress(OSError):
+        move_aside(path)
+    return None
+
+
+def _counts_ok(counters: object) -> bool:
+    """{"changes_total": {result: n}, "runs_total": {outcome: n}} with whole numbers n >= 0 (or absent)."""
+    if counters is None:
+        return True
+    if not isinstance(counters, dict):
+        return False
+    for family in ("changes_total", "runs_total"):
+        counts = counters.get(family, {})
+        # type() is int: a bool is not a count
+        if not isinstance(counts, dict) or not all(type(v) is int and v >= 0 for v in counts.values()):
+            return False
+    return True
 
 
 def write_last_run(state_dir: str, record: Mapping[str, Any]) -> str:
@@ -172,8 +197,8 @@ def report_run(f: RunFacts, textfile: str | None) -> dict[str, Any]:
     if previous is None and textfile:
         previous = previous_from_textfile(textfile)
     record = build_record(f, previous)
-    if state_dir:
-        write_last_run(state_dir, record)
+    if state_dir and (os.path.isdir(state_dir) or not os.path.lexists(state_dir)):
+        write_last_run(state_dir, record)  # (a state_dir that is a file is the run's own error)
     if textfile:
         write_textfile(textfile, record)
     return record

@@ -1,0 +1,40 @@
+"""What a name from outside may be: no control character in any string reconcile writes or shows, and a
+relative path that stays inside its directory for a name a hub listing, a download record or a source
+tree hands us. Pure checks, used by the spec, the generated-file writers, the model probe and action."""
+
+from __future__ import annotations
+
+import os
+import re
+
+# C0, DEL, C1 and the Unicode line separators: each ends a line for some reader (a unit, an
+# EnvironmentFile, cron, apt, a terminal).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def control_char(text: str) -> str | None:
+    """The first control character of `text`, escaped for a message (`\\n`, `\\x1b`); None if none."""
+    m = CONTROL.search(text)
+    return repr(m.group())[1:-1] if m else None
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name`, a "/"-separated path from outside, cannot be joined under a directory; None if it can.
+
+    It must stay inside: no absolute path, no "..", "." or empty segment, no control character.
+    """
+    if not isinstance(name, str) or not name:
+        return "is not a file name"
+    if (bad := control_char(name)) is not None:
+        return f"holds a control character ({bad})"
+    if name.startswith("/"):
+        return "is an absolute path"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "has a '..', '.' or empty path segment"
+    return None
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Whether `path` is `root` or below it once symlinks are resolved (in both)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")

@@ -1,0 +1,178 @@
+"""The checks each spec value passes, with the one-line reason a bad one gets.
+
+Called by reconcile.spec.models's field types (the loader adds FILE:LINE); actions.apt's writer calls the apt
+field checks again, and commands and the scheduler parse durations with `parse_duration`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+from typing import Any
+
+from pydantic_core import PydanticCustomError
+
+from reconcile.safety.names import name_problem
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'
+_LONGEST = 86400.0  # a spec's timeouts and windows: a day is already far past any real boot or stop
+# Directories that hold the system itself: reconcile writes (and removes its own files) in model.dir,
+# state_dir and venv.path, so each must be a directory of its own, never one of these.
+_SYSTEM_DIR_NAMES = (
+    "/ /bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run /sbin /srv "
+    "/sys /tmp /usr /var /usr/bin /usr/include /usr/lib /usr/lib64 /usr/libexec /usr/local /usr/local/bin "
+    "/usr/local/lib /usr/local/sbin /usr/local/share /usr/sbin /usr/share /usr/src /var/cache /var/lib "
+    "/var/log /var/mail /var/opt /var/run /var/spool /var/tmp /etc/apt /etc/systemd /etc/systemd/system "
+    "/dev/shm /run/user /run/systemd"
+)
+SYSTEM_DIRS = frozenset(_SYSTEM_DIR_NAMES.split())
+
+
+def quoted(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
+
+
+def parse_duration(value: object) -> float:
+    """`90`, `"90s"`, `"15m"`, `"1h"`, `"500ms"` -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a duration ({DURATIONS})")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"{quoted(value)} is not a duration ({DURATIONS})")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{quoted(value)} is not a finite duration ({DURATIONS})")
+    if seconds <= 0:
+        raise ValueError(f"{quoted(value)} is not a positive duration ({DURATIONS})")
+    return seconds
+
+
+def spec_duration(value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds > _LONGEST:
+        raise ValueError(f"{quoted(value)} is longer than a day ({DURATIONS})")
+    return seconds
+
+
+def no_bool(value: object) -> object:
+    """TOML's true is not 1: pydantic's lax int and float would take it as one."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "a boolean is not a number")
+    return value
+
+
+def absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{quoted(value)} is a relative path (an absolute path, starting with /)")
+    if "\x00" in value:
+        raise ValueError("a path cannot contain a NUL byte (an absolute path, starting with /)")
+    return value
+
+
+def own_dir(value: str) -> str:
+    # Lexical, like the rest of validation (the spec cache keeps the result): "/usr/local/.." is /usr.
+    normal = "/" + posixpath.normpath(value).lstrip("/")
+    if normal in SYSTEM_DIRS:
+        raise ValueError(
+            f"{quoted(value)} is a system directory (a directory of its own below it, "
+            "e.g. /var/lib/reconcile/models/NAME)"
+        )
+    return value
+
+
+INSIDE = '(a relative path inside the model dir, e.g. "plugin/x.py")'
+
+
+def relative_name(value: str) -> str:
+    # An absolute path is allowed when it is under model.dir ("{model.dir}/x.py"): Model checks that.
+    if (problem := name_problem(value[1:] if value.startswith("/") else value)) is not None:
+        raise ValueError(f"{quoted(value)} {problem} {INSIDE}")
+    return value
+
+
+def env_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(
+            f"{quoted(value)} is not an environment variable name "
+            "(letters, digits and _, not starting with a digit)"
+        )
+    return value
+
+
+# One field of a one-line apt source: whitespace would start another field, [ ] an option list, " a
+# quoted word, # a comment, and a control character another line. (Also checked by actions.apt's writer.)
+ONE_WORD = "one word without spaces, quotes, brackets or #"
+_APT_WORD = r'[^\s\x00-\x1f\x7f-\x9f\u2028\u2029\[\]#"]+'
+
+
+def apt_word(noun: str, value: str) -> str:
+    """A suite or a component."""
+    if not re.fullmatch(_APT_WORD, value):
+        raise ValueError(
+            f"{quoted(value)} is not {noun} "
+            '(one word without spaces, quotes, brackets or #, e.g. "bookworm" or "/")'
+        )
+    return value
+
+
+def apt_uri(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:" + _APT_WORD, value):
+        raise ValueError(
+            f"{quoted(value)} is not a repository URI (scheme:address without spaces, quotes, brackets or #, "
+            'e.g. "https://example.com/debian" or "file:/srv/repo")'
+        )
+    return value
+
+
+def apt_keyring(value: str) -> str:
+    if not re.fullmatch(r"/" + _APT_WORD.replace("#", "#,"), value):
+        raise ValueError(
+            f"{quoted(value)} is not a keyring path for apt "
+            "(an absolute path without spaces, quotes, brackets, commas or #)"
+        )
+    return value
+
+
+def specifier(value: str) -> str:
+    if value.strip() in ("*", ""):
+        return "*"
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise ValueError(
+            f'{quoted(value)} is not a version specifier ("*", "==0.26.0", ">=0.26.0rc1", "~=1.11")'
+        ) from None
+    return value
+
+
+def package_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+        raise ValueError(f"{quoted(value)} is not a package name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def apt_name(value: str) -> str:
+    name, _, version = value.partition("=")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", name):
+        raise ValueError(
+            f'{quoted(value)} is not an apt package (a lowercase name, optionally "name=version")'
+        )
+    if "=" in value and not re.fullmatch(r"[A-Za-z0-9.+~:-]+", version):
+        raise ValueError(f'{quoted(value)} has a bad version after "=" (digits, letters, ".+~:-")')
+    return value
+
+
+def flag_names(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        if key.startswith("-"):
+            message = "write the flag without its leading dashes ({name} = ...)"
+            raise PydanticCustomError("spec", message, {"at": (key,), "name": key.lstrip("-")})
+    return value
