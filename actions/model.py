@@ -28,6 +28,7 @@ from actions.model_config import (
 from actions.model_copying import copy_files, source_files
 from actions.model_resuming import resume_partials
 from reconcile.errors import ActionError
+from reconcile.filesafety import TREE_UMASK, umask
 from reconcile.host import atomic_write
 from reconcile.plan import ActionResult
 
@@ -62,6 +63,11 @@ def resolve_revision(repo: str, revision: str, endpoint: str | None = None) -> s
 
 def download(model: Model, *, progress: bool) -> ActionResult:
     """Make `model.dir` hold the model's files and the manifest saying which commit they are."""
+    with umask(TREE_UMASK):  # the server may run as another user: readable by it, writable by none
+        return _download(model, progress=progress)
+
+
+def _download(model: Model, *, progress: bool) -> ActionResult:
     if model.offline:
         return _check_offline(model)
     if model.source is not None:

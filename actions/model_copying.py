@@ -47,6 +47,7 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
     try:
         shutil.copyfile(src, tmp)
         shutil.copystat(src, tmp)
+        os.chmod(tmp, os.stat(tmp).st_mode & ~0o022)  # a world-writable source is not copied as one
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         checkpoint(f"model.copy:{name}")

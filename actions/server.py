@@ -28,6 +28,7 @@ from actions.launching import (
 )
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
+from reconcile.filesafety import open_append
 from reconcile.host import HttpUnreachable, atomic_write, checkpoint, http_request
 from reconcile.identity import (
     IDENTITY,
@@ -203,7 +204,8 @@ def _start(
     try:
         for path in (server.log, pidfile_path(spec), state_file_path(spec)):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-        log = open(server.log, "ab")  # noqa: SIM115 - closed below, once the child holds its own copy
+        # Never through a symlink, never left writable by others (the preflight checked its parents).
+        log = os.fdopen(open_append(server.log), "ab")  # closed below, once the child holds its own copy
     except OSError as exc:
         raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
     with log:

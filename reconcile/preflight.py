@@ -279,9 +279,12 @@ def _rules() -> tuple[Rule, ...]:
 
 
 def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
-    """Every rule's findings for a spec with a [server]; nothing to check without one."""
+    """The path rule's findings for every spec; every other rule's for a spec with a [server]."""
+    from reconcile.preflight_paths import path_findings
+
+    paths = path_findings(spec)
     if spec.server is None:
-        return ()
+        return paths
     c = context(spec, spec.server, inputs)
     rules = _rules()
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
@@ -289,4 +292,4 @@ def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
         from reconcile import preflight_toolchain
 
         rules = tuple(r for r in rules if r not in preflight_toolchain.RULES)
-    return tuple(f for rule in rules for f in rule(c))
+    return paths + tuple(f for rule in rules for f in rule(c))

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from reconcile.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.host import atomic_write
 from reconcile.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
@@ -159,9 +160,9 @@ def read_last_run(state_dir: str) -> dict[str, Any] | None:
 
 
 def write_last_run(state_dir: str, record: Mapping[str, Any]) -> str:
-    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    ensure_dir(state_dir, PRIVATE_DIR)
     path = last_run_path(state_dir)
-    atomic_write(path, (json.dumps(record, indent=2, default=str) + "\n").encode(), mode=0o644)
+    atomic_write(path, (json.dumps(record, indent=2, default=str) + "\n").encode(), mode=PRIVATE_FILE)
     return path
 
 

@@ -1,0 +1,59 @@
+"""The path rule: every path reconcile writes (as root) or trusts must sit where no other user can
+swap or plant it (reconcile.filesafety's StrictModes check). Called by reconcile.preflight for
+every spec, so `plan` names the path and `apply` refuses before it touches anything."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reconcile.filesafety import FIX, owners, parent_problem
+from reconcile.plan import Finding
+
+if TYPE_CHECKING:
+    from reconcile.spec import Spec
+
+
+def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int]]]:
+    """(what, path, who may own it and its parents) for each path apply writes or trusts."""
+    paths = [("[machine].state_dir", spec.machine.state_dir, owners())]
+    if spec.venv is not None:
+        paths.append(("[venv].path", spec.venv.path, owners()))
+    if spec.model is not None:
+        paths.append(("[model].dir", spec.model.dir, owners()))
+    if spec.api_key is not None:
+        import pwd
+
+        try:
+            extra = {pwd.getpwnam(spec.api_key.owner).pw_uid}
+        except KeyError:
+            extra = set()  # the api_key action says the user does not exist
+        paths.append(("[api_key].file", spec.api_key.file, owners(extra)))
+    server = spec.server
+    if server is not None:
+        paths.append(("[server].log", server.log, owners()))
+        if server.pidfile is not None:
+            paths.append(("[server].pidfile", server.pidfile, owners()))
+        if server.executable is not None:
+            paths.append(("[server].executable", server.executable, owners()))
+        for name, path in sorted(server.secret_files.items()):
+            paths.append((f"[server].secret_files.{name}", path, owners()))
+    return paths
+
+
+def path_findings(spec: Spec) -> tuple[Finding, ...]:
+    """An error per path another user could swap, plant or make us follow (a symlinked log, a
+    planted key, an executable in a directory they can write)."""
+    out = []
+    for what, path, allowed in watched_paths(spec):
+        problem = parent_problem(path, allowed)
+        if problem is not None:
+            out.append(
+                Finding(
+                    "paths.owner",
+                    "error",
+                    f"{what} {path}: {problem}",
+                    FIX,
+                    {"path": path, "key": what},
+                )
+            )
+    return tuple(out)
