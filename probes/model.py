@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid
@@ -36,6 +36,7 @@ class DownloadRecord:
     commit: str | None  # None for a copy of a local source
     files: Mapping[str, int]
     source: str | None = None  # the local directory the files were copied from
+    source_files: Mapping[str, Any] = field(default_factory=dict)  # name -> stamp + sha256 at copy
 
 
 @dataclass(frozen=True)
@@ -148,4 +149,5 @@ def parse_record(doc: JsonDoc) -> DownloadRecord | Invalid:
         data.get("commit"),
         dict(files),  # type: ignore[arg-type]  # checked above: a dict of str -> int
         source,
+        data["source_files"] if isinstance(data.get("source_files"), dict) else {},
     )

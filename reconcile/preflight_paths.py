@@ -4,6 +4,7 @@ every spec, so `plan` names the path and `apply` refuses before it touches anyth
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from reconcile.filesafety import FIX, owners, parent_problem
@@ -40,10 +41,24 @@ def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int]]]:
     return paths
 
 
+def symlinked_model_dir(model_dir: str) -> str | None:
+    """Why a symlinked [model].dir is refused (None when it is not one): writing through the link
+    would patch and overwrite the files of whatever it points at, backups and all."""
+    if not os.path.islink(model_dir):
+        return None
+    return (
+        f"[model].dir {model_dir} is a symlink (to {os.readlink(model_dir)}): reconcile writes only into a "
+        f'real directory, never through a link; set [model].dir = "{os.path.realpath(model_dir)}" '
+        "or replace the link with a directory"
+    )
+
+
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
-    planted key, an executable in a directory they can write)."""
+    planted key, an executable in a directory they can write), and for a symlinked model dir."""
     out = []
+    if spec.model is not None and (why := symlinked_model_dir(spec.model.dir)) is not None:
+        out.append(Finding("paths.symlink", "error", why, "", {"path": spec.model.dir, "key": "[model].dir"}))
     for what, path, allowed in watched_paths(spec):
         problem = parent_problem(path, allowed)
         if problem is not None:

@@ -219,6 +219,8 @@ def netrc_text(entries: Iterable[tuple[str, str, str]]) -> str:
     lines = []
     for host, login, password in entries:
         if any(c.isspace() or c in "\"'#" for c in host + login + password):
-            raise ValueError(f"index credentials for {host} hold a space, quote or '#': netrc cannot carry them")
+            raise ValueError(
+                f"index credentials for {host} hold a space, quote or '#': netrc cannot carry them"
+            )
         lines.append(f"machine {host} login {login} password {password}")
     return "\n".join(lines) + "\n"
