@@ -8,6 +8,7 @@ actions that open the server's log and build the venv and the model dir.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Collection, Iterator
@@ -50,6 +51,8 @@ def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | N
     while not os.path.lexists(parent) and parent != "/":  # what we will create is ours
         parent = os.path.dirname(parent)
     real = os.path.realpath(parent)
+    # The path's own directory, if it exists; else we make it, and its parent may be sticky.
+    own_dir = real if parent == os.path.dirname(path) else None
     chain = [real]
     while chain[-1] != "/":
         chain.append(os.path.dirname(chain[-1]))
@@ -62,7 +65,7 @@ def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | N
             return f"{directory} is owned by {_who(st.st_uid)}, who could replace what is in it"
         if st.st_mode & 0o022:
             sticky = bool(st.st_mode & stat.S_ISVTX)
-            if not sticky or directory == real:
+            if not sticky or directory == own_dir:
                 what = "world" if st.st_mode & 0o002 else "group"
                 mode = stat.S_IMODE(st.st_mode)
                 return f"{directory} is {what}-writable (mode {mode:04o}): others can plant or swap files"
@@ -95,20 +98,32 @@ def _walk(path: str, mode: int, *, create: bool) -> int:
     while not os.path.lexists(existing) and existing != "/":
         existing = os.path.dirname(existing)
     rest = os.path.relpath(path, existing).split(os.sep) if existing != path else []
-    fd = os.open(os.path.realpath(existing), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = os.path.realpath(existing)
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except NotADirectoryError:
+        raise UnsafePath(f"{where} is not a directory: move it aside or choose another path") from None
     try:
         for name in rest:
+            made = False
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, mode, dir_fd=fd)
-                    made = os.open(
-                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                    )
-                    os.fchmod(made, mode)
-                    os.close(made)
-            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    made = True
+            where = os.path.join(where, name)
+            try:
+                nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(f"{where} is a symlink or not a directory: {FIX}") from None
+                raise
             os.close(fd)
             fd = nxt
+            st = os.fstat(fd)
+            if made:
+                os.fchmod(fd, mode)  # mkdir's mode went through the umask
+            elif st.st_uid not in owners() or st.st_mode & 0o022:  # appeared since we looked: whose?
+                raise UnsafePath(f"{where} appeared, owned by {_who(st.st_uid)}: {FIX}")
     except BaseException:
         os.close(fd)
         raise
@@ -137,7 +152,7 @@ def open_nofollow(path: str, flags: int, mode: int = PRIVATE_FILE) -> int:
     try:
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
     except OSError as exc:
-        if exc.errno == 40 or os.path.islink(path):  # ELOOP: the last component is a symlink
+        if exc.errno == errno.ELOOP or os.path.islink(path):  # the last component is a symlink
             raise UnsafePath(
                 f"{path} is a symlink: reconcile does not follow links where it writes; remove it "
                 f"(rm {path}) and re-run"

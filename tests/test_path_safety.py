@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.filesafety import UnsafePath, open_append, parent_problem
+from reconcile.filesafety import UnsafePath, ensure_dir, open_append, parent_problem, umask
 from reconcile.loading import load_spec
 from tests.apply_support import Demo, Run, demo_in, seed_venv
 
@@ -182,6 +182,7 @@ def test_the_strict_modes_rule(tmp_path: Path) -> None:
     assert "is world-writable" in str(parent_problem(str(sticky / "demo.log")))  # its own dir: no
     (sticky / "mine").mkdir(mode=0o755)
     assert parent_problem(str(sticky / "mine" / "demo.log")) is None  # below it, a dir of ours: yes
+    assert parent_problem(str(sticky / "new" / "state")) is None  # one we will make: yes
     theirs = nobodys_dir(sticky / "theirs")
     assert "owned by nobody" in str(parent_problem(str(theirs / "demo.log")))
     planted = ours / "api.key"
@@ -189,6 +190,18 @@ def test_the_strict_modes_rule(tmp_path: Path) -> None:
     os.chown(planted, NOBODY, NOBODY)
     assert "owned by nobody" in str(parent_problem(str(planted)))
     assert parent_problem(str(planted), {0, NOBODY}) is None  # e.g. [api_key] owner = that user
+
+
+def test_ensure_dir_makes_private_dirs_whatever_the_umask_and_never_walks_a_link(tmp_path: Path) -> None:
+    with umask(0o000):
+        ensure_dir(str(tmp_path / "a" / "b"))
+    assert mode(tmp_path / "a") == 0o700 and mode(tmp_path / "a" / "b") == 0o700
+    (tmp_path / "a" / "b").chmod(0o755)  # made by an older reconcile
+    ensure_dir(str(tmp_path / "a" / "b"))
+    assert mode(tmp_path / "a" / "b") == 0o700
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UnsafePath, match="is not a directory"):
+        ensure_dir(str(tmp_path / "file" / "x"))
 
 
 def under_umask(demo: Demo, mask: int, *args: str) -> Run:
