@@ -1,5 +1,6 @@
 """Index credentials for pip and uv: URLs without their user:password (a command line is world-readable
-in /proc) and a private netrc that gives the installer the credentials instead. Called by actions.venv.
+in /proc) and a private netrc that gives the installer the credentials instead (pip and uv both read
+the file NETRC names). Called by actions.venv.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import tomlkit
 from reconcile.sensitive import (
     SENSITIVE,
     is_secret_name,
+    netrc_text,
     placeholder,
     redact_generation,
     restore_document,
@@ -142,6 +143,11 @@ def test_index_credentials_are_split_off_the_url() -> None:
         ("pypi.example", "bob", "s3cr@t"),
     )
     assert split_credentials("https://pypi.example/simple") == ("https://pypi.example/simple", None)
+    assert netrc_text([("h", "a", "b"), ("h", "a", "b")]) == "machine h login a password b\n"
+    with pytest.raises(ValueError, match="different credentials"):
+        netrc_text([("h", "a", "b"), ("h", "a", "c")])
+    with pytest.raises(ValueError, match="netrc cannot carry them"):
+        netrc_text([("h", "a", "b c")])
 
 
 def test_a_generation_record_keeps_secrets_as_hashes_everywhere_in_it() -> None:
