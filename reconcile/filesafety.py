@@ -61,6 +61,8 @@ def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | N
             st = os.stat(directory)
         except OSError as exc:
             return f"{directory}: cannot check it ({exc.strerror})"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{directory} is not a directory"
         if st.st_uid not in ok:
             return f"{directory} is owned by {_who(st.st_uid)}, who could replace what is in it"
         if st.st_mode & 0o022:
@@ -133,7 +135,9 @@ def _walk(path: str, mode: int, *, create: bool) -> int:
 def ensure_dir(path: str, mode: int = PRIVATE_DIR) -> None:
     """Make directory `path` (and what is missing above it, with `mode`) without following a symlink
     planted below the part that existed; `path` itself ends with exactly `mode` when it is PRIVATE_DIR
-    (state must stay private whatever made it first), else is only stripped of group/other write."""
+    (state must stay private whatever made it first), else is only stripped of group/other write.
+    A `path` another user could swap (parent_problem) is an UnsafePath: nothing is made there."""
+    check_parents(path, "directory")
     fd = _walk(path, mode, create=True)
     try:
         st = os.fstat(fd)

@@ -67,6 +67,19 @@ def test_a_symlinked_log_in_another_users_dir_is_refused_and_not_followed(seeded
     assert not seeded.server_pids()
 
 
+def test_a_state_dir_in_another_users_dir_gets_nothing_written(tmp_path: Path) -> None:
+    theirs = nobodys_dir(tmp_path / "theirs")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[machine]\nstate_dir = "{theirs}/state"\n')
+    for args in (("plan",), ("apply",), ("pause", "--reason", "x")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "reconcile", *args, "--spec", str(spec)], capture_output=True, text=True
+        )
+        assert proc.returncode == 1, (args, proc.stdout + proc.stderr)
+        assert f"{theirs} is owned by nobody" in proc.stdout + proc.stderr, args
+    assert list(theirs.iterdir()) == []  # old code: state/apply.lock, last-run.json, paused.json
+
+
 def test_a_symlinked_log_in_our_own_dir_is_not_followed(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("x\n")
