@@ -54,7 +54,7 @@ class FoundServer:
     """A running `vllm serve` as /proc shows it. Never holds the key: --api-key is dropped."""
 
     pid: int
-    argv: tuple[str, ...]  # --api-key's value shown as (secret)
+    argv: tuple[str, ...]  # --api-key's value shown as (sensitive)
     venv: str | None
     model: str | None
     args: dict[str, Any]  # flags without dashes, host/port/served-model-name included

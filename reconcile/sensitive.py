@@ -216,7 +216,7 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str, str] | None]:
 
 def netrc_text(entries: Iterable[tuple[str, str, str]]) -> str:
     """A netrc file for (host, login, password) entries (values must hold no whitespace or quote)."""
-    lines = []
+    lines: list[str] = []
     seen: dict[str, tuple[str, str]] = {}
     for host, login, password in entries:
         if seen.setdefault(host, (login, password)) != (login, password):
