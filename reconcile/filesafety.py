@@ -40,6 +40,15 @@ def _who(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _group(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """Why another user could swap or plant `path` (None when nobody else can), by sshd's StrictModes
     rule: each existing directory above it (symlinks resolved) is owned by root or us and is not
@@ -68,7 +77,7 @@ def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | N
         if st.st_mode & 0o022:
             sticky = bool(st.st_mode & stat.S_ISVTX)
             if not sticky or directory == own_dir:
-                what = "world" if st.st_mode & 0o002 else "group"
+                what = "world" if st.st_mode & 0o002 else f"group-{_group(st.st_gid)}"
                 mode = stat.S_IMODE(st.st_mode)
                 return f"{directory} is {what}-writable (mode {mode:04o}): others can plant or swap files"
     try:

@@ -188,7 +188,7 @@ def test_the_strict_modes_rule(tmp_path: Path) -> None:
     group = tmp_path / "group"
     group.mkdir()
     group.chmod(0o775)
-    assert "is group-writable (mode 0775)" in str(parent_problem(str(group / "api.key")))
+    assert "is group-root-writable (mode 0775)" in str(parent_problem(str(group / "api.key")))
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
