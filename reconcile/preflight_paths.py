@@ -71,4 +71,20 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
                     {"path": path, "key": what},
                 )
             )
+    for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
+        try:
+            loose = os.stat(path).st_mode & 0o077
+        except OSError:
+            continue  # the server Change says it cannot be read
+        if loose:
+            out.append(
+                Finding(
+                    "paths.secret-mode",
+                    "warning",
+                    f"[server].secret_files.{name} {path} is readable or writable by others "
+                    f"(mode {os.stat(path).st_mode & 0o777:04o})",
+                    f"chmod 600 {path}",
+                    {"path": path, "key": f"[server].secret_files.{name}"},
+                )
+            )
     return tuple(out)

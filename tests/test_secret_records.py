@@ -103,6 +103,26 @@ def test_a_secret_file_keeps_the_token_out_of_the_spec_and_a_rotation_restarts(s
     assert_nowhere(seeded, FIRST, SECOND)
 
 
+def test_a_secret_file_others_can_read_is_a_warning_with_the_fix(tmp_path: Path) -> None:
+    from reconcile.loading import load_spec
+    from reconcile.preflight_paths import path_findings
+
+    token = tmp_path / "hf.token"
+    token.write_text(FIRST)
+    token.chmod(0o644)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        f'[machine]\nstate_dir = "{tmp_path}/state"\n[server]\nname = "s"\nexecutable = "/bin/true"\n'
+        f'model = "m"\nlog = "{tmp_path}/s.log"\nsecret_files = {{ HF_TOKEN = "{token}" }}\n'
+    )
+    found = path_findings(load_spec(str(spec)).spec)
+    assert [(f.rule, f.severity, f.fix) for f in found] == [
+        ("paths.secret-mode", "warning", f"chmod 600 {token}")
+    ]
+    token.chmod(0o600)
+    assert path_findings(load_spec(str(spec)).spec) == ()
+
+
 def test_a_missing_secret_file_is_one_line_naming_it(seeded: Demo) -> None:
     missing = seeded.root / "absent.token"
 
