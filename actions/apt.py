@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from reconcile.errors import ActionError, RetryableError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run
 from reconcile.plan.records import ActionResult
+from reconcile.safety.filesafety import ensure_dir
 
 if TYPE_CHECKING:
     from reconcile.spec.models import AptRepository
@@ -90,7 +91,7 @@ def add_repository(repo: AptRepository, sources_dir: str) -> ActionResult:
                 f"[apt].repositories {repo.name!r}: cannot read key_source {repo.key_source} "
                 f"({exc.strerror}): fix the path or put the key there"
             ) from None
-        os.makedirs(os.path.dirname(repo.keyring), mode=0o755, exist_ok=True)
+        ensure_dir(os.path.dirname(repo.keyring), 0o755)
         atomic_write(repo.keyring, key, mode=0o644)
         done.append(f"copied {repo.key_source} to {repo.keyring}")
 
@@ -102,7 +103,7 @@ def add_repository(repo: AptRepository, sources_dir: str) -> ActionResult:
     except FileNotFoundError:
         current = None
     if current != content:
-        os.makedirs(sources_dir, mode=0o755, exist_ok=True)
+        ensure_dir(sources_dir, 0o755)
         atomic_write(path, content.encode(), mode=0o644)
         done.append(f"{'wrote' if current is None else 'rewrote'} {path}")
     if not done:

@@ -11,6 +11,7 @@ import os
 from reconcile.errors import ActionError
 from reconcile.host import atomic_symlink
 from reconcile.plan.records import ActionResult
+from reconcile.safety.filesafety import ensure_dir
 
 
 def point_home(home: str, target: str) -> ActionResult:
@@ -38,6 +39,6 @@ def point_home(home: str, target: str) -> ActionResult:
     if os.path.lexists(home):
         raise ActionError(f"{home} is a file, not a symlink: move it aside (mv {home} {home}.old) and re-run")
     parent = os.path.dirname(home) or "."
-    os.makedirs(parent, mode=0o755, exist_ok=True)
+    ensure_dir(parent, 0o755)
     atomic_symlink(target, home)
     return ActionResult(True, f"created {home} -> {target}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
@@ -20,13 +19,13 @@ from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
 from reconcile.plan.records import ActionResult
+from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 
 if TYPE_CHECKING:
     from reconcile.spec.models import ArgValue, Server, Spec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KEY_ENV = "VLLM_API_KEY"
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 # Flags declared with action="append" in vLLM: repeated per value; every other list is nargs="+".
 _REPEATED = frozenset({"middleware"})
 # Set from their own [server] fields; also in `args` they would be given twice.
@@ -111,8 +110,9 @@ def read_api_key(spec: Spec, *, required: bool = True) -> str | None:
     """The key from [api_key] file, stripped; None without [api_key] (or its file, when not required)."""
     if spec.api_key is None:
         return None
-    try:
-        with open(spec.api_key.file, encoding="utf-8") as f:
+    try:  # O_NOFOLLOW: a link planted at the key's path must not hand another file to the server
+        fd = os.open(spec.api_key.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as f:
             key = f.read().strip()
     except FileNotFoundError:
         if not required:
@@ -129,6 +129,27 @@ def read_api_key(spec: Spec, *, required: bool = True) -> str | None:
     if not key:
         raise ActionError(f"API key file {spec.api_key.file} is empty: remove it so apply generates a key")
     return key
+
+
+def read_secret_files(server: Server, *, required: bool = True) -> dict[str, str]:
+    """`[server] secret_files`: each variable's value read from its file (stripped) at this launch.
+
+    A missing or unreadable file is an ActionError naming it (`required`), else left out (the
+    planner's identity then differs, and the server Change says the file must exist)."""
+    values: dict[str, str] = {}
+    for name, path in sorted(server.secret_files.items()):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, encoding="utf-8") as f:
+                values[name] = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            if required:
+                why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise ActionError(
+                    f"[server].secret_files.{name}: {path}: cannot read it ({why}); "
+                    "put the secret in that file (a regular file, not a symlink)"
+                ) from None
+    return values
 
 
 def read_config_json(spec: Spec) -> bytes | None:
@@ -165,12 +186,14 @@ def launch_command(
     if spec.cuda is not None:
         declared["CUDA_HOME"] = spec.cuda.home
     declared.update(server.env)
+    declared.update(read_secret_files(server, required=key_required))
     key = read_api_key(spec, required=key_required)
     if key is not None:
         declared[KEY_ENV] = key
     for marker in (MARKER, IDENTITY):
         declared.pop(marker, None)
-    secret = frozenset(k for k in declared if k == KEY_ENV or _SECRET_NAME.search(k))
+    marked = {KEY_ENV, *server.secret_env, *server.secret_files}
+    secret = frozenset(k for k in declared if is_secret_name(k, marked))
     argv = build_argv(spec)
     identity = launch_identity(
         argv, declared, secret, inputs.packages, inputs.model_revision, inputs.config_json
@@ -219,7 +242,7 @@ def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int =
     except OSError:
         return []
     for secret in mask:
-        text = text.replace(secret, "(secret)")
+        text = text.replace(secret, SENSITIVE)
     return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
 
 

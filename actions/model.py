@@ -12,7 +12,6 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from actions.model_config import (
@@ -28,6 +27,8 @@ from actions.model_resuming import partials, resume_partials
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.plan.records import ActionResult
+from reconcile.safety import source_content
+from reconcile.safety.filesafety import TREE_UMASK, umask
 from reconcile.safety.names import name_problem
 
 if TYPE_CHECKING:
@@ -60,6 +61,13 @@ def resolve_revision(repo: str, revision: str, endpoint: str | None = None) -> s
 
 def download(model: Model, *, progress: bool) -> ActionResult:
     """Make `model.dir` hold the model's files and the manifest saying which commit they are."""
+    if os.path.islink(model.dir):  # the preflight refuses it; an action never writes through a link
+        raise ActionError(f"[model].dir {model.dir} is a symlink: set dir to a real directory")
+    with umask(TREE_UMASK):  # the server may run as another user: readable by it, writable by none
+        return _download(model, progress=progress)
+
+
+def _download(model: Model, *, progress: bool) -> ActionResult:
     if model.offline:
         return _check_offline(model)
     if model.source is not None:
@@ -124,10 +132,7 @@ def _human(n: int) -> str:
     return f"{size:.1f} {unit}"
 
 
-def selected(name: str, patterns: Iterable[str]) -> bool:
-    """snapshot_download's allow_patterns rule: fnmatch, and a trailing "/" means everything below."""
-    patterns = list(patterns)
-    return not patterns or any(fnmatchcase(name, p + "*" if p.endswith("/") else p) for p in patterns)
+selected = source_content.selected  # snapshot_download's allow_patterns rule
 
 
 def _endpoint() -> str | None:
@@ -285,10 +290,12 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     names = [n for n in names if n not in (MANIFEST, BACKUP) and selected(n, model.allow_patterns)]
     if not names:
         raise ActionError(f"[model].source {source}: no file matches allow_patterns {model.allow_patterns}")
-    copied = copy_files(source, model.dir, names)
-    sizes = {n: os.stat(os.path.join(source, n)).st_size for n in names}
+    recorded = (_read_manifest(model.dir) or {}).get("source_files")
+    copied, entries = copy_files(source, model.dir, names, recorded if isinstance(recorded, dict) else {})
+    sizes = {n: e["size"] for n, e in entries.items()}
     manifest = {"repo": model.repo, "revision": model.revision, "commit": None, "files": sizes}
     manifest["source"] = source
+    manifest["source_files"] = entries  # stamps and hashes: a same-size edit is seen next time
     if not copied and _read_manifest(model.dir) == manifest:
         return ActionResult(False, f"{model.dir}: all {len(names)} files match {source}")
     _write_manifest(model.dir, manifest)

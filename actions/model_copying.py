@@ -1,4 +1,4 @@
-"""Copying a local model directory into `[model].dir`, rsync-style (size and mtime decide).
+"""Copying a local model directory into `[model].dir`, by content (a hash recorded at copy decides).
 
 Called by `actions.model.download` for `[model].source`; the manifest stays `actions.model`'s.
 """
@@ -10,12 +10,14 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from actions.model_config import place_source_config
 from reconcile.errors import ActionError
 from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
 from reconcile.safety.names import is_inside, name_problem
+from reconcile.safety.source_content import content_changed, entry, sha256_file
 
 
 def source_files(source: str) -> list[str]:
@@ -27,9 +29,9 @@ def source_files(source: str) -> list[str]:
         rel_root = os.path.relpath(root, source)
         if rel_root.split(os.sep)[0] == ".cache":  # huggingface_hub's bookkeeping
             continue
-        for entry in [*dirs, *files]:
-            full = os.path.join(root, entry)
-            rel = os.path.normpath(os.path.join(rel_root, entry)).replace(os.sep, "/")
+        for item in [*dirs, *files]:
+            full = os.path.join(root, item)
+            rel = os.path.normpath(os.path.join(rel_root, item)).replace(os.sep, "/")
             if (problem := name_problem(rel)) is not None:
                 raise ActionError(f"[model].source {source}: {rel!r} {problem}: rename it or leave it out")
             if os.path.islink(full) and not any(is_inside(full, r) for r in roots):
@@ -67,8 +69,12 @@ def inside_model_dir(model_dir: str, name: str) -> str:
     return path
 
 
-def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
-    """Copy `names` from `source` into `model_dir` unless size and mtime match; returns those copied.
+def copy_files(
+    source: str, model_dir: str, names: Iterable[str], recorded: Mapping[str, Any]
+) -> tuple[list[str], dict[str, Any]]:
+    """Copy `names` from `source` into `model_dir` unless provably unchanged since the copy that
+    `recorded` describes (source_content: same stamp, or same sha256); returns the names copied
+    and each file's new record entry.
 
     First the temps a killed copy left: only beside the files it copies, only of those files.
     """
@@ -79,19 +85,27 @@ def copy_files(source: str, model_dir: str, names: Iterable[str]) -> list[str]:
     for directory, basenames in by_dir.items():
         if is_inside(directory, model_dir):  # else _copy_one refuses the name
             remove_stale_temps(directory, basenames)
-    copied = [n for n in names if _copy_one(os.path.join(source, n), model_dir, n)]
+    copied: list[str] = []
+    entries: dict[str, Any] = {}
+    for name in names:
+        src = os.path.join(source, name)
+        st = os.stat(src)
+        changed = content_changed(src, recorded.get(name), st)
+        digest = recorded[name]["sha256"] if changed is None else sha256_file(src)
+        entries[name] = entry(st, digest)
+        if _copy_one(src, model_dir, name, unchanged=changed is not True):
+            copied.append(name)
     if copied:
         fsync_dir(model_dir)
-    return copied
+    return copied, entries
 
 
-def _copy_one(src: str, model_dir: str, name: str) -> bool:
+def _copy_one(src: str, model_dir: str, name: str, *, unchanged: bool) -> bool:
     dst = inside_model_dir(model_dir, name)
     if name == "config.json" and (placed := place_source_config(src, model_dir)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):
-        s, d = os.stat(src), os.stat(dst)
-        if s.st_size == d.st_size and int(s.st_mtime) == int(d.st_mtime):  # rsync's rule, 1 s granularity
+        if unchanged and os.stat(dst).st_size == os.stat(src).st_size:  # the bytes copied last time
             return False
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
@@ -99,6 +113,7 @@ def _copy_one(src: str, model_dir: str, name: str) -> bool:
     try:
         shutil.copyfile(src, tmp)
         shutil.copystat(src, tmp)
+        os.chmod(tmp, os.stat(tmp).st_mode & ~0o022)  # a world-writable source is not copied as one
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         checkpoint(f"model.copy:{name}")

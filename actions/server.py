@@ -36,6 +36,7 @@ from reconcile.ownership.membership import (
     scope_of,
 )
 from reconcile.plan.records import ActionResult, Change
+from reconcile.safety.filesafety import open_append
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Server, Spec
@@ -157,9 +158,11 @@ def _start(
 ) -> int:
     server = _server(spec)
     try:
-        os.makedirs(os.path.dirname(server.log), exist_ok=True)
+        for path in (server.log, pidfile_path(spec)):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         private_dir(os.path.dirname(state_file_path(spec)))
-        log = open(server.log, "ab")  # noqa: SIM115 - closed below, once the child holds its own copy
+        # Never through a symlink, never left writable by others (the preflight checked its parents).
+        log = os.fdopen(open_append(server.log), "ab")  # closed below, once the child holds its own copy
     except OSError as exc:
         raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
     with log:

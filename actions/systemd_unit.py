@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from actions.launching import LaunchCommand
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
+from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.systemd_syntax import environment_line, exec_command, setting
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def install_unit(spec: Spec, command: LaunchCommand, *, unit_dir: str = UNIT_DIR
     env_file = env_file_path(spec)
     os.makedirs(os.path.dirname(env_file), exist_ok=True)
     changed = _write_if_different(env_file, render_environment_file(command.env), 0o600)
-    os.makedirs(unit_dir, exist_ok=True)
+    ensure_dir(unit_dir, 0o755)
     unit = os.path.join(unit_dir, unit_name(spec))
     return _write_if_different(unit, render_unit(spec, command, env_file), 0o644) or changed
 

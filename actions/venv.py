@@ -13,9 +13,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from actions.venv_index import index_urls, netrc_env
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, checkpoint, run, which
 from reconcile.plan.records import ActionResult
+from reconcile.safety.sensitive import redact_url
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Venv
@@ -53,7 +55,7 @@ def _norm(name: str) -> str:
 
 def _redact(text: str) -> str:
     """Index URLs may carry credentials (https://user:token@host/): never repeat them."""
-    return re.sub(r"(://)[^/@\s]+@", r"\1***@", text)
+    return redact_url(text)
 
 
 def _tail(out: Completed, lines: int = 10) -> str:
@@ -62,11 +64,12 @@ def _tail(out: Completed, lines: int = 10) -> str:
     return _redact("\n".join((errors or text)[-lines:]) or f"exit code {out.returncode}")
 
 
-def _run(argv: Sequence[str], timeout: float, what: str) -> Completed:
+def _run(argv: Sequence[str], timeout: float, what: str, extra: Mapping[str, str] | None = None) -> Completed:
     try:
         # Our own PYTHONPATH/PYTHONHOME must not leak in: pip would count what it finds there as
         # installed in the venv and skip it (reconcile itself may run from a --target dir).
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env.update(extra or {})
         return run(argv, env={**env, "PIP_NO_INPUT": "1", "NO_COLOR": "1"}, timeout=timeout)
     except ToolMissing as exc:
         raise ActionError(f"{what}: {exc}") from None
@@ -273,9 +276,10 @@ def _install_argv(venv: Venv, installer: str, requirements: Sequence[str]) -> li
     if venv.wheelhouse is not None:
         argv += ["--no-index", "--find-links", venv.wheelhouse]
     else:
-        if venv.index_url is not None:
-            argv += ["--index-url", venv.index_url]
-        for url in venv.extra_index_urls:
+        index, extra, _ = index_urls(venv)
+        if index is not None:
+            argv += ["--index-url", index]
+        for url in extra:
             argv += ["--extra-index-url", url]
         if installer == "uv" and venv.extra_index_urls:
             argv += ["--index-strategy", "unsafe-best-match"]  # pip's meaning: best version of all indexes
@@ -306,7 +310,10 @@ def install(venv: Venv, wanted: Mapping[str, str]) -> ActionResult:
     if installer == "pip" and run([python, "-c", "import pip"], timeout=60).returncode != 0:
         raise ActionError(f'{venv.path} has no pip: set [venv].installer = "uv" or re-create the venv')
     checkpoint("venv.pip.before")
-    out = _run(_install_argv(venv, installer, requirements), INSTALL_TIMEOUT_S, f"{installer} install")
+    with netrc_env(index_urls(venv)[2] if venv.wheelhouse is None else []) as netrc:
+        out = _run(
+            _install_argv(venv, installer, requirements), INSTALL_TIMEOUT_S, f"{installer} install", netrc
+        )
     checkpoint("venv.pip.after")
     if not out.ok:
         raise ActionError(f"{installer} install {' '.join(requirements)} failed:\n{_tail(out)}")

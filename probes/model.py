@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from probes.common import Absent, Invalid
@@ -34,6 +35,7 @@ class DownloadRecord(NamedTuple):
     commit: str | None  # None for a copy of a local source
     files: Mapping[str, int]
     source: str | None = None  # the local directory the files were copied from
+    source_files: Mapping[str, Any] = MappingProxyType({})  # name -> stamp + sha256 at copy
 
 
 class ModelObservation(NamedTuple):
@@ -149,4 +151,5 @@ def parse_record(doc: JsonDoc) -> DownloadRecord | Invalid:
         data.get("commit"),
         dict(files),  # type: ignore[arg-type]  # checked above: a dict of str -> int
         source,
+        data["source_files"] if isinstance(data.get("source_files"), dict) else {},
     )

@@ -42,7 +42,7 @@ class DeploymentProcess(NamedTuple):
     pgid: int
     sid: int
     name: str  # comm, cut to 15 characters by the kernel
-    cmdline: tuple[str, ...]  # any --api-key value shown as (secret)
+    cmdline: tuple[str, ...]  # any --api-key value shown as (sensitive)
     create_time: float  # seconds since the epoch
     identity: str | None  # RECONCILE_IDENTITY from its environment
     role: Role

@@ -138,7 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        import os
+
         from reconcile import commands
+        from reconcile.safety.filesafety import STATE_UMASK
+
+        # What apply makes without an explicit mode is private (state, reports, secrets); the trees
+        # it builds for others to read (venv, model dir) set their own umask (filesafety.TREE_UMASK).
+        os.umask(STATE_UMASK)
 
         handler = getattr(commands, "cmd_" + args.command)
         code: int = handler(args)

@@ -142,7 +142,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from reconcile.apply.state import list_generations, read_generation
+    from reconcile.apply.generations import UnverifiedGeneration, list_generations, read_generation
 
     loaded = _load(args)
     state_dir = loaded.spec.machine.state_dir
@@ -151,7 +151,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"no generations under {state_dir}/generations (nothing applied yet)")
         return 0
     for n in numbers:
-        g = read_generation(state_dir, n)
+        try:
+            g = read_generation(state_dir, n)
+        except UnverifiedGeneration as exc:  # listed, never used: rollback and diff refuse it too
+            print(f"{n:>4}  skipped: {exc}")
+            continue
         changes = g.get("changes", [])
         failed = sum(1 for c in changes if c.get("result") == "failed")
         print(
@@ -165,30 +169,38 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     import difflib
 
-    from reconcile.apply.state import read_generation
+    from reconcile.apply.generations import read_generation
+    from reconcile.safety.sensitive import redact_spec_text, redact_text, secret_paths
 
     loaded = _load(args)
     state_dir = loaded.spec.machine.state_dir
     a, b = read_generation(state_dir, args.a), read_generation(state_dir, args.b)
+
+    def text(g: dict[str, Any]) -> list[str]:  # records of an older reconcile may hold secrets
+        return redact_spec_text(str(g.get("spec_text", "")), g.get("spec_resolved") or {}).splitlines()
+
     spec_diff = difflib.unified_diff(
-        str(a.get("spec_text", "")).splitlines(),
-        str(b.get("spec_text", "")).splitlines(),
+        text(a),
+        text(b),
         f"generation {args.a}: {a.get('spec_path')}",
         f"generation {args.b}: {b.get('spec_path')}",
         lineterm="",
     )
     out = list(spec_diff)
     print("\n".join(out) if out else "spec: identical")
+    secrets = [v for g in (a, b) for v in secret_paths(g.get("spec_resolved") or {}).values()]
     ra, rb = a.get("resolved", {}), b.get("resolved", {})
     for key in sorted(set(ra) | set(rb)):
         if ra.get(key) != rb.get(key):
-            print(f"resolved {key}: {json.dumps(ra.get(key))} -> {json.dumps(rb.get(key))}")
+            line = f"resolved {key}: {json.dumps(ra.get(key))} -> {json.dumps(rb.get(key))}"
+            print(redact_text(line, secrets))
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from reconcile.apply.executor import apply_spec, render_report
-    from reconcile.apply.state import list_generations, read_generation
+    from reconcile.apply.generations import list_generations, read_generation
+    from reconcile.safety.sensitive import restore_document
     from reconcile.spec.loader import spec_from_resolved
 
     loaded = _load(args)
@@ -198,10 +210,16 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if target is None:
         raise ReconcileError(f"{state_dir}/generations: nothing to roll back to (have {numbers or 'none'})")
     gen: dict[str, Any] = read_generation(state_dir, target)
-    old = spec_from_resolved(
-        gen["spec_resolved"], gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path))
-    )
+    if not isinstance(gen.get("spec_resolved"), dict):
+        raise ReconcileError(f"generation {target} holds no spec to roll back to (spec_resolved is missing)")
+    try:  # secrets are kept as hashes: they come from the spec as it is now
+        resolved, notes = restore_document(gen["spec_resolved"], loaded.resolved)
+    except ValueError as exc:
+        raise ReconcileError(f"generation {target}: {exc}") from None
+    old = spec_from_resolved(resolved, gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path)))
     print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
+    for note in notes:
+        print(f"note: {note}")
     report = apply_spec(old, lock_timeout=args.lock_timeout, rollback_of=target)
     render_report(report, sys.stdout, as_json=False, quiet=False)
     return report.exit_code

@@ -56,6 +56,7 @@ def run(
             timeout=timeout,
             cwd=cwd,
             stdin=None if input is not None else subprocess.DEVNULL,
+            umask=0o022,  # the system's usual one for the trees tools build (apt, pip, venv), not our 077
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{argv[0]}: not found") from exc

@@ -12,12 +12,14 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
+
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 MARKER = "RECONCILE_DEPLOYMENT"  # inherited by every child: how a deployment's processes are found
 IDENTITY = "RECONCILE_IDENTITY"
-SECRET = "(secret)"
+SECRET = SENSITIVE  # how a secret is shown everywhere
 INPUTS = ("argv", "env", "packages", "model_revision", "config_json")
 _WHAT = {
     "argv": "args",
@@ -46,7 +48,7 @@ def _canonical_package(name: str) -> str:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A command line fit to show: the value of any `--api-key` replaced by (secret)."""
+    """A command line fit to show: the value of any `--api-key` replaced by (sensitive)."""
     out: list[str] = []
     hide = False
     for token in argv:
@@ -66,7 +68,8 @@ def launch_identity(
     model_revision: str | None,
     config_json: bytes | None,
 ) -> Identity:
-    """The identity of a launch. Secret env values count in the hash but are never stored."""
+    """The identity of a launch. Secret env values count in the hash but are kept only as hashes:
+    `env.secrets` names them, `env.secret_hashes` holds one digest each (to tell which one rotated)."""
     try:
         config_key: bytes | None = (
             json.dumps(json.loads(config_json), sort_keys=True).encode() if config_json is not None else None
@@ -84,8 +87,9 @@ def launch_identity(
     secrets = sorted(k for k in env if k in secret_env_keys)
     shown = {
         "argv.shown": json.dumps(redact_argv(argv)),
-        "env.shown": json.dumps({k: SECRET if k in secret_env_keys else v for k, v in sorted(env.items())}),
+        "env.shown": json.dumps(shown_env(dict(sorted(env.items())), secret_env_keys)),
         "env.secrets": json.dumps(secrets),
+        "env.secret_hashes": json.dumps(env_hashes(env, secret_env_keys)),
         "packages.shown": json.dumps(dict(sorted(pkgs.items()))),
         "model_revision.shown": model_revision or "",
     }
@@ -186,10 +190,17 @@ def _mapping_detail(old: Mapping[str, str], new: Mapping[str, str], key: str, se
 
 def _env_detail(old: Mapping[str, str], new: Mapping[str, str]) -> str:
     items = _mapping_detail(old, new, "env.shown", "=")
-    if not items:
+    a, b = _loads(old, "env.secret_hashes"), _loads(new, "env.secret_hashes")
+    if isinstance(a, dict) and isinstance(b, dict):
+        shown_a, shown_b = _loads(old, "env.shown"), _loads(new, "env.shown")
+        both = (
+            set(shown_a) & set(shown_b) if isinstance(shown_a, dict) and isinstance(shown_b, dict) else set()
+        )
+        items += [f"{k} {SECRET} changed" for k in sorted(both) if k in a and k in b and a[k] != b[k]]
+    if not items:  # an older record without per-secret hashes: which secret is unknown
         secrets = _loads(new, "env.secrets")
         names = ", ".join(secrets) if isinstance(secrets, list) and secrets else "a secret"
-        items = [f"{names} {SECRET} changed"]
+        items = [f"one of {names} {SECRET} changed"]
     return _limit(items)
 
 

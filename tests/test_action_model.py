@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -320,7 +321,16 @@ def test_a_local_source_is_copied_with_its_mtimes_and_recorded(tmp_path: Path) -
     manifest = _manifest(d)
     assert manifest["commit"] is None and manifest["source"] == str(src)
     assert manifest["files"] == {n: len(b) for n, b in FILES.items()}
-    assert set(manifest) == {"repo", "revision", "commit", "files", "source"}
+    assert set(manifest) == {"repo", "revision", "commit", "files", "source", "source_files"}
+    entry = manifest["source_files"]["model.safetensors"]  # what a later plan compares by content
+    st = os.stat(src / "model.safetensors")
+    assert entry == {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ino": st.st_ino,
+        "ctime_ns": st.st_ctime_ns,
+        "sha256": hashlib.sha256(FILES["model.safetensors"]).hexdigest(),
+    }
 
 
 def test_copying_a_local_source_twice_touches_nothing(tmp_path: Path) -> None:

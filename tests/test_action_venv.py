@@ -6,15 +6,21 @@ packages so the tests do not depend on one another's order.
 
 from __future__ import annotations
 
+import base64
+import http.server
 import logging
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
+import psutil
 import pytest
 
 from actions import venv as venv_action
@@ -184,8 +190,54 @@ def test_an_install_past_its_timeout_fails_without_showing_index_credentials(
             venv_action.install(private, {"reconcile-no-such-dist": "*"})
 
     assert "no answer within 3s" in str(failed.value)
-    assert f"http://***@127.0.0.1:{port}/simple" in str(failed.value)
+    assert f"--index-url http://127.0.0.1:{port}/simple" in str(failed.value)
     assert "s3cret-token" not in str(failed.value)
+
+
+class _RecordingIndex(http.server.BaseHTTPRequestHandler):
+    """An index that wants Basic auth; notes each request's credentials and the asking process's argv."""
+
+    seen: ClassVar[list[tuple[str | None, str]]] = []
+
+    def do_GET(self) -> None:
+        peer = self.client_address[:2]
+        argv = next(
+            (
+                " ".join(psutil.Process(c.pid).cmdline())
+                for c in psutil.net_connections(kind="tcp")
+                if c.pid is not None and c.laddr and tuple(c.laddr)[:2] == peer
+            ),
+            "",
+        )
+        self.seen.append((self.headers.get("Authorization"), argv))
+        self.send_error(404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("isolated_pip", "no_uv_on_path")
+def test_index_credentials_reach_pip_but_never_its_command_line(made: Venv) -> None:
+    """Issue 13: credentials in an index URL were on pip's command line (/proc/PID/cmdline is
+    world-readable). Now the URL goes bare and pip reads them from a private netrc."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RecordingIndex)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    private = made.model_copy(
+        update={"extra_index_urls": [f"http://reconcile:s3cret-token@127.0.0.1:{port}/simple"]}
+    )
+    try:
+        with pytest.raises(ActionError) as failed:
+            venv_action.install(private, {"reconcile-no-such-dist": "*"})
+    finally:
+        server.shutdown()
+    assert _RecordingIndex.seen, "pip never asked the index"
+    expected = "Basic " + base64.b64encode(b"reconcile:s3cret-token").decode()
+    for auth, argv in _RecordingIndex.seen:
+        assert auth == expected
+        assert "pip" in argv and "s3cret-token" not in argv, argv
+    assert "s3cret-token" not in str(failed.value)
+    assert not [p for p in Path(tempfile.gettempdir()).glob("reconcile-netrc-*")]  # removed after
 
 
 @pytest.mark.usefixtures("no_uv_on_path")

@@ -54,7 +54,7 @@ def test_pause_records_who_when_and_why(tmp_path: Path) -> None:
     assert data["user"] == "alice" and data["ssh_client"] == "10.9.8.7"
     assert data["reason"] == "bisecting NCCL hangs" and data["pid"] == os.getpid()
     assert before <= data["since"] <= time.time() and data["until"] is None
-    assert oct((tmp_path / "paused.json").stat().st_mode & 0o777) == "0o644"
+    assert oct((tmp_path / "paused.json").stat().st_mode & 0o777) == "0o600"  # state is private
     assert "paused by alice (pid" in new.describe() and "ssh from 10.9.8.7" in new.describe()
 
 

@@ -65,7 +65,11 @@ def test_reformatted_config_json_is_the_same_identity() -> None:
             "args changed: model /models/m -> /models/n",
         ),
         ({"env": {**ENV, "HF_HUB_OFFLINE": "0"}}, "env", "env changed: HF_HUB_OFFLINE 1 -> 0"),
-        ({"env": {**ENV, "VLLM_API_KEY": "sk-rotated"}}, "env", "env changed: VLLM_API_KEY (secret) changed"),
+        (
+            {"env": {**ENV, "VLLM_API_KEY": "sk-rotated"}},
+            "env",
+            "env changed: VLLM_API_KEY (sensitive) changed",
+        ),
         ({"packages": {"vllm": "0.27.0"}}, "packages", "packages changed: vllm 0.26.0 -> 0.27.0"),
         ({"packages": {"vllm": "0.26.0", "Ninja": "1.11"}}, "packages", "packages changed: ninja 1.11 added"),
         ({"model_revision": "def456"}, "model_revision", "model revision changed: abc123 -> def456"),
@@ -108,18 +112,18 @@ def test_secret_values_are_never_in_the_components() -> None:
     identity = ident(argv=[*ARGV, "--api-key", "sk-argv-secret"])
     text = json.dumps(dict(identity.components))
     assert "sk-very-secret" not in text and "sk-argv-secret" not in text
-    assert json.loads(identity.components["env.shown"])["VLLM_API_KEY"] == "(secret)"
+    assert json.loads(identity.components["env.shown"])["VLLM_API_KEY"] == "(sensitive)"
 
 
 def test_redact_argv_hides_api_key_values_in_both_forms() -> None:
     assert redact_argv(["vllm", "--api-key", "a", "b", "--port", "1", "--api-key=c"]) == [
         "vllm",
         "--api-key",
-        "(secret)",
-        "(secret)",
+        "(sensitive)",
+        "(sensitive)",
         "--port",
         "1",
-        "--api-key=(secret)",
+        "--api-key=(sensitive)",
     ]
 
 
@@ -218,3 +222,15 @@ def test_the_callers_path_and_home_do_not_change_the_identity(tmp_path: Path) ->
 def test_a_flag_given_twice_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ActionError, match=r"args.port repeats a \[server\] field"):
         build_argv(_spec(tmp_path, args={"port": 9000}))
+
+
+def test_rotating_only_hf_token_names_hf_token_not_the_api_key() -> None:
+    """Issue 13: after rotating only HF_TOKEN the restart reason said the API key changed."""
+    env = {**ENV, "HF_TOKEN": "hf_first_token_value_0123456789"}
+    secret = {"VLLM_API_KEY", "HF_TOKEN"}
+    old = ident(env=env, secret_env_keys=secret)
+    new = ident(env={**env, "HF_TOKEN": "hf_rotated_token_value_987654"}, secret_env_keys=secret)
+    reason = explain_change(old.components, new.components)
+    assert reason == "env changed: HF_TOKEN (sensitive) changed"
+    assert "hf_first" not in json.dumps(dict(old.components))
+    assert "hf_rotated" not in json.dumps(dict(new.components))

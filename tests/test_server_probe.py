@@ -65,7 +65,7 @@ def test_an_api_key_on_a_marked_command_line_is_redacted(deployment: Deployment)
         return (seen, top[0]) if top else None
 
     seen, top = wait_for(api_server, 5, "the API server's process")
-    assert top.cmdline[-2:] == ("--api-key", "(secret)")
+    assert top.cmdline[-2:] == ("--api-key", "(sensitive)")
     assert "sk-on-the-cmdline" not in repr(seen)
 
 

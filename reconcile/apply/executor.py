@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from reconcile.apply.generations import write_generation
 from reconcile.apply.saved_plan import moved_since, read_plan_file
-from reconcile.apply.state import apply_lock, sweep_stale_temps, write_generation
+from reconcile.apply.state import apply_lock, sweep_stale_temps
 from reconcile.errors import ActionError, ReconcileError
 from reconcile.host import checkpoint
 from reconcile.plan.records import Change, Plan

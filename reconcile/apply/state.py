@@ -1,6 +1,6 @@
 """What reconcile keeps between runs under `machine.state_dir`: the apply lock and generations,
 and the sweep of the temp files a killed apply left. Called by the executor (lock, sweep, record)
-and the CLI (history, diff, rollback). Generations hold no secret: spec, versions, changes, results.
+and the CLI; generations are reconcile.apply.generations'.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import sys
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Collection, Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 from reconcile.errors import ReconcileError
-from reconcile.host import atomic_write, remove_stale_temps
+from reconcile.host import remove_stale_temps
+from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -66,9 +66,11 @@ def apply_lock(
     record is still in the file (a clean release empties it), which is how we know we took over
     from it. `on_wait` is told once, with the holder, when we have to wait.
     """
-    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    ensure_dir(state_dir, PRIVATE_DIR)
     path = os.path.join(state_dir, "apply.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    if os.fstat(fd).st_mode & 0o077:
+        os.fchmod(fd, PRIVATE_FILE)  # made by an older reconcile
     start = time.monotonic()
     told = False
     try:
@@ -120,6 +122,7 @@ def sweep_stale_temps(spec: Spec) -> list[str]:
     pidfile (the temps of those very files). Only reconcile's own temp names, of a writer that is gone
     (host.remove_stale_temps). Returns the paths removed.
     """
+    from reconcile.apply.generations import generations_dir
     from reconcile.identity import pidfile_path
 
     places: list[tuple[str, Collection[str] | None]] = [
@@ -135,51 +138,3 @@ def sweep_stale_temps(spec: Spec) -> list[str]:
         places.append((os.path.dirname(pidfile), (os.path.basename(pidfile),)))
     removed = [path for directory, names in places for path in remove_stale_temps(directory, names)]
     return sorted(set(removed))
-
-
-# --- generations -------------------------------------------------------------------------
-
-_GEN = re.compile(r"^(\d+)\.json$")
-
-
-def generations_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, "generations")
-
-
-def list_generations(state_dir: str) -> list[int]:
-    try:
-        names = os.listdir(generations_dir(state_dir))
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for n in names if (m := _GEN.match(n)))
-
-
-def read_generation(state_dir: str, number: int) -> dict[str, Any]:
-    path = os.path.join(generations_dir(state_dir), f"{number}.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data: dict[str, Any] = json.load(f)
-    except FileNotFoundError:
-        have = list_generations(state_dir)
-        raise ReconcileError(
-            f"{path}: no generation {number} (have: {', '.join(map(str, have)) or 'none'})"
-        ) from None
-    except ValueError as exc:
-        raise ReconcileError(f"{path}: not valid JSON ({exc})") from None
-    return data
-
-
-def write_generation(state_dir: str, record: Mapping[str, Any], number: int | None = None) -> int:
-    """Store `record` as generation `number` (rewriting it), by default the next one; returns it."""
-    directory = generations_dir(state_dir)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    if number is None:
-        number = (list_generations(state_dir) or [0])[-1] + 1
-    body = dict(record)
-    body["generation"] = number
-    atomic_write(
-        os.path.join(directory, f"{number}.json"),
-        (json.dumps(body, indent=2, sort_keys=False, default=str) + "\n").encode(),
-        mode=0o644,
-    )
-    return number

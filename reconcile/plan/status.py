@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, TextIO
 
 from reconcile.host import atomic_write
 from reconcile.plan.records import Change, Plan
+from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.spec.loaded import LoadedSpec
 
 
@@ -69,8 +70,8 @@ def update_conditions(state_dir: str, plan: Plan, *, now: float | None = None) -
     record = {c.resource: {"status": c.status, "since": c.since} for c in out}
     if record != {k: {"status": v.get("status"), "since": v.get("since")} for k, v in previous.items()}:
         try:
-            os.makedirs(state_dir, exist_ok=True)
-            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o600)
+            ensure_dir(state_dir, PRIVATE_DIR)
+            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=PRIVATE_FILE)
         except OSError:
             pass  # status must still answer on a read-only state dir
     return out

@@ -219,9 +219,12 @@ def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:
 
 
 def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
-    """Every rule's findings for a spec with a [server]; nothing to check without one."""
+    """The path rule's findings for every spec; every other rule's for a spec with a [server]."""
+    from reconcile.preflight.paths import path_findings
+
+    found = path_findings(spec)
     if spec.server is None:
-        return ()
+        return found
     c = context(spec, spec.server, inputs)
     by_topic: tuple[ModuleType, ...] = (
         arguments,
@@ -237,7 +240,7 @@ def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
         # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.
         by_topic = tuple(m for m in by_topic if m is not toolchain)
-    return tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
+    return found + tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
 
 
 def memory_table(spec: Spec, inputs: PreflightInputs) -> str:

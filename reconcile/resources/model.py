@@ -58,7 +58,9 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
         if want.source and not want.repo:
             if record.source != want.source:
                 diffs.append(FieldDiff("source", record.source, want.source))
-            drift = _source_drift(want.source, on_disk, want.allow_patterns)
+            from probes.model_source import source_drift  # by content: a same-size edit is drift
+
+            drift = source_drift(want.source, on_disk, want.allow_patterns, record.source_files)
             if drift:
                 diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
     if diffs:
@@ -88,27 +90,6 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
 
 def _same_revision(record: Any, revision: str) -> bool:
     return bool(record.revision == revision or (record.commit and record.commit.startswith(revision)))
-
-
-def _source_drift(source: str, have: Any, patterns: list[str]) -> list[str]:
-    import os
-
-    from actions.model import selected
-
-    out = []
-    for root, dirs, files in os.walk(source):
-        dirs[:] = [d for d in dirs if d != ".cache"]
-        for f in files:
-            rel = os.path.relpath(os.path.join(root, f), source)
-            if patterns and not selected(rel, patterns):
-                continue
-            try:
-                size = os.path.getsize(os.path.join(root, f))
-            except OSError:
-                continue
-            if have.get(rel) != size:
-                out.append(rel)
-    return out
 
 
 def plan_model_config(spec: Spec, obs: Observed) -> Item | None:

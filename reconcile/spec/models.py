@@ -277,13 +277,34 @@ class Server(_Model):
         default_factory=dict,
         description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
     )
-    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the server.")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="Extra environment for the server. A value whose name has a word TOKEN, KEY, SECRET, "
+        "PASSWORD or CREDENTIAL (HF_TOKEN, DB_PASSWORD) is sensitive: kept only as a hash in generations "
+        "and launch records, shown (sensitive). Better: keep it out of the spec with secret_files.",
+    )
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="Names in env whose values are sensitive although their names do not say so.",
+    )
+    secret_files: dict[str, AbsPath] = Field(
+        default_factory=dict,
+        description="Environment variables read from a file at each launch, e.g. "
+        '{ HF_TOKEN = "/root/hf.token" }: the value never enters the spec, a record or a command line; '
+        "always sensitive.",
+    )
     crash_loop: CrashLoop = Field(default_factory=CrashLoop, description="Crash-loop guard.")
 
     @model_validator(mode="after")
     def _no_key_flag(self) -> Server:
         if "api-key" in self.args:
             raise _at("args.api-key", "puts the key on the command line (use [api_key] file = ... instead)")
+        for name in self.secret_env:
+            if name not in self.env:
+                raise _at("secret_env", f"names {quoted(name)}, which is not in env (list names of env)")
+        for name in self.secret_files:
+            if name in self.env:
+                raise _at(f"secret_files.{name}", "is also in env (give its value in one place: the file)")
         return self
 
 

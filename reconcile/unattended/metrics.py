@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconcile.host import atomic_write
+from reconcile.safety.filesafety import ensure_dir
 
 RESULTS = ("changed", "already-true", "failed", "blocked", "cannot-fix")
 OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error")
@@ -167,5 +168,5 @@ def previous_from_textfile(path: str) -> dict[str, Any]:
 def write_textfile(path: str, record: Mapping[str, Any]) -> None:
     """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.reconcile-PID-XXXX.tmp`."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    ensure_dir(directory, 0o755)  # node_exporter (often nobody) must reach it under our 077 umask
     atomic_write(path, render_textfile(record).encode(), mode=0o644)

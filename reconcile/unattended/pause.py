@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
+from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 
 PAUSE_FILE = "paused.json"
 
@@ -90,8 +91,10 @@ def pause(
     user, tty, ssh = who_am_i(env)
     now = time.time()
     new = Pause(reason.strip(), user, os.getpid(), now, now + duration if duration else None, tty, ssh)
-    os.makedirs(state_dir, mode=0o755, exist_ok=True)
-    atomic_write(pause_path(state_dir), (json.dumps(new.as_data(), indent=2) + "\n").encode(), mode=0o644)
+    ensure_dir(state_dir, PRIVATE_DIR)
+    atomic_write(
+        pause_path(state_dir), (json.dumps(new.as_data(), indent=2) + "\n").encode(), mode=PRIVATE_FILE
+    )
     return new, previous
 
 

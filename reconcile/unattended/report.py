@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from reconcile.host import atomic_write, move_aside
+from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
 if TYPE_CHECKING:
@@ -184,9 +185,9 @@ def _counts_ok(counters: object) -> bool:
 
 
 def write_last_run(state_dir: str, record: Mapping[str, Any]) -> str:
-    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    ensure_dir(state_dir, PRIVATE_DIR)
     path = last_run_path(state_dir)
-    atomic_write(path, (json.dumps(record, indent=2, default=str) + "\n").encode(), mode=0o644)
+    atomic_write(path, (json.dumps(record, indent=2, default=str) + "\n").encode(), mode=PRIVATE_FILE)
     return path
 
 

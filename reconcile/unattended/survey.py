@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
+from reconcile.safety.sensitive import is_secret_name
 
 VENV_GLOBS = (
     "/opt/*/bin/vllm",
@@ -34,7 +35,6 @@ _CUDA_PACKAGE = re.compile(
     r"^(cuda-[a-z0-9-]+|lib(cublas|curand|cusparse|cusolver|cufft|nvjitlink|nvrtc|npp[a-z]*|nvjpeg|cufile)"
     r"-dev)-\d+-\d+$"
 )
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 _ENV_KEPT = (
     "VLLM_",
     "HF_HUB_OFFLINE",
@@ -52,7 +52,7 @@ class FoundServer(NamedTuple):
     """A running `vllm serve` as /proc shows it. Never holds the key: --api-key is dropped."""
 
     pid: int
-    argv: tuple[str, ...]  # --api-key's value shown as (secret)
+    argv: tuple[str, ...]  # --api-key's value shown as (sensitive)
     venv: str | None
     model: str | None
     args: dict[str, Any]  # flags without dashes, host/port/served-model-name included
@@ -169,7 +169,7 @@ def _server_at(pid: int, proc: str) -> tuple[int, FoundServer] | None:
         out = os.readlink(f"{proc}/{pid}/fd/1")
     except OSError:
         out = ""
-    kept = {k: v for k, v in env.items() if k.startswith(_ENV_KEPT) and not _SECRET.search(k)}
+    kept = {k: v for k, v in env.items() if k.startswith(_ENV_KEPT) and not is_secret_name(k)}
     return ppid, FoundServer(
         pid,
         tuple(redact_argv(tokens)),

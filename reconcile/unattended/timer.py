@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
+from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.systemd_syntax import exec_command, refuse_control, setting
 
 UNIT_DIR = "/etc/systemd/system"
@@ -234,7 +235,7 @@ def _write(path: str, text: str) -> bool:
 
 def install(s: Schedule, unit_dir: str = UNIT_DIR) -> TimerOutcome:
     """Write the service and the timer; enable and start the timer when systemd runs here."""
-    os.makedirs(unit_dir, exist_ok=True)
+    ensure_dir(unit_dir, 0o755)  # our umask is 077; systemd and its users read units
     service = os.path.join(unit_dir, s.service_name)
     timer = os.path.join(unit_dir, s.timer_name)
     changed = _write(service, render_service(s))
