@@ -27,6 +27,7 @@ from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ss
 from reconcile.engine.families import resolve
 from reconcile.engine.kvgroups import KVLayout, kv_layout
 from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
+from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, on, v2_runner
 from reconcile.engine.shape import ModelShape, model_shape
 
 __all__ = [
@@ -109,6 +110,7 @@ class MemoryEstimate(NamedTuple):
     specs: tuple[LayerSpec, ...] = ()
     batched_tokens: int = 8192
     mamba_mode: str = "none"
+    in_flight_tokens: int = 16384  # vLLM's max_in_flight_tokens (engine.budget.in_flight_tokens)
 
     @property
     def budget(self) -> int:
@@ -124,7 +126,7 @@ class MemoryEstimate(NamedTuple):
         state and block padding included; sliding-window layers keep only their window)."""
         if self.layout is None or not self.max_model_len:
             return 0
-        return self.layout.one_request_bytes(self.max_model_len, self.batched_tokens, self.mamba_mode)
+        return self.layout.one_request_bytes(self.max_model_len, self.in_flight_tokens, self.mamba_mode)
 
     @property
     def mamba_total(self) -> int:
@@ -153,7 +155,9 @@ class MemoryEstimate(NamedTuple):
         """Predicted "GPU KV cache size: N tokens" (vLLM's own block accounting)."""
         if self.layout is None:
             return 0
-        return self.layout.capacity_tokens(max(0, self.available_for_cache))
+        return self.layout.capacity_tokens(
+            max(0, self.available_for_cache), self.max_model_len, self.in_flight_tokens, self.mamba_mode
+        )
 
     @property
     def max_len_that_fits(self) -> int:
@@ -162,7 +166,7 @@ class MemoryEstimate(NamedTuple):
             return 0
         upper = max(self.max_model_len or 0, 1 << 24)
         return self.layout.max_len_that_fits(
-            self.available_for_cache, self.batched_tokens, upper, self.mamba_mode
+            self.available_for_cache, self.in_flight_tokens, upper, self.mamba_mode
         )
 
 
@@ -220,10 +224,7 @@ def estimate(
     batched_arg = args.get("max-num-batched-tokens")
     batched = int(batched_arg) if isinstance(batched_arg, int) else batched
     block_arg = args.get("block-size")
-    # vLLM turns prefix caching on by default; for Mamba layers that is its "align" mode (seen on
-    # 0.17: 2 blocks a Mamba group a request). Models with Mamba prefix caching proper use "all".
-    caching = args.get("enable-prefix-caching") is not False
-    mamba_mode = "align" if shape.mamba is not None and caching else "none"
+    mamba_mode = mamba_cache_mode(resolved.config, shape, args)
     specs = layer_specs(
         resolved,
         tp=tp,
@@ -270,6 +271,9 @@ def estimate(
         specs=specs,
         batched_tokens=batched,
         mamba_mode=mamba_mode,
+        in_flight_tokens=in_flight_tokens(
+            batched, pp, on(args, "async-scheduling"), v2_runner(config, shape)
+        ),
     )
 
 
