@@ -37,7 +37,8 @@ BATCHED = 8192  # vLLM's max_num_batched_tokens on an H200 (the oracle logged it
         # "gpt-oss-120b: tp1.one_request_bytes: vLLM 5441126400 ...; tp.one_request_bytes: vLLM 2720563200"
         ("gpt-oss-120b", 1, 5_441_126_400),
         ("gpt-oss-120b", 2, 2_720_563_200),
-        # "mixtral-8x7b-v0.1: tp1.one_request_bytes: vLLM 2686451712 ...; tp.one_request_bytes: vLLM 1343225856"
+        # "mixtral-8x7b-v0.1: tp1.one_request_bytes: vLLM 2686451712 ...; tp.one_request_bytes: vLLM
+        # 1343225856"
         ("mixtral-8x7b-v0.1", 1, 2_686_451_712),
         ("mixtral-8x7b-v0.1", 2, 1_343_225_856),
     ],
@@ -72,28 +73,33 @@ def test_in_flight_batches_follow_vllms_concurrent_batches() -> None:
 
 COMMON = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "torch_dtype": "bfloat16"}
 ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+
+
 # The tiny models tools/preflight_serve_check.py served, as their config.json reads (model_type and
 # architectures as transformers writes them).
+def _tiny(model_type: str, arch: str, **kw: Any) -> dict[str, Any]:
+    return {**COMMON, "model_type": model_type, "architectures": [arch], **kw}
+
+
+SLIDING_FITS = {"num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128, "sliding_window": 512}
 SERVED: dict[str, dict[str, Any]] = {
-    "dense": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, **ATTN,
-              "max_position_embeddings": 4096},
-    "sliding": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_hidden_layers": 4,
-                **ATTN, "sliding_window": 512, "max_position_embeddings": 8192},
-    "interleaved": {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 6,
-                    **ATTN, "head_dim": 128, "sliding_window": 256,
-                    "layer_types": ["sliding_attention", "full_attention"] * 3, "max_position_embeddings": 8192},
-    "mamba-hybrid": {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
-                     "layers_block_type": ["mamba", "attention", "mamba", "mlp"], "num_hidden_layers": 4, **ATTN,
-                     "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 64,
-                     "conv_kernel": 4, "expand": 1, "max_position_embeddings": 8192},
-    "sliding-fits": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_hidden_layers": 8,
-                     "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128, "sliding_window": 512,
-                     "max_position_embeddings": 1048576},
+    "dense": _tiny("llama", "LlamaForCausalLM", num_hidden_layers=4, **ATTN, max_position_embeddings=4096),
+    "sliding": _tiny("mistral", "MistralForCausalLM", num_hidden_layers=4, **ATTN, sliding_window=512,
+                     max_position_embeddings=8192),
+    "interleaved": _tiny("gemma3_text", "Gemma3ForCausalLM", num_hidden_layers=6,
+                         **{**ATTN, "head_dim": 128}, sliding_window=256, max_position_embeddings=8192,
+                         layer_types=["sliding_attention", "full_attention"] * 3),
+    "mamba-hybrid": _tiny("nemotron_h", "NemotronHForCausalLM", num_hidden_layers=4, **ATTN,
+                          layers_block_type=["mamba", "attention", "mamba", "mlp"], mamba_num_heads=8,
+                          mamba_head_dim=32, n_groups=1, ssm_state_size=64, conv_kernel=4, expand=1,
+                          max_position_embeddings=8192),
+    "sliding-fits": _tiny("mistral", "MistralForCausalLM", num_hidden_layers=8, **SLIDING_FITS,
+                          max_position_embeddings=1048576),
 }  # fmt: skip
 
 
 def _served(name: str) -> MemoryEstimate:
-    cfg = {**COMMON, **SERVED[name]}
+    cfg = SERVED[name]
     length = derive_max_model_len(cfg, "0.26.0").default
     return estimate(cfg, None, {}, tp=1, total_bytes=150_109_880_320, gpu="NVIDIA H200", utilization=0.1,
                     max_model_len=length, args={"enforce-eager": True})  # fmt: skip
@@ -146,7 +152,7 @@ def test_a_hybrid_keeps_one_mamba_state_a_request_by_default() -> None:
     assert e.layout is not None and e.mamba_mode == "none"
     assert (e.layout.min_block_size, e.layout.page_bytes) == (144, 144 * 512)
     assert e.layout.blocks_per_request(8192, e.in_flight_tokens, e.mamba_mode) == 59
-    cfg = {**COMMON, **SERVED["mamba-hybrid"]}
+    cfg = SERVED["mamba-hybrid"]
     shape = model_shape(cfg)
     assert mamba_cache_mode(cfg, shape, {"enable-prefix-caching": True}) == "all"  # NemotronH supports it
     assert (
@@ -154,3 +160,20 @@ def test_a_hybrid_keeps_one_mamba_state_a_request_by_default() -> None:
     )
     qwen35 = json.loads((CORPUS / "qwen3.5-9b.json").read_text())["config"]
     assert mamba_cache_mode(qwen35, model_shape(qwen35), {"enable-prefix-caching": True}) == "align"
+
+
+def test_mla_budget_counts_the_prefill_workspace_vllm_profiles() -> None:
+    # preflight-serve.md: "| mla | 4,096 | True | True | 6093168 | 6,357,824 | 4.34% | 6091008 |
+    # 13.07 / 13.64 |"
+    # vLLM's profile run allocates min(max(8 x 4,096, 4 x 1,024 seqs x 64), 65,536) = 65,536 rows x 16
+    # heads x (128 + 128) x 2 B for MLA: 0.50 GiB that a dense model of this size does not have.
+    mla = {"kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+           "v_head_dim": 128, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+           "moe_intermediate_size": 128, "first_k_dense_replace": 1}  # fmt: skip
+    cfg = _tiny("deepseek_v2", "DeepseekV2ForCausalLM", num_hidden_layers=2, num_attention_heads=16,
+                num_key_value_heads=16, max_position_embeddings=4096, **mla)  # fmt: skip
+    e = estimate(cfg, None, {}, tp=1, total_bytes=150_109_880_320, gpu="NVIDIA H200", utilization=0.1,
+                 max_model_len=4096, args={"enforce-eager": True})  # fmt: skip
+    assert e.overhead.mla_workspace == 65536 * 16 * 256 * 2 == GiB // 2
+    assert abs(e.available_for_cache / GiB - 13.07) < 0.1  # was 13.64 without it
+    assert abs(e.kv_capacity_tokens - 6_093_168) < 0.01 * 6_093_168  # +4.34% before, +0.64% now

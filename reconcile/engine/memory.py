@@ -20,6 +20,7 @@ from reconcile.engine.budget import (
     cuda_budget,
     cuda_total,
     default_batch,
+    mla_workspace,
     overhead,
     size,
 )
@@ -221,6 +222,7 @@ def estimate(
     conv = conv_arg if conv_arg and conv_arg != "auto" else serve
     batched, seqs = default_batch(total_bytes, gpu)
     seqs_arg = args.get("max-num-seqs")
+    seqs = int(seqs_arg) if isinstance(seqs_arg, int) else seqs
     batched_arg = args.get("max-num-batched-tokens")
     batched = int(batched_arg) if isinstance(batched_arg, int) else batched
     block_arg = args.get("block-size")
@@ -236,6 +238,7 @@ def estimate(
         mamba_mode=mamba_mode,
     )
     layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
+    block = layout.min_block_size if layout else 16
     files = weight_files(file_sizes)
     notes = []
     if not files:
@@ -256,14 +259,15 @@ def estimate(
         max_model_len=max_model_len,
         mamba_per_seq=sum(s.real_page_bytes for s in specs if s.kind == MAMBA),
         ssm_dtype=ssm,
-        max_num_seqs=int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
+        max_num_seqs=seqs,
         max_num_seqs_source="--max-num-seqs" if isinstance(seqs_arg, int) else "vLLM default",
         overhead=overhead(
             shape,
             tp,
             batched,
-            int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
+            seqs,
             args.get("enforce-eager") is True,
+            mla_workspace(resolved.config, tp, max_model_len or 0, seqs, block, DTYPE_BYTES.get(serve, 2)),
         ),
         notes=tuple(notes),
         pp=pp,

@@ -59,7 +59,8 @@ def memory_table(e: memory.MemoryEstimate, weights: str = "files") -> str:
         (
             "overhead (est.)",
             f"activations {size(o.activation)} + logits {size(o.logits)} + CUDA graphs {size(o.cuda_graphs)}"
-            f" + non-torch {size(o.non_torch)}",
+            f" + non-torch {size(o.non_torch)}"
+            + (f" + MLA prefill workspace {size(o.mla_workspace)}" if o.mla_workspace else ""),
             size(o.total),
         ),
         (
