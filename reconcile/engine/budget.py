@@ -50,14 +50,28 @@ class Overhead(NamedTuple):
     logits: int
     cuda_graphs: int
     mla_workspace: int = 0
+    rope_cache: int = 0
 
     @property
     def total(self) -> int:
-        return self.non_torch + self.activation + self.logits + self.cuda_graphs + self.mla_workspace
+        return (
+            self.non_torch
+            + self.activation
+            + self.logits
+            + self.cuda_graphs
+            + self.mla_workspace
+            + self.rope_cache
+        )
 
 
 def overhead(
-    shape: ModelShape, tp: int, batched_tokens: int, max_num_seqs: int, eager: bool, mla_workspace: int = 0
+    shape: ModelShape,
+    tp: int,
+    batched_tokens: int,
+    max_num_seqs: int,
+    eager: bool,
+    mla_workspace: int = 0,
+    rope_cache: int = 0,
 ) -> Overhead:
     return Overhead(
         non_torch=NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
@@ -65,7 +79,35 @@ def overhead(
         logits=shape.vocab_size * max_num_seqs * LOGITS_BYTES,
         cuda_graphs=0 if eager else CUDA_GRAPH_BYTES,
         mla_workspace=mla_workspace,
+        rope_cache=rope_cache,
     )
+
+
+def rope_cache(config: Mapping[str, Any], head_dim: int, dtype_bytes: int) -> int:
+    """RotaryEmbedding's cos/sin cache, a buffer vLLM counts with the weights: max positions x rotary
+    dims in the model dtype (YaRN's: original x factor positions; linear's: factor x positions). The
+    H200 serve of two tiny 1,048,576-position models logged 0.27 GiB less KV cache memory than the
+    same models at 4,096: 1,048,576 x 128 x 2 B = 0.25 GiB."""
+    if config.get("model_type") in _NO_ROPE:
+        return 0
+    rotary = _int(config, "qk_rope_head_dim") or head_dim
+    factor = config.get("partial_rotary_factor")
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor < 1:
+        rotary = int(rotary * factor)
+    positions = _int(config, "max_position_embeddings")
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    rope = rope if isinstance(rope, Mapping) else {}
+    kind, scale = str(rope.get("rope_type", rope.get("type"))), rope.get("factor")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        original = rope.get("original_max_position_embeddings")
+        if kind in ("yarn", "deepseek_yarn") and isinstance(original, int):
+            positions = int(original * scale)
+        elif kind in ("linear", "dynamic"):  # vLLM's linear / dynamic-NTK caches cover factor x positions
+            positions = int(positions * scale)
+    return positions * rotary * dtype_bytes
+
+
+_NO_ROPE = {"nemotron_h", "jamba", "mamba", "mamba2", "falcon_mamba"}  # attention without rotary embedding
 
 
 def mla_workspace(

@@ -22,6 +22,7 @@ from reconcile.engine.budget import (
     default_batch,
     mla_workspace,
     overhead,
+    rope_cache,
     size,
 )
 from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
@@ -268,6 +269,7 @@ def estimate(
             seqs,
             args.get("enforce-eager") is True,
             mla_workspace(resolved.config, tp, max_model_len or 0, seqs, block, DTYPE_BYTES.get(serve, 2)),
+            rope_cache(resolved.config, shape.head_dim, DTYPE_BYTES.get(serve, 2)),
         ),
         notes=tuple(notes),
         pp=pp,
