@@ -135,14 +135,17 @@ def test_the_reference_spec_file_has_the_hand_calculated_memory_table() -> None:
     config = {**load("nemotron-h-nano"), **(s.model.config if s.model else {})}
     found = findings(s, gpus=None, model_config=config, vllm_version="0.26.0rc1")
     fit = the(found, "memory.fit")
-    # vLLM's blocks, not the bare 1,536 B x 1M = 1.50 GiB: 6 layers x 1,069,056 B pages x (252 KV blocks
-    # + 4 Mamba groups x 2 blocks in prefix caching's "align" mode); see tests/test_engine_memory.py.
-    assert fit.message == "KV cache 1.55 GiB/GPU at 1,048,576 tokens (fp8); fits"
+    # The spec turns prefix caching on, so vLLM 0.26 keeps NemotronH's Mamba state per block ("all"
+    # mode, MambaModelConfig): attention blocks of whole 128-token SSD chunks, 128 x ceil(4,168 / 128)
+    # = 4,224 tokens (page 1,081,344 B), and ceil(1,048,576 / 4,224) = 249 blocks in each of the 5
+    # groups, x 6 layers = 7.52 GiB, not 1.53 GiB (prefix caching off); see tests/test_engine_memory.py.
+    assert fit.message == "KV cache 7.52 GiB/GPU at 1,048,576 tokens (fp8); fits"
     assert fit.evidence["kv_bytes_per_token_per_gpu"] == 1536
     assert "= 28.22 GiB" in fit.evidence["table"]
     bf16 = the(findings(s, gpus=None, model_config=config, hf_quant_config=None), "memory.fit")
     assert bf16.evidence["kv_bytes_per_token_per_gpu"] == 3072
-    assert bf16.message == "KV cache 3.05 GiB/GPU at 1,048,576 tokens (bfloat16); fits"  # 501 + 8 blocks
+    # bf16: 128 x ceil(2,084 / 128) = 2,176-token blocks, 482 a group x 5 groups x 6 x 1,114,112 B
+    assert bf16.message == "KV cache 15.00 GiB/GPU at 1,048,576 tokens (bfloat16); fits"
 
 
 # --- 1. flags ---

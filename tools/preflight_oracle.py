@@ -28,12 +28,15 @@ from reconcile.engine.kvgroups import kv_layout  # noqa: E402
 from reconcile.engine.kvspec import MAMBA, layer_specs  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
 from reconcile.engine.memory import DTYPE_BYTES, cuda_total, ssm_dtype  # noqa: E402
+from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, v2_runner  # noqa: E402
 from reconcile.engine.shape import model_shape  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "model_configs"
 GiB = 1024**3
 BUDGET = 10 * GiB  # KV cache memory both sides turn into a token count
 VERSION = "0.26.0"
+# Bumped when vllm_side records something new: a cached vLLM row of another version is redone.
+ORACLE_VERSION = 2
 
 
 def reconcile_side(entry: dict[str, Any], batched: int) -> dict[str, Any]:
@@ -42,6 +45,8 @@ def reconcile_side(entry: dict[str, Any], batched: int) -> dict[str, Any]:
     out: dict[str, Any] = {"derived": d.value, "max_model_len": d.default}
     ssm, mode = reconcile_mamba(cfg)
     out["mamba_cache_mode"] = mode
+    in_flight = in_flight_tokens(batched, 1, True, v2_runner(cfg, model_shape(cfg)))
+    out["max_in_flight_tokens"] = in_flight
     for key, t in (("tp1", 1), ("tp", tp)):
         specs = layer_specs(cfg, tp=t, max_model_len=d.default, mamba_ssm_bytes=ssm, mamba_mode=mode)
         layout = kv_layout(specs)
@@ -50,19 +55,20 @@ def reconcile_side(entry: dict[str, Any], batched: int) -> dict[str, Any]:
             "kv_bytes_per_token": layout.kv_bytes_per_token,
             "block_size": layout.min_block_size,
             "groups": len(layout.groups),
-            "one_request_bytes": layout.one_request_bytes(d.default, batched, mode),
+            "one_request_bytes": layout.one_request_bytes(d.default, in_flight, mode),
             "capacity_tokens": layout.capacity_tokens(BUDGET),
+            "logged_tokens": layout.capacity_tokens(BUDGET, d.default, in_flight, mode),
             "mamba_page_bytes": max((s.page_bytes for s in specs if s.kind == MAMBA), default=0),
         }
     return out
 
 
-def reconcile_mamba(config: dict[str, Any]) -> tuple[int, str]:
-    """(SSM state bytes, Mamba cache mode) as engine.memory.estimate picks them for a bf16 model with
-    vLLM's default prefix caching on."""
+def reconcile_mamba(config: dict[str, Any], args: dict[str, Any] | None = None) -> tuple[int, str]:
+    """(SSM state bytes, Mamba cache mode) as engine.memory.estimate picks them for a bf16 model
+    served with these flags (vLLM 0.26: a hybrid's prefix caching is off unless asked for)."""
     shape = model_shape(config)
     ssm = DTYPE_BYTES.get(ssm_dtype(None, shape, "bfloat16"), 2)
-    return ssm, "align" if shape.mamba is not None else "none"
+    return ssm, mamba_cache_mode(config, shape, args or {})
 
 
 def _count(kinds: list[str]) -> dict[str, int]:
@@ -88,7 +94,9 @@ def vllm_side(name: str, entry: dict[str, Any], work: Path) -> dict[str, Any]:
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
     from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     model_dir = work / name
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -114,9 +122,9 @@ def vllm_side(name: str, entry: dict[str, Any], work: Path) -> dict[str, Any]:
     mc, cc, sc = vc.model_config, vc.cache_config, vc.scheduler_config
     out["max_model_len"] = mc.max_model_len
     out["max_num_batched_tokens"] = sc.max_num_batched_tokens
-    out["block_size"] = cc.block_size
-    out["mamba_cache_mode"] = str(getattr(cc, "mamba_cache_mode", None))
+    out["max_in_flight_tokens"] = vc.max_in_flight_tokens
     out["enable_prefix_caching"] = bool(cc.enable_prefix_caching)
+    default_block = cc.block_size
     # The derived limit: vLLM accepts it and refuses one more token.
     derived = derive_max_model_len(entry["config"], VERSION).value
     try:
@@ -127,17 +135,24 @@ def vllm_side(name: str, entry: dict[str, Any], work: Path) -> dict[str, Any]:
         out["derived"] = int(float(m.group(2))) if m else None
         out["derived_check"] = "refused +1" if m else f"refused: {str(exc)[:160]}"
 
+    # As the model loader does (BaseModelLoader.load_model): the model dtype is the default while
+    # layers are built, so each attention layer picks its backend for bf16, not float32 (no MLA
+    # backend takes float32). Then, as the executor does after load_model, the platform sets the
+    # block size for that backend and pads hybrid models' Mamba pages to the attention page.
     with set_current_vllm_config(vc):
         _init_distributed()
-        with torch.device("meta"):
+        with set_default_torch_dtype(mc.dtype), torch.device("meta"):
             model = _build(vc)
+        current_platform.update_block_size_for_backend(vc)
+    out["block_size"] = cc.block_size
+    out["mamba_cache_mode"] = str(getattr(cc, "mamba_cache_mode", None))
     specs = _layer_specs(vc)
     out["tp1"] = _figures(vc, specs)
     del model
 
     tp = entry["tp"]
     if tp != 1:
-        out["tp"] = _figures(vc, _at_tp(vc, specs, tp))
+        out["tp"] = _figures(vc, _at_tp(vc, specs, tp, default_block))
     else:
         out["tp"] = out["tp1"]
     return out
@@ -168,10 +183,12 @@ def _layer_specs(vc: Any) -> dict[str, Any]:
     return specs
 
 
-def _at_tp(vc: Any, specs: dict[str, Any], tp: int) -> dict[str, Any]:
+def _at_tp(vc: Any, specs: dict[str, Any], tp: int, default_block: int) -> dict[str, Any]:
     """The TP-1 specs as a TP-`tp` rank holds them: KV heads from ModelConfig.get_num_kv_heads, Mamba
-    shapes from the model class, block size and padding from HybridAttentionMambaModelConfig."""
+    shapes from the model class, block size and padding from Platform.update_block_size_for_backend."""
+    from vllm.config import set_current_vllm_config
     from vllm.model_executor.models import ModelRegistry
+    from vllm.platforms import current_platform
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
     pc, cc, mc = vc.parallel_config, vc.cache_config, vc.model_config
@@ -183,16 +200,13 @@ def _at_tp(vc: Any, specs: dict[str, Any], tp: int) -> dict[str, Any]:
     shapes = None
     mamba_block = None
     if any(isinstance(s, MambaSpec) for s in specs.values()):
-        from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
-
         cls, _ = ModelRegistry.resolve_model_cls(mc.architectures, model_config=mc)
         shapes = cls.get_mamba_state_shape_from_config(vc)
         saved_mamba_block = getattr(cc, "mamba_block_size", None)
-        cc.block_size = None
+        cc.block_size = default_block
         cc.mamba_page_size_padded = None
-        if hasattr(cc, "mamba_block_size"):
-            cc.mamba_block_size = None  # else the TP-1 value is taken for the user's choice
-        HybridAttentionMambaModelConfig.verify_and_update_config(vc)
+        with set_current_vllm_config(vc):
+            current_platform.update_block_size_for_backend(vc)
         block, padded = cc.block_size, cc.mamba_page_size_padded
         mamba_block = getattr(cc, "mamba_block_size", None)
         if hasattr(cc, "mamba_block_size"):
@@ -244,10 +258,14 @@ def _figures(vc: Any, specs: dict[str, Any]) -> dict[str, Any]:
         config = ku.get_kv_cache_config_from_groups(vc, groups, dict(specs), BUDGET)
     min_block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
     figures["capacity_tokens"] = config.num_blocks // len(config.kv_cache_groups) * min_block
+    capacity = getattr(ku, "get_kv_cache_capacity", None)  # what "GPU KV cache size: N tokens" logs
+    if capacity is not None:
+        figures["logged_tokens"] = capacity(vc, config)[0]
     return figures
 
 
-COMPARED = ("kinds", "kv_bytes_per_token", "block_size", "groups", "one_request_bytes", "capacity_tokens")
+COMPARED = ("kinds", "kv_bytes_per_token", "block_size", "groups", "one_request_bytes", "capacity_tokens",
+            "logged_tokens")  # fmt: skip
 
 
 def compare(v: dict[str, Any], r: dict[str, Any]) -> list[str]:
@@ -255,13 +273,17 @@ def compare(v: dict[str, Any], r: dict[str, Any]) -> list[str]:
     diffs = []
     if v.get("max_model_len") != r["max_model_len"]:
         diffs.append(f"max_model_len: vLLM {v.get('max_model_len')} reconcile {r['max_model_len']}")
-    if r["mamba_cache_mode"] != "none" and v.get("mamba_cache_mode") != r["mamba_cache_mode"]:
+    if r["tp1"]["mamba_page_bytes"] and v.get("mamba_cache_mode") != r["mamba_cache_mode"]:
         diffs.append(f"mamba_cache_mode: vLLM {v.get('mamba_cache_mode')} reconcile {r['mamba_cache_mode']}")
+    if "max_in_flight_tokens" in v and v["max_in_flight_tokens"] != r["max_in_flight_tokens"]:
+        diffs.append(
+            f"max_in_flight_tokens: vLLM {v['max_in_flight_tokens']} reconcile {r['max_in_flight_tokens']}"
+        )
     if v.get("derived") not in (None, r["derived"]):
         diffs.append(f"derived: vLLM {v.get('derived')} reconcile {r['derived']}")
     for key in ("tp1", "tp"):
         for f in COMPARED:
-            if key in v and v[key].get(f) != r[key][f]:
+            if key in v and f in v[key] and v[key][f] != r[key][f]:
                 diffs.append(f"{key}.{f}: vLLM {v[key].get(f)} reconcile {r[key][f]}")
     return diffs
 
@@ -302,8 +324,8 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
         f"vLLM {VERSION} oracle; KV budget {BUDGET // GiB} GiB; bf16 KV; figures per GPU at the corpus TP.",
         "",
         "| model | TP | max_model_len vLLM / rec. | KV B/token/GPU vLLM / rec. | groups | block | "
-        "one request (MiB) vLLM / rec. | tokens in 10 GiB vLLM / rec. | agree |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "one request (MiB) vLLM / rec. | tokens in 10 GiB vLLM / rec. | logged tokens vLLM / rec. | agree |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         v, r = row.get("vllm", {}), row["reconcile"]
@@ -316,7 +338,8 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
             f"{vt.get('kv_bytes_per_token', '-')} / {rt['kv_bytes_per_token']} | "
             f"{vt.get('groups', '-')} / {rt['groups']} | {vt.get('block_size', '-')} / {rt['block_size']} | "
             f"{one_v} / {rt['one_request_bytes'] / mib:,.1f} | "
-            f"{vt.get('capacity_tokens', '-')} / {rt['capacity_tokens']} | {agree} |"
+            f"{vt.get('capacity_tokens', '-')} / {rt['capacity_tokens']} | "
+            f"{vt.get('logged_tokens', '-')} / {rt['logged_tokens']} | {agree} |"
         )
     for row in rows:
         if row.get("diffs") or row.get("error"):
@@ -332,20 +355,30 @@ def main(argv: list[str]) -> int:
     names = argv or sorted(p.stem for p in CORPUS.glob("*.json"))
     probe = cuda_probe()  # first, before anything in this process has a CUDA context
     rows = []
+    row: dict[str, Any]
     for name in names:
         done = state / f"{name}.json"
-        if done.exists():  # resumable: a finished model is not redone
-            rows.append(json.loads(done.read_text()))
-            continue
         entry = json.loads((CORPUS / f"{name}.json").read_text())
+        cached = json.loads(done.read_text()) if done.exists() else {}
+        if cached.get("oracle_version") == ORACLE_VERSION and "vllm" in cached:
+            # Resumable: vLLM's figures (the slow part) are kept; reconcile's are recomputed, so a
+            # re-run after an engine fix compares the new engine with the same vLLM figures.
+            row = {k: cached[k] for k in ("name", "tp", "vllm", "seconds", "oracle_version")}
+            row["reconcile"] = reconcile_side(entry, row["vllm"]["max_num_batched_tokens"])
+            row["diffs"] = compare(row["vllm"], row["reconcile"])
+            row["agree"] = not row["diffs"]
+            print(f"{name} (vLLM cached): {'agree' if row['agree'] else row['diffs']}", flush=True)
+            rows.append(row)
+            continue
         started = time.monotonic()
-        row: dict[str, Any] = {"name": name, "tp": entry["tp"]}
+        row = {"name": name, "tp": entry["tp"], "oracle_version": ORACLE_VERSION}
         try:
             row["vllm"] = vllm_side(name, entry, Path(tempfile.mkdtemp(prefix="oracle-")))
             row["reconcile"] = reconcile_side(entry, row["vllm"]["max_num_batched_tokens"])
             row["diffs"] = compare(row["vllm"], row["reconcile"])
             row["agree"] = not row["diffs"]
-        except Exception as exc:
+        except Exception as exc:  # not cached as done (no oracle_version match needed: no "vllm" key)
+            row.pop("vllm", None)
             row.setdefault("reconcile", reconcile_side(entry, 8192))
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
             row["traceback"] = traceback.format_exc()[-2000:]

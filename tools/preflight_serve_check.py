@@ -23,11 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reconcile.engine.kvgroups import kv_layout  # noqa: E402
-from reconcile.engine.kvspec import layer_specs  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
-from reconcile.engine.memory import cuda_total, estimate  # noqa: E402
-from tools.preflight_oracle import reconcile_mamba  # noqa: E402
+from reconcile.engine.memory import MemoryEstimate, cuda_total, estimate  # noqa: E402
 
 GiB = 1024**3
 UTIL = 0.10
@@ -205,6 +202,9 @@ def build(name: str, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
+SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail")
+
+
 def serve(model: Path, port: int, log: Path, timeout: float = 240) -> dict[str, Any]:
     """Start `vllm serve`, wait until it is up or has exited, stop it; what its log says."""
     cmd = [
@@ -255,11 +255,11 @@ def serve(model: Path, port: int, log: Path, timeout: float = 240) -> dict[str, 
     }
 
 
-def predict(model: Path, total: int) -> dict[str, Any]:
+def _estimate(model: Path, total: int) -> MemoryEstimate:
     config = json.loads((model / "config.json").read_text())
     files = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
     d = derive_max_model_len(config, "0.26.0")
-    e = estimate(
+    return estimate(
         config,
         None,
         files,
@@ -270,8 +270,12 @@ def predict(model: Path, total: int) -> dict[str, Any]:
         max_model_len=d.default,
         args={"enforce-eager": True},
     )
+
+
+def predict(model: Path, total: int) -> dict[str, Any]:
+    e = _estimate(model, total)
     return {
-        "max_model_len": d.default,
+        "max_model_len": e.max_model_len,
         "fits": e.fits,
         "predicted_tokens": e.kv_capacity_tokens,
         "available_predicted_gib": round(e.available_for_cache / GiB, 2),
@@ -280,13 +284,14 @@ def predict(model: Path, total: int) -> dict[str, Any]:
     }
 
 
-def layout_tokens(model: Path, available_gib: float) -> int:
+def layout_tokens(model: Path, total: int, available_gib: float) -> int:
     """Reconcile's block math alone, on the memory vLLM logged as available (rounded to 0.01 GiB)."""
-    config = json.loads((model / "config.json").read_text())
-    d = derive_max_model_len(config, "0.26.0")
-    ssm, mode = reconcile_mamba(config)
-    specs = layer_specs(config, tp=1, max_model_len=d.default, mamba_ssm_bytes=ssm, mamba_mode=mode)
-    return kv_layout(specs).capacity_tokens(int(available_gib * GiB))
+    e = _estimate(model, total)
+    if e.layout is None:
+        return 0
+    return e.layout.capacity_tokens(
+        int(available_gib * GiB), e.max_model_len, e.in_flight_tokens, e.mamba_mode
+    )
 
 
 def gpu_total() -> int:
@@ -306,16 +311,17 @@ def main(argv: list[str]) -> int:
     rows = []
     for i, name in enumerate(argv or list(MODELS)):
         done = state / f"{name}.json"
-        if done.exists():
-            rows.append(json.loads(done.read_text()))
-            continue
         model = state / "models" / name
         if not (model / "config.json").exists():
             build(name, model)
+        # Resumable: what vLLM logged is kept per model; reconcile's prediction is made afresh.
+        logged = (
+            json.loads(done.read_text()) if done.exists() else serve(model, 8300 + i, state / f"{name}.log")
+        )
         row: dict[str, Any] = {"name": name, **predict(model, total)}
-        row.update(serve(model, 8300 + i, state / f"{name}.log"))
+        row.update({k: logged[k] for k in SERVED_KEYS})
         if row["available_gib"] is not None:
-            row["layout_tokens"] = layout_tokens(model, row["available_gib"])
+            row["layout_tokens"] = layout_tokens(model, total, row["available_gib"])
         logged, predicted = row["logged_tokens"], row["predicted_tokens"]
         row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
         row["verdict_agrees"] = row["fits"] == row["started"]

@@ -55,20 +55,18 @@ class KVLayout(NamedTuple):
         per_token_slot = self.block_bytes * len(self.groups) if self.hybrid else self.block_bytes
         return per_token_slot // self.min_block_size
 
-    def one_request_bytes(
-        self, max_model_len: int, max_num_batched_tokens: int, mamba_mode: str = "none"
-    ) -> int:
+    def one_request_bytes(self, max_model_len: int, in_flight_tokens: int, mamba_mode: str = "none") -> int:
         """What vLLM's startup check needs for one request of max_model_len
         (`_max_memory_usage_bytes_from_groups`)."""
         if not self.groups:
             return 0
         if not self.hybrid:
             return sum(
-                g.spec.max_memory_bytes(max_model_len, max_num_batched_tokens, mamba_mode) * len(g.layers)
+                g.spec.max_memory_bytes(max_model_len, in_flight_tokens, mamba_mode) * len(g.layers)
                 for g in self.groups
             )
         blocks = sum(
-            _cdiv(g.spec.max_memory_bytes(max_model_len, max_num_batched_tokens, mamba_mode), self.page_bytes)
+            _cdiv(g.spec.max_memory_bytes(max_model_len, in_flight_tokens, mamba_mode), self.page_bytes)
             for g in self.groups
         )
         return self.group_size * self.page_bytes * blocks
@@ -78,38 +76,55 @@ class KVLayout(NamedTuple):
             return 0
         return available_bytes // self.block_bytes
 
-    def capacity_tokens(self, available_bytes: int) -> int:
-        """The "GPU KV cache size: N tokens" vLLM logs for this much KV cache memory."""
+    def capacity_tokens(
+        self,
+        available_bytes: int,
+        max_model_len: int | None = None,
+        in_flight_tokens: int = 0,
+        mamba_mode: str = "none",
+    ) -> int:
+        """The "GPU KV cache size: N tokens" vLLM logs for this much KV cache memory.
+
+        vLLM 0.26 logs max concurrency x max_model_len (get_kv_cache_capacity), so a sliding-window
+        or Mamba request, which holds fewer blocks than its length, counts for more tokens than the
+        blocks hold. Without a max_model_len (auto), the tokens the blocks of one group hold."""
         if not self.groups:
             return 0
-        return self.num_blocks(available_bytes) // len(self.groups) * self.min_block_size
+        if not max_model_len:
+            return self.num_blocks(available_bytes) // len(self.groups) * self.min_block_size
+        concurrency = self.max_concurrency(available_bytes, max_model_len, in_flight_tokens, mamba_mode)
+        return int(concurrency * max_model_len)
 
-    def max_concurrency(
-        self, available_bytes: int, max_model_len: int, max_num_batched_tokens: int, mamba_mode: str = "none"
-    ) -> float:
-        """vLLM's "Maximum concurrency for N tokens per request: X": blocks / blocks one request takes."""
-        if not self.groups:
-            return 0.0
-        mem = [
-            g.spec.max_memory_bytes(max_model_len, max_num_batched_tokens, mamba_mode) for g in self.groups
-        ]
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int, mamba_mode: str = "none") -> int:
+        """Block ids one request of max_model_len takes (get_max_concurrency_for_kv_cache_config)."""
+        mem = [g.spec.max_memory_bytes(max_model_len, in_flight_tokens, mamba_mode) for g in self.groups]
         if self.hybrid:
             need = self.group_size * sum(mem)
         else:
             need = sum(m * len(g.layers) for m, g in zip(mem, self.groups, strict=True))
-        return self.num_blocks(available_bytes) / _cdiv(need, self.block_bytes)
+        return _cdiv(need, self.block_bytes)
+
+    def max_concurrency(
+        self, available_bytes: int, max_model_len: int, in_flight_tokens: int, mamba_mode: str = "none"
+    ) -> float:
+        """vLLM's "Maximum concurrency for N tokens per request: X": blocks / blocks one request takes."""
+        if not self.groups:
+            return 0.0
+        return self.num_blocks(available_bytes) / self.blocks_per_request(
+            max_model_len, in_flight_tokens, mamba_mode
+        )
 
     def max_len_that_fits(
-        self, available_bytes: int, max_num_batched_tokens: int, upper: int, mamba_mode: str = "none"
+        self, available_bytes: int, in_flight_tokens: int, upper: int, mamba_mode: str = "none"
     ) -> int:
         """vLLM's "estimated maximum model length": the longest max_model_len <= upper whose one
         request fits (0 if not even one token does). Binary search, as vLLM does."""
-        if self.one_request_bytes(1, max_num_batched_tokens, mamba_mode) > available_bytes:
+        if self.one_request_bytes(1, in_flight_tokens, mamba_mode) > available_bytes:
             return 0
         lo, hi, best = 1, upper, 1
         while lo <= hi:
             mid = (lo + hi) // 2
-            if self.one_request_bytes(mid, max_num_batched_tokens, mamba_mode) <= available_bytes:
+            if self.one_request_bytes(mid, in_flight_tokens, mamba_mode) <= available_bytes:
                 best, lo = mid, mid + 1
             else:
                 hi = mid - 1

@@ -54,19 +54,19 @@ class LayerSpec(NamedTuple):
         """KV bytes one token takes in this layer on this GPU (0 for Mamba: fixed per sequence)."""
         return 0 if self.kind == MAMBA else self.page_bytes // self.block_size
 
-    def max_memory_bytes(
-        self, max_model_len: int, max_num_batched_tokens: int, mamba_mode: str = "none"
-    ) -> int:
-        """vLLM's `max_memory_usage_bytes`: what one request of max_model_len needs in this layer."""
+    def max_memory_bytes(self, max_model_len: int, in_flight_tokens: int, mamba_mode: str = "none") -> int:
+        """vLLM's `max_memory_usage_bytes`: what one request of max_model_len needs in this layer.
+        `in_flight_tokens` is vLLM's `max_in_flight_tokens` (engine.budget.in_flight_tokens): a window
+        layer keeps its window plus every batch scheduled but not yet freed."""
         if self.kind == MAMBA:
             if mamba_mode == "all":
                 return _cdiv(max_model_len, self.block_size) * self.page_bytes
             return self.page_bytes * (2 if mamba_mode == "align" else 1)
         if self.kind == SLIDING and self.window is not None:
-            tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
+            tokens = min(self.window - 1 + in_flight_tokens, max_model_len)
             return (_cdiv(tokens, self.block_size) + 1) * self.page_bytes  # the window may straddle a block
         if self.kind == CHUNKED and self.window is not None:
-            tokens = min(self.window + max_num_batched_tokens, max_model_len)
+            tokens = min(self.window + in_flight_tokens, max_model_len)
             return _cdiv(tokens, self.block_size) * self.page_bytes
         return _cdiv(max_model_len, self.block_size) * self.page_bytes
 

@@ -20,13 +20,16 @@ from reconcile.engine.budget import (
     cuda_budget,
     cuda_total,
     default_batch,
+    mla_workspace,
     overhead,
+    rope_cache,
     size,
 )
 from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
 from reconcile.engine.families import resolve
 from reconcile.engine.kvgroups import KVLayout, kv_layout
 from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
+from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, on, v2_runner
 from reconcile.engine.shape import ModelShape, model_shape
 
 __all__ = [
@@ -109,6 +112,7 @@ class MemoryEstimate(NamedTuple):
     specs: tuple[LayerSpec, ...] = ()
     batched_tokens: int = 8192
     mamba_mode: str = "none"
+    in_flight_tokens: int = 16384  # vLLM's max_in_flight_tokens (engine.budget.in_flight_tokens)
 
     @property
     def budget(self) -> int:
@@ -124,7 +128,7 @@ class MemoryEstimate(NamedTuple):
         state and block padding included; sliding-window layers keep only their window)."""
         if self.layout is None or not self.max_model_len:
             return 0
-        return self.layout.one_request_bytes(self.max_model_len, self.batched_tokens, self.mamba_mode)
+        return self.layout.one_request_bytes(self.max_model_len, self.in_flight_tokens, self.mamba_mode)
 
     @property
     def mamba_total(self) -> int:
@@ -153,7 +157,9 @@ class MemoryEstimate(NamedTuple):
         """Predicted "GPU KV cache size: N tokens" (vLLM's own block accounting)."""
         if self.layout is None:
             return 0
-        return self.layout.capacity_tokens(max(0, self.available_for_cache))
+        return self.layout.capacity_tokens(
+            max(0, self.available_for_cache), self.max_model_len, self.in_flight_tokens, self.mamba_mode
+        )
 
     @property
     def max_len_that_fits(self) -> int:
@@ -162,7 +168,7 @@ class MemoryEstimate(NamedTuple):
             return 0
         upper = max(self.max_model_len or 0, 1 << 24)
         return self.layout.max_len_that_fits(
-            self.available_for_cache, self.batched_tokens, upper, self.mamba_mode
+            self.available_for_cache, self.in_flight_tokens, upper, self.mamba_mode
         )
 
 
@@ -217,13 +223,11 @@ def estimate(
     conv = conv_arg if conv_arg and conv_arg != "auto" else serve
     batched, seqs = default_batch(total_bytes, gpu)
     seqs_arg = args.get("max-num-seqs")
+    seqs = int(seqs_arg) if isinstance(seqs_arg, int) else seqs
     batched_arg = args.get("max-num-batched-tokens")
     batched = int(batched_arg) if isinstance(batched_arg, int) else batched
     block_arg = args.get("block-size")
-    # vLLM turns prefix caching on by default; for Mamba layers that is its "align" mode (seen on
-    # 0.17: 2 blocks a Mamba group a request). Models with Mamba prefix caching proper use "all".
-    caching = args.get("enable-prefix-caching") is not False
-    mamba_mode = "align" if shape.mamba is not None and caching else "none"
+    mamba_mode = mamba_cache_mode(resolved.config, shape, args)
     specs = layer_specs(
         resolved,
         tp=tp,
@@ -235,6 +239,7 @@ def estimate(
         mamba_mode=mamba_mode,
     )
     layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
+    block = layout.min_block_size if layout else 16
     files = weight_files(file_sizes)
     notes = []
     if not files:
@@ -255,14 +260,16 @@ def estimate(
         max_model_len=max_model_len,
         mamba_per_seq=sum(s.real_page_bytes for s in specs if s.kind == MAMBA),
         ssm_dtype=ssm,
-        max_num_seqs=int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
+        max_num_seqs=seqs,
         max_num_seqs_source="--max-num-seqs" if isinstance(seqs_arg, int) else "vLLM default",
         overhead=overhead(
             shape,
             tp,
             batched,
-            int(seqs_arg) if isinstance(seqs_arg, int) else seqs,
+            seqs,
             args.get("enforce-eager") is True,
+            mla_workspace(resolved.config, tp, max_model_len or 0, seqs, block, DTYPE_BYTES.get(serve, 2)),
+            rope_cache(resolved.config, shape.head_dim, DTYPE_BYTES.get(serve, 2)),
         ),
         notes=tuple(notes),
         pp=pp,
@@ -270,6 +277,9 @@ def estimate(
         specs=specs,
         batched_tokens=batched,
         mamba_mode=mamba_mode,
+        in_flight_tokens=in_flight_tokens(
+            batched, pp, on(args, "async-scheduling"), v2_runner(config, shape)
+        ),
     )
 
 

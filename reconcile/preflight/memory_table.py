@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from reconcile.engine import memory
-from reconcile.engine.memory import size
+from reconcile.engine.memory import MiB, size
 
 
 def _weights_how(e: memory.MemoryEstimate, source: str) -> str:
@@ -59,7 +59,9 @@ def memory_table(e: memory.MemoryEstimate, weights: str = "files") -> str:
         (
             "overhead (est.)",
             f"activations {size(o.activation)} + logits {size(o.logits)} + CUDA graphs {size(o.cuda_graphs)}"
-            f" + non-torch {size(o.non_torch)}",
+            f" + non-torch {size(o.non_torch)}"
+            + (f" + MLA prefill workspace {size(o.mla_workspace)}" if o.mla_workspace else "")
+            + (f" + RoPE cache {size(o.rope_cache)}" if o.rope_cache >= MiB else ""),
             size(o.total),
         ),
         (
