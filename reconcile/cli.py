@@ -186,7 +186,8 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
     "rollback": (
         "apply generation N's spec (default: the one before the last; asks first on a terminal)",
         _rollback,
-        "reconcile rollback        # back to the generation before the last\nreconcile rollback 3 --auto-approve",
+        "reconcile rollback        # back to the generation before the last\n"
+        "reconcile rollback 3 --auto-approve",
     ),
     "schema": (
         "every spec key with its type, default and meaning (--json: the JSON Schema)",

@@ -64,11 +64,19 @@ def cmd_apply(args: argparse.Namespace) -> int:
             report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
         else:
             loaded = _load(args)
+            approved = _approved(args, loaded, "apply")
             report = apply_spec(
-                loaded, lock_timeout=args.lock_timeout, scheduled=getattr(args, "scheduled", False)
+                loaded,
+                lock_timeout=args.lock_timeout,
+                scheduled=getattr(args, "scheduled", False),
+                expected=approved,
+                exact=False,
             )
     except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
-        _report_failure(args, "apply", started, loaded, exc)
+        from reconcile.approval import NotApproved
+
+        if not isinstance(exc, NotApproved):  # a person said no at the terminal: no run to report
+            _report_failure(args, "apply", started, loaded, exc)
         raise
     render_report(report, sys.stdout, as_json=args.json, quiet=args.quiet)
     if loaded is None:  # a plan file names its spec
@@ -86,6 +94,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
         paused=report.paused,
     )
     return report.exit_code
+
+
+def _approved(args: argparse.Namespace, loaded: LoadedSpec, title: str) -> dict[str, Any] | None:
+    """On a terminal (and without --auto-approve): the plan shown and a `yes`, or NotApproved."""
+    from reconcile.approval import approve, wants_question
+
+    return approve(loaded, title=title) if wants_question(args) else None
 
 
 def _report_failure(
@@ -202,7 +217,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         gen["spec_resolved"], gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path))
     )
     print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
-    report = apply_spec(old, lock_timeout=args.lock_timeout, rollback_of=target)
+    approved = _approved(args, old, "rollback")
+    report = apply_spec(
+        old, lock_timeout=args.lock_timeout, rollback_of=target, expected=approved, exact=False
+    )
     render_report(report, sys.stdout, as_json=False, quiet=False)
     return report.exit_code
 

@@ -174,11 +174,13 @@ def apply_spec(
     expected: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
     scheduled: bool = False,
+    exact: bool | None = None,
 ) -> ApplyReport:
     """Lock, plan, run the plan's Changes, plan again; a generation is written when something changed.
 
     `expected` (a saved plan's fingerprint): refuse unless the plan made now is exactly that one.
     `scheduled` (the timer's run): while `reconcile pause` holds, only plan.
+    `exact` (default: when `expected`): run the plan's own Changes only; an approved plan is not exact.
     """
     from reconcile.pausing import read_pause
     from reconcile.planning import make_plan
@@ -236,7 +238,14 @@ def apply_spec(
                 if note not in report.notes:
                     report.notes.append(note)
 
-        _execute(loaded, report, plan, show, exact=expected is not None, after_each=lambda: record(False))
+        _execute(
+            loaded,
+            report,
+            plan,
+            show,
+            exact=expected is not None if exact is None else exact,
+            after_each=lambda: record(False),
+        )
         checkpoint("apply.executed")
         report.final_plan = plan
         if report.results:
