@@ -62,4 +62,5 @@ def approve(
     out.write("\n")
     if answer.strip() != "yes":
         raise NotApproved(f"{title} cancelled: the answer was not `yes`; nothing was changed")
-    return json.loads(json.dumps(_fingerprint(plan), default=str))  # the shape the executor compares
+    shown: dict[str, Any] = json.loads(json.dumps(_fingerprint(plan), default=str))  # as the executor compares
+    return shown
