@@ -62,5 +62,5 @@ def approve(
     out.write("\n")
     if answer.strip() != "yes":
         raise NotApproved(f"{title} cancelled: the answer was not `yes`; nothing was changed")
-    shown: dict[str, Any] = json.loads(json.dumps(_fingerprint(plan), default=str))  # as the executor compares
+    shown: dict[str, Any] = json.loads(json.dumps(_fingerprint(plan), default=str))  # executor shape
     return shown
