@@ -72,6 +72,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
                 expected=approved,
                 exact=False,
             )
+    except KeyboardInterrupt:  # Ctrl-C: exit 130; monitoring must not go on reading "converged"
+        from reconcile.reporting import INTERRUPTED
+
+        with contextlib.suppress(ReconcileError, OSError):
+            _report(args, "apply", started, 130, loaded, error=INTERRUPTED)
+        raise
     except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
         from reconcile.approval import NotApproved
 

@@ -48,7 +48,13 @@ class RunFacts:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+INTERRUPTED = "interrupted (SIGINT) before the end: not converged; run `reconcile apply` again"
+EXIT_INTERRUPTED = 130
+
+
 def outcome(f: RunFacts) -> str:
+    if f.exit_code == EXIT_INTERRUPTED:
+        return "interrupted"
     if f.error is not None:
         return "error"
     if f.paused is not None:
