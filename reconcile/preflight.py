@@ -57,6 +57,7 @@ class PreflightInputs:
     nvcc_version: str | None = None  # "13.0"
     nvcc_arch_list: tuple[str, ...] | None = None  # `nvcc --list-gpu-arch`; None: not run
     headers_missing: tuple[str, ...] | None = None  # of [cuda] headers; None: toolkit not probed
+    apt_unknown: frozenset[str] = frozenset()  # [apt] packages apt's lists cannot install now
     venv_has_ninja: bool | None = None  # None: no venv yet
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None

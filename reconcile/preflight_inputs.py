@@ -127,6 +127,9 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         "own_gpu_processes": tuple(ours),
         "api_key_configured": spec.api_key is not None,
     }
+    unknown: tuple[str, ...] | None = getattr(obs.apt, "unknown", None)
+    if unknown:
+        kw["apt_unknown"] = frozenset(unknown)
     if isinstance(obs.cuda, CudaToolkit):
         kw["headers_missing"] = tuple(h.name for h in obs.cuda.headers if not h.paths)
         if isinstance(obs.cuda.nvcc, Nvcc):
