@@ -78,6 +78,11 @@ def _apply(p: argparse.ArgumentParser) -> None:
     _approve(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON (format reconcile-apply/1)")
     p.add_argument("--quiet", action="store_true", help="no progress; one line when nothing changed")
+    p.add_argument(
+        "--reset-crash-loop",
+        action="store_true",
+        help="forget the server's failed starts first (the crash-loop guard's hold ends)",
+    )
     _unattended(p)
 
 

@@ -64,6 +64,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
             report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
         else:
             loaded = _load(args)
+            if getattr(args, "reset_crash_loop", False) and loaded.spec.server is not None:
+                from actions.launching import reset_crash_loop
+
+                print(f"crash-loop guard: {reset_crash_loop(loaded.spec).message}", file=sys.stderr)
             approved = _approved(args, loaded, "apply")
             report = apply_spec(
                 loaded,
@@ -83,6 +87,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
         if not isinstance(exc, NotApproved):  # a person said no at the terminal: no run to report
             _report_failure(args, "apply", started, loaded, exc)
+        if args.json:  # Ansible and scripts read one document on stdout whatever happened
+            from reconcile.executing import ApplyReport
+
+            failed = ApplyReport(getattr(args, "spec", None) or args.planfile or "", refused=str(exc))
+            render_report(failed, sys.stdout, as_json=True, quiet=False)
         raise
     render_report(report, sys.stdout, as_json=args.json, quiet=args.quiet)
     if loaded is None:  # a plan file names its spec
@@ -232,6 +241,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        from reconcile.jsondata import spec_json_schema
+
+        json.dump(spec_json_schema(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     from reconcile.loading import schema_text
 
     print(schema_text())

@@ -361,21 +361,12 @@ _RESULT_SYMBOL = {"changed": "✓", "already-true": "·", "failed": "✗", "bloc
 
 
 def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: bool) -> None:
-    from reconcile.rendering import plan_as_data, render_text
+    from reconcile.rendering import render_text
 
     if as_json:
-        data = {
-            "spec": report.spec_path,
-            "exit_code": report.exit_code,
-            "refused": report.refused,
-            "paused": report.paused.as_data() if report.paused is not None else None,
-            "converged": report.converged,
-            "generation": report.generation,
-            "notes": report.notes,
-            "results": [dataclasses.asdict(r) for r in report.results],
-            "final_plan": plan_as_data(report.final_plan) if report.final_plan else None,
-            "seconds": round(report.seconds, 3),
-        }
+        from reconcile.jsondata import apply_as_data
+
+        data = apply_as_data(report)
         json.dump(data, stream, indent=2, default=str)
         stream.write("\n")
         return

@@ -180,6 +180,10 @@ def report_run(f: RunFacts, textfile: str | None) -> dict[str, Any]:
     record = build_record(f, previous)
     if state_dir:
         write_last_run(state_dir, record)
+        if f.plan is not None:  # the "since" times `reconcile status` shows (status writes nothing)
+            from reconcile.conditions import record_conditions
+
+            record_conditions(state_dir, f.plan)
     if textfile:
         write_textfile(textfile, record)
     return record

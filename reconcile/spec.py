@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -100,7 +101,16 @@ def _flag_names(value: dict[str, Any]) -> dict[str, Any]:
 
 
 AbsPath = Annotated[str, AfterValidator(_absolute), Expect("an absolute path", "a path starting with /")]
-Duration = Annotated[float, BeforeValidator(parse_duration), Expect("a duration", _DURATIONS)]
+# For editors (`reconcile schema --json`): what a spec may hold, not the float it becomes.
+_DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": _DURATION.pattern},
+    ]
+}
+Duration = Annotated[
+    float, BeforeValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA), Expect("a duration", _DURATIONS)
+]
 VersionSpec = Annotated[
     str, AfterValidator(_specifier), Expect("a version specifier", '"*", "==0.26.0", ">=0.26.0rc1", "~=1.11"')
 ]
