@@ -287,7 +287,15 @@ class Server(_Model):
     supervisor: Literal["process", "systemd"] = Field(
         "process", description="process: a detached session of our own; systemd: a generated unit."
     )
-    running: StrictBool = Field(True, description="Whether the server must be running.")
+    running: StrictBool = Field(
+        True, description="Whether the server must be running (false: apply stops it and keeps it stopped)."
+    )
+    user: str | None = Field(
+        None,
+        pattern=r"^[a-z_][a-z0-9_-]*[$]?$",
+        description='supervisor = "systemd": the unit\'s User= (default root). The account needs read access '
+        "to the model dir and the GPU devices; its caches (~/.cache, ~/.triton, ~/.nv) stay writable.",
+    )
     executable: AbsPath | None = Field(None, description="The vllm executable (default: <venv>/bin/vllm).")
     model: str | None = Field(None, description="What `vllm serve` is given (default: model.dir).")
     host: str = Field("127.0.0.1", description="--host.")
