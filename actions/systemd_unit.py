@@ -81,7 +81,7 @@ def _home(user: str | None) -> str:
     except KeyError:
         raise ActionError(
             f"[server].user = {user!r}: no such user on this machine: create it or fix the name"
-        )
+        ) from None
 
 
 def _path_word(path: str) -> str:
