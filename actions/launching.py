@@ -263,8 +263,8 @@ def wait_ready(
             reason = f"/health did not answer 200 within {timeout:g}s"
             break
         if progress is not None:
-            tail = read_log(log_path, log_offset, mask=mask, limit=4096)
-            progress(ReadinessProgress(elapsed, tail[-1] if tail else ""))
+            tail = read_log(log_path, log_offset, mask=mask, limit=16384)
+            progress(ReadinessProgress(elapsed, tail[-1] if tail else "", tuple(tail)))
         time.sleep(poll)
     lines = read_log(log_path, log_offset, mask=mask)
     return ReadinessFailure(reason, log_path, tuple(lines[-40:]), diagnoses(lines))

@@ -238,6 +238,7 @@ class ReadinessProgress:
 
     elapsed: float
     last_line: str
+    lines: tuple[str, ...] = ()  # the log's last lines since the start (vLLM's phases are read from them)
 
 
 ProgressFn = Callable[[ReadinessProgress], None]

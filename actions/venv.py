@@ -14,13 +14,23 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from reconcile.errors import ActionError
-from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, checkpoint, run, which
+from reconcile.host import (
+    CommandTimeout,
+    Completed,
+    ToolMissing,
+    atomic_write,
+    checkpoint,
+    run,
+    run_lines,
+    which,
+)
 from reconcile.plan import ActionResult
 
 if TYPE_CHECKING:
     from reconcile.spec import Venv
 
 log = logging.getLogger(__name__)
+output_log = logging.getLogger(__name__ + ".output")  # the installer's lines, as they come (live progress)
 
 PTH_NAME = "reconcile-extra-site.pth"
 CREATE_TIMEOUT_S = 300.0
@@ -62,12 +72,18 @@ def _tail(out: Completed, lines: int = 10) -> str:
     return _redact("\n".join((errors or text)[-lines:]) or f"exit code {out.returncode}")
 
 
-def _run(argv: Sequence[str], timeout: float, what: str) -> Completed:
+def _run(argv: Sequence[str], timeout: float, what: str, *, stream: bool = False) -> Completed:
+    """`stream`: each output line goes to the log as it comes (apply shows it as live progress)."""
     try:
         # Our own PYTHONPATH/PYTHONHOME must not leak in: pip would count what it finds there as
         # installed in the venv and skip it (reconcile itself may run from a --target dir).
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        return run(argv, env={**env, "PIP_NO_INPUT": "1", "NO_COLOR": "1"}, timeout=timeout)
+        env = {**env, "PIP_NO_INPUT": "1", "NO_COLOR": "1"}
+        if stream:
+            return run_lines(
+                argv, on_line=lambda line: output_log.info("%s", _redact(line)), env=env, timeout=timeout
+            )
+        return run(argv, env=env, timeout=timeout)
     except ToolMissing as exc:
         raise ActionError(f"{what}: {exc}") from None
     except CommandTimeout as exc:
@@ -284,7 +300,9 @@ def install(venv: Venv, wanted: Mapping[str, str]) -> ActionResult:
     if installer == "pip" and run([python, "-c", "import pip"], timeout=60).returncode != 0:
         raise ActionError(f'{venv.path} has no pip: set [venv].installer = "uv" or re-create the venv')
     checkpoint("venv.pip.before")
-    out = _run(_install_argv(venv, installer, requirements), INSTALL_TIMEOUT_S, f"{installer} install")
+    out = _run(
+        _install_argv(venv, installer, requirements), INSTALL_TIMEOUT_S, f"{installer} install", stream=True
+    )
     checkpoint("venv.pip.after")
     if not out.ok:
         raise ActionError(f"{installer} install {' '.join(requirements)} failed:\n{_tail(out)}")

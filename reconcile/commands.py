@@ -55,7 +55,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from reconcile.executing import apply_plan_file, apply_spec, render_report
+    from reconcile.executing import apply_plan_file, apply_spec
+    from reconcile.progress import showing
 
     started = time.time()
     loaded: LoadedSpec | None = None
@@ -69,13 +70,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
                 print(f"crash-loop guard: {reset_crash_loop(loaded.spec).message}", file=sys.stderr)
             approved = _approved(args, loaded, "apply")
-            report = apply_spec(
-                loaded,
-                lock_timeout=args.lock_timeout,
-                scheduled=getattr(args, "scheduled", False),
-                expected=approved,
-                exact=False,
-            )
+            with showing(sys.stderr, quiet=args.quiet) as progress:
+                report = apply_spec(
+                    loaded,
+                    lock_timeout=args.lock_timeout,
+                    scheduled=getattr(args, "scheduled", False),
+                    expected=approved,
+                    exact=False,
+                    progress=progress,
+                )
     except KeyboardInterrupt:  # Ctrl-C: exit 130; monitoring must not go on reading "converged"
         from reconcile.reporting import INTERRUPTED
 
@@ -91,9 +94,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
             from reconcile.executing import ApplyReport
 
             failed = ApplyReport(getattr(args, "spec", None) or args.planfile or "", refused=str(exc))
-            render_report(failed, sys.stdout, as_json=True, quiet=False)
+            _print_report(failed, as_json=True, quiet=False)
         raise
-    render_report(report, sys.stdout, as_json=args.json, quiet=args.quiet)
+    _print_report(report, as_json=args.json, quiet=args.quiet)
     if loaded is None:  # a plan file names its spec
         with contextlib.suppress(ReconcileError, OSError):
             loaded = _load(argparse.Namespace(spec=report.spec_path))
@@ -109,6 +112,21 @@ def cmd_apply(args: argparse.Namespace) -> int:
         paused=report.paused,
     )
     return report.exit_code
+
+
+def _print_report(report: Any, *, as_json: bool, quiet: bool) -> None:
+    """The apply report on stdout; in colour on a terminal (NO_COLOR and TERM=dumb respected)."""
+    import io
+
+    from reconcile.executing import render_report
+    from reconcile.rendering import paint_report, use_colour
+
+    if as_json or not use_colour(sys.stdout):
+        render_report(report, sys.stdout, as_json=as_json, quiet=quiet)
+        return
+    text = io.StringIO()
+    render_report(report, text, as_json=False, quiet=quiet)
+    sys.stdout.write(paint_report(text.getvalue()))
 
 
 def _approved(args: argparse.Namespace, loaded: LoadedSpec, title: str) -> dict[str, Any] | None:
@@ -217,8 +235,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from reconcile.executing import apply_spec, render_report
+    from reconcile.executing import apply_spec
     from reconcile.loading import spec_from_resolved
+    from reconcile.progress import showing
     from reconcile.state import list_generations, read_generation
 
     loaded = _load(args)
@@ -233,10 +252,16 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     )
     print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
     approved = _approved(args, old, "rollback")
-    report = apply_spec(
-        old, lock_timeout=args.lock_timeout, rollback_of=target, expected=approved, exact=False
-    )
-    render_report(report, sys.stdout, as_json=False, quiet=False)
+    with showing(sys.stderr, quiet=False) as progress:
+        report = apply_spec(
+            old,
+            lock_timeout=args.lock_timeout,
+            rollback_of=target,
+            expected=approved,
+            exact=False,
+            progress=progress,
+        )
+    _print_report(report, as_json=False, quiet=False)
     return report.exit_code
 
 

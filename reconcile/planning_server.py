@@ -175,5 +175,10 @@ def perform_server(loaded: LoadedSpec, change: Change, progress: Callable[[str],
 
     spec = loaded.spec
     obs = probe_some(spec, ("venv", "model"))
-    shown = tty_progress(sys.stderr) or line_progress(progress)
+    if hasattr(progress, "update"):  # the CLI's reconcile.progress.Terminal: phases, live or as lines
+        from reconcile.progress import readiness_progress
+
+        shown = readiness_progress(progress)  # type: ignore[arg-type]
+    else:
+        shown = tty_progress(sys.stderr) or line_progress(progress)
     return server.apply(change, spec, launch_inputs(spec, obs), progress=shown)

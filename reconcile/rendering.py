@@ -37,6 +37,27 @@ class _Painter:
         return f"\x1b[1m{text}\x1b[0m" if self.colour else text
 
 
+_REPORT_SYMBOL = {**_SYMBOL_COLOUR, "·": "2", "⊘": "31"}
+_VERDICT = {"NOT converged": "1;31", "converged": "1;32", "apply refused": "1;31"}
+
+
+def paint_report(text: str) -> str:
+    """The apply report's text in colour: each line's leading symbol, and the verdict."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        body = line.lstrip(" ")
+        symbol = body[:1]
+        code = _REPORT_SYMBOL.get(symbol) if body[1:2] == " " else None
+        if code:
+            line = line[: len(line) - len(body)] + f"\x1b[{code}m{symbol}\x1b[0m" + body[1:]
+        for word, colour in _VERDICT.items():
+            if line.startswith(("Apply ", "apply refused")) and word in line:
+                line = line.replace(word, f"\x1b[{colour}m{word}\x1b[0m", 1)
+                break
+        out.append(line)
+    return "".join(out)
+
+
 def short(value: Any, limit: int = 80) -> str:
     """A one-line rendering of a diff side: JSON-ish, cut at `limit`."""
     if value is None:

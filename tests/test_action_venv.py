@@ -193,7 +193,9 @@ def test_an_install_past_its_timeout_fails_without_showing_index_credentials(
 
 
 @pytest.mark.usefixtures("no_uv_on_path")
-def test_pip_output_reaches_the_log_only_as_a_summary(made: Venv, caplog: pytest.LogCaptureFixture) -> None:
+def test_pip_output_reaches_the_log_line_by_line_and_as_a_summary(
+    made: Venv, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="actions.venv")
 
     venv_action.install(made, {"six": "==1.16.0"})
@@ -202,6 +204,9 @@ def test_pip_output_reaches_the_log_only_as_a_summary(made: Venv, caplog: pytest
     assert len(records) == 1
     assert "Successfully installed six-1.16.0" in records[0]
     assert "Collecting" not in records[0] and "Downloading" not in records[0]
+    lines = [r.getMessage() for r in caplog.records if r.name == "actions.venv.output"]
+    assert any(line.startswith("Collecting six==1.16.0") for line in lines), lines  # as pip printed them
+    assert any(line.startswith("Successfully installed six-1.16.0") for line in lines)
 
 
 @pytest.mark.skipif(_uv_dir() is None, reason="uv is not installed")
