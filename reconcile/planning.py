@@ -366,7 +366,9 @@ def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
     if not wanted:
         assert installed is not None
         shown = ", ".join(f"{k} {installed.version_of(k)}" for k in list(spec.venv.packages)[:3])
-        return Ok("venv.packages", f"{n} packages satisfied ({shown}{', …' if n > 3 else ''})")
+        return Ok(
+            "venv.packages", f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''})"
+        )
     kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
     shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
     return Change(
@@ -463,7 +465,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     commit = f" ({record.commit[:12]})" if isinstance(record, DownloadRecord) and record.commit else ""
     if isinstance(record, DownloadRecord) and record.source:
         origin = record.source
-    return Ok("model.files", f"{origin}{commit}: {len(m.files)} files, {_giB(total)}")
+    return Ok("model.files", f"{want.dir}: {len(m.files)} files, {_giB(total)}, from {origin}{commit}")
 
 
 def _same_revision(record: Any, revision: str) -> bool:

@@ -64,6 +64,7 @@ class PreflightInputs:
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
     model_file_sizes: Mapping[str, int] = field(default_factory=dict)  # path in model dir -> bytes
     model_files: frozenset[str] = frozenset()  # paths relative to the model dir
+    model_files_from: Literal["dir", "source", "catalogue"] = "dir"  # where those were seen (not copied yet)
     port_state: Literal["free", "ours", "other", "unknown"] = "unknown"
     port_holder: PortHolder | None = None
     api_key_configured: bool = False

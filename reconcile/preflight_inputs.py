@@ -83,12 +83,14 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         files = m.files
     elif want.source:  # not copied yet: judge the source's files, as apply will lay them out
         root = want.source
+        out["model_files_from"] = "source"
         base = _read_json(os.path.join(root, "config.json"))
         quant = _read_json(os.path.join(root, "hf_quant_config.json"))
         files = _sizes(root)
     elif (known := known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
+        out["model_files_from"] = "catalogue"
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
     out["hf_quant_config"] = quant

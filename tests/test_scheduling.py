@@ -253,7 +253,7 @@ def test_the_ansible_playbook_maps_exit_codes_to_ok_changed_and_failed() -> None
         assert task["failed_when"] == f"{register}.rc not in [0, 2]"
         # The same expressions in Python (Jinja's syntax for these is Python's): which exit code is what.
         states = {}
-        for rc in (0, 1, 2, 4):
+        for rc in (0, 1, 2, 4, 130):
             scope = {register: types.SimpleNamespace(rc=rc)}
             states[rc] = (
                 "failed"
@@ -262,6 +262,6 @@ def test_the_ansible_playbook_maps_exit_codes_to_ok_changed_and_failed() -> None
                 if eval(task["changed_when"], {}, scope)
                 else "ok"
             )
-        assert states == {0: "ok", 1: "failed", 2: "changed", 4: "failed"}
+        assert states == {0: "ok", 1: "failed", 2: "changed", 4: "failed", 130: "failed"}
     assert tasks["Plan"]["check_mode"] is False and tasks["Apply"]["when"] == "not ansible_check_mode"
     assert "--scheduled" in play["vars"]["reconcile_flags"]
