@@ -55,6 +55,18 @@ TYPE_TAGS: Mapping[str, str] = {
 }
 
 
+def head(fmt: str, spec: str, plan: Any, exit_code: int) -> dict[str, Any]:
+    """The keys every JSON output starts with: format, spec, its hash, host, git, exit code."""
+    return {
+        "format": fmt,
+        "spec": spec,
+        "spec_sha256": plan.spec_sha256 if plan is not None else None,
+        "host": plan.host if plan is not None else None,
+        "git": plan.git if plan is not None else None,
+        "exit_code": exit_code,
+    }
+
+
 def type_tag(cls: type) -> str:
     name = cls.__name__
     return TYPE_TAGS.get(name) or re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
@@ -130,14 +142,8 @@ def _first_error(report: Any) -> dict[str, Any] | None:
 
 def apply_as_data(report: Any) -> dict[str, Any]:
     """An ApplyReport as JSON (schemas/apply.schema.json)."""
-    plan = report.final_plan or report.first_plan
     return {
-        "format": APPLY_FORMAT,
-        "spec": report.spec_path,
-        "spec_sha256": plan.spec_sha256 if plan is not None else None,
-        "host": plan.host if plan is not None else None,
-        "git": plan.git if plan is not None else None,
-        "exit_code": report.exit_code,
+        **head(APPLY_FORMAT, report.spec_path, report.final_plan or report.first_plan, report.exit_code),
         "changed": report.changed,
         "converged": report.converged,
         "refused": report.refused,

@@ -27,31 +27,24 @@ class Terminal:
         self.live = (stream.isatty() and os.environ.get("TERM") != "dumb") if live is None else live
         self.shown = False
 
-    def _show(self, text: str) -> None:
-        width = max(20, shutil.get_terminal_size().columns - 1)
-        self.stream.write("\r\x1b[K" + text.replace("\n", " ")[:width])
-        self.stream.flush()
-        self.shown = True
-
-    def step(self, text: str) -> None:
+    def _emit(self, text: str) -> None:
         if self.quiet:
             return
         if self.live:
-            self._show(f"  … {text}")
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            self.stream.write("\r\x1b[K" + text.replace("\n", " ")[:width])
+            self.shown = True
         else:
-            self.stream.write(f"  … {text}\n")
-            self.stream.flush()
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def step(self, text: str) -> None:
+        self._emit(f"  … {text}")
 
     __call__ = step
 
     def update(self, text: str) -> None:
-        if self.quiet:
-            return
-        if self.live:
-            self._show(f"    {text}")
-        else:
-            self.stream.write(f"    {text}\n")
-            self.stream.flush()
+        self._emit(f"    {text}")
 
     def clear(self) -> None:
         """Before the report: a terminal's progress line goes away."""

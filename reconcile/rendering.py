@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any, TextIO
 
-from reconcile.jsondata import PLAN_FORMAT, jsonable, resource_entry
+from reconcile.jsondata import PLAN_FORMAT, head, jsonable, resource_entry
 from reconcile.plan import Change, Finding, Ok, Plan
 
 _SYMBOL_COLOUR = {"✓": "32", "+": "32", "~": "33", "-": "31", "±": "35", "!": "31", "✗": "31", "⚠": "33"}
@@ -155,12 +155,7 @@ _jsonable = jsonable  # reconcile.planning imports it from here
 def plan_as_data(plan: Plan) -> dict[str, Any]:
     """The plan as JSON (schemas/plan.schema.json): one entry shape per resource, tagged observations."""
     return {
-        "format": PLAN_FORMAT,
-        "spec": plan.spec_path,
-        "spec_sha256": plan.spec_sha256,
-        "host": plan.host,
-        "git": plan.git,
-        "exit_code": plan.exit_code,
+        **head(PLAN_FORMAT, plan.spec_path, plan, plan.exit_code),
         "summary": {**plan.counts(), "text": summary_line(plan)},
         "notes": list(plan.notes),
         "resources": [resource_entry(item) for item in plan.items],

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from reconcile.conditions import Condition, read_conditions
-from reconcile.jsondata import STATUS_FORMAT, jsonable
+from reconcile.jsondata import STATUS_FORMAT, head, jsonable
 from reconcile.loaded import LoadedSpec
 from reconcile.plan import Plan
 
@@ -150,12 +150,7 @@ def _ago(since: float) -> str:
 def status_as_data(report: StatusReport) -> dict[str, Any]:
     """schemas/status.schema.json."""
     return {
-        "format": STATUS_FORMAT,
-        "spec": report.spec_path,
-        "spec_sha256": report.spec_sha256,
-        "host": report.host,
-        "git": report.git,
-        "exit_code": report.exit_code,
+        **head(STATUS_FORMAT, report.spec_path, report, report.exit_code),
         "pause": report.pause,
         "hold": report.hold,
         "conditions": [asdict(c) for c in report.conditions],

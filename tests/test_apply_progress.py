@@ -5,20 +5,13 @@ printing vLLM 0.26's start-up lines."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import tomlkit
 
-from tests.apply_support import Demo, demo_in, seed_venv
+from tests.apply_support import Demo
 from tests.pty_support import Terminal
-
-
-@pytest.fixture
-def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
 
 
 def _with(server_env: dict[str, str], package: bool = True) -> Any:

@@ -13,18 +13,13 @@ from typing import Any
 import pytest
 import tomlkit
 
-from tests.apply_support import Demo, demo_in, seed_venv, tree_state
+from tests.apply_support import Demo, demo_in, tree_state
 from tests.test_json_schemas import check
 
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
     yield from demo_in(tmp_path)
-
-
-@pytest.fixture
-def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
 
 
 def test_status_of_a_machine_never_applied_creates_nothing(demo: Demo) -> None:
