@@ -74,3 +74,20 @@ def test_without_a_terminal_apply_proceeds_without_asking(demo: Demo) -> None:
     assert run.returncode == 2, run.output
     assert "Enter a value" not in run.output
     assert demo.key_file.exists()
+
+
+def test_on_a_terminal_rollback_shows_the_plan_and_asks_too(demo: Demo) -> None:
+    def other_factor(doc: Any) -> None:
+        _no_venv_no_server(doc)
+        doc["model"]["config"]["rope_parameters"]["factor"] = 3.0
+
+    assert demo.cli("apply").returncode == 2
+    demo.write_spec(other_factor)
+    assert demo.cli("apply").returncode == 2 and len(demo.generations()) == 2
+    term = _terminal(demo, "rollback")
+    term.expect("Enter a value:")
+    assert "reconcile rollback ·" in term.plain and "model.config" in term.plain
+    term.send("no")
+    assert term.finish() == 1
+    assert "rollback cancelled" in term.text and len(demo.generations()) == 2
+    assert '"factor": 3.0' in (demo.model_dir / "config.json").read_text()

@@ -71,10 +71,16 @@ def test_apply_json_reports_each_change_and_only_a_changing_apply_writes_a_gener
     assert first.returncode == 2, first.output
     data = first.json()
     assert set(data) == {
+        "format",
         "spec",
+        "spec_sha256",
+        "host",
+        "git",
         "exit_code",
+        "changed",
         "refused",
         "converged",
+        "error",
         "generation",
         "notes",
         "results",
@@ -82,6 +88,7 @@ def test_apply_json_reports_each_change_and_only_a_changing_apply_writes_a_gener
         "seconds",
         "paused",
     }
+    assert data["format"] == "reconcile-apply-json/1" and data["error"] is None
     assert (data["exit_code"], data["refused"], data["converged"], data["generation"]) == (2, None, True, 1)
     assert [r["resource"] for r in data["results"]] == ["model.files", "model.config", "api_key", "server"]
     for r in data["results"]:
