@@ -314,7 +314,7 @@ def test_status_reads_the_real_servers_metrics_and_vllms_startup_phases() -> Non
     """Issue 16: the names reconcile reads (vLLM 0.26's /metrics, its start-up log lines) are real ones."""
     from reconcile.engine.startup import PHASES
 
-    code, out, _err, _took = cli("status", "--json", "--spec", str(LAB / "spec-len512.toml"))
+    _code, out, _err, _took = cli("status", "--json", "--spec", str(LAB / "spec-len512.toml"))
     metrics = json.loads(out)["server"]["metrics"]
     FIGURES["status_metrics"] = metrics
     assert metrics["_type"] == "server.metrics", metrics
