@@ -1,14 +1,15 @@
-"""Which resource owns a fact the planners see twice, so the plan says it once. Called by
-reconcile.planning (the cuda planner: missing headers whose packages the apt resource installs).
+"""Facts the planners take from elsewhere, so the plan says each once and truly. Called by
+reconcile.planning: missing headers whose packages the apt resource installs (the cuda row), and
+the config.json a model's local source brings (the model.config row before the copy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reconcile.spec import Spec
+    from reconcile.spec import Model, Spec
 
 
 def headers_via(spec: Spec, missing: Sequence[str], fields: Sequence[str], release: str | None) -> str | None:
@@ -21,3 +22,18 @@ def headers_via(spec: Spec, missing: Sequence[str], fields: Sequence[str], relea
     listed = {p.partition("=")[0] for p in spec.apt.packages}
     packages = [header_package(h, release) for h in missing]
     return "apt" if all(p is not None and p in listed for p in packages) else None
+
+
+def source_config(model: Model) -> dict[str, Any]:
+    """The top-level keys of `[model] source`'s config.json ({} without a local source, or unreadable)."""
+    if not model.source:
+        return {}
+    import json
+    import os
+
+    try:
+        with open(os.path.join(model.source, "config.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

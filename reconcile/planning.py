@@ -504,12 +504,15 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if not isinstance(m, ModelObservation):
         if not patch:
             return None
+        from reconcile.plan_facts import source_config
+
+        was = source_config(spec.model)  # a local source's config.json is what the copy brings
         return Change(
             "model.config",
             "~",
             "config.json  + " + _keys(patch),
             "patch the config once the files are in",
-            tuple(FieldDiff(k, None, v) for k, v in patch.items()),
+            tuple(FieldDiff(k, was.get(k), v) for k, v in patch.items()),
             ("model.files",),
         )
     backup = m.config_backup

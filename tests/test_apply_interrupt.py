@@ -7,17 +7,8 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.apply_support import Demo, demo_in, group_member
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
+from tests.apply_support import Demo, group_member
 
 
 def test_sigint_during_the_venv_exits_130_and_reports_interrupted_not_converged(demo: Demo) -> None:

@@ -10,18 +10,15 @@ import json
 import pkgutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import tomlkit
 from referencing import Registry, Resource
 
 import probes
 from reconcile.jsondata import TYPE_TAGS
-from tests.apply_support import REPO, Demo, demo_in
+from tests.apply_support import REPO, Demo
 
 SCHEMAS = REPO / "schemas"
 
@@ -46,11 +43,6 @@ def check(name: str, document: Any) -> None:
 def _quick(doc: Any) -> None:
     for section in ("venv", "server"):
         del doc[section]
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
 
 
 def test_plan_json_of_the_demo_and_the_reference_spec_match_the_schema(demo: Demo) -> None:

@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import tomlkit
 
-from tests.apply_support import Demo, demo_in, tree_state
+from tests.apply_support import Demo, tree_state
 from tests.test_json_schemas import check
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
 
 
 def test_status_of_a_machine_never_applied_creates_nothing(demo: Demo) -> None:
