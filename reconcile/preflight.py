@@ -59,6 +59,7 @@ class PreflightInputs:
     headers_missing: tuple[str, ...] | None = None  # of [cuda] headers; None: toolkit not probed
     apt_unknown: frozenset[str] = frozenset()  # [apt] packages apt's lists cannot install now
     venv_has_ninja: bool | None = None  # None: no venv yet
+    ninja_on_path: str | None = None  # a ninja on the PATH the server gets (outside the venv)
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length

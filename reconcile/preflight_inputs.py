@@ -138,6 +138,7 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
             kw["nvcc_path"] = obs.cuda.nvcc.path
             kw["nvcc_version"] = obs.cuda.nvcc.release
             kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
+    kw["ninja_on_path"] = _ninja_on_path(spec)
     if isinstance(obs.venv, VenvObservation):
         kw["venv_has_ninja"] = obs.venv.has_ninja
     elif isinstance(obs.venv, Absent):
@@ -149,6 +150,18 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         if listener.state == "foreign":
             kw["port_holder"] = PortHolder(listener.pid, listener.name or "?")
     return PreflightInputs(**kw)
+
+
+def _ninja_on_path(spec: Spec) -> str | None:
+    """The ninja a JIT build in the server would find on its PATH: [server] env PATH, else ours (which
+    the server inherits after the venv's bin); None when there is none or the spec has no server."""
+    if spec.server is None:
+        return None
+    import shutil
+
+    ours = os.environ.get("PATH", "")
+    path = spec.server.env.get("PATH", ours).replace("$PATH", ours)
+    return shutil.which("ninja", path=path)
 
 
 def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:

@@ -230,6 +230,8 @@ def _ninja(c: RuleContext) -> list[Finding]:
     listed = "ninja" in {p.lower() for p in c.spec.venv.packages}
     if c.inputs.venv_has_ninja:
         return [finding(rule, "info", f"ninja in {_venv_bin(c)}")]
+    if c.inputs.ninja_on_path and not listed:
+        return [finding(rule, "info", f"ninja on the server's PATH: {c.inputs.ninja_on_path}")]
     if listed:
         return [
             finding(rule, "warning", f"no ninja in {_venv_bin(c)} yet; apply installs it ([venv] packages)")
