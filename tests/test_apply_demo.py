@@ -6,25 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from reconcile.host import http_request
-from tests.apply_support import DEMO_MODEL, Demo, cmdlines, demo_in, seed_venv, tree_state
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
-
-
-@pytest.fixture
-def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    """A demo whose venv (with ninja) is already there: a copy of one made by a real apply."""
-    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+from tests.apply_support import DEMO_MODEL, Demo, cmdlines, tree_state
 
 
 def models(demo: Demo, key: str | None) -> int:

@@ -316,16 +316,20 @@ def test_missing_headers_name_their_packages() -> None:
     assert the(findings(spec()), "toolchain.headers").severity == "info"
 
 
+REFERENCE_APT = ["cuda-nvcc-13-0", "libcublas-dev-13-0", "libcurand-dev-13-0", "cuda-nvrtc-dev-13-0",
+                 "libcusparse-dev-13-0"]  # fmt: skip
+NO_TOOLKIT: dict[str, Any] = {
+    "nvcc_path": None,
+    "nvcc_version": None,
+    "nvcc_arch_list": None,
+    "headers_missing": None,
+}
+
+
 def test_before_the_toolkit_exists_apt_must_bring_every_listed_header() -> None:
-    reference_apt = ["cuda-nvcc-13-0", "libcublas-dev-13-0", "libcurand-dev-13-0", "cuda-nvrtc-dev-13-0",
-                     "libcusparse-dev-13-0"]  # fmt: skip
+    reference_apt = REFERENCE_APT
     s = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": reference_apt})
-    bare: dict[str, Any] = {
-        "nvcc_path": None,
-        "nvcc_version": None,
-        "nvcc_arch_list": None,
-        "headers_missing": None,
-    }
+    bare = NO_TOOLKIT
     covered = the(findings(s, **bare), "toolchain.headers")
     assert covered.severity == "warning" and "apply installs" in covered.message
     short = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": reference_apt[:2]})
@@ -334,22 +338,9 @@ def test_before_the_toolkit_exists_apt_must_bring_every_listed_header() -> None:
 
 
 def test_apply_installs_is_promised_only_for_packages_apt_knows() -> None:
-    apt = [
-        "cuda-nvcc-13-0",
-        "libcublas-dev-13-0",
-        "libcurand-dev-13-0",
-        "cuda-nvrtc-dev-13-0",
-        "libcusparse-dev-13-0",
-    ]
-    s = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": apt})
-    bare: dict[str, Any] = {
-        "nvcc_path": None,
-        "nvcc_version": None,
-        "nvcc_arch_list": None,
-        "headers_missing": None,
-    }
+    s = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": REFERENCE_APT})
     unknown = frozenset({"libcublas-dev-13-0", "libcurand-dev-13-0"})
-    f = the(findings(s, **bare, apt_unknown=unknown), "toolchain.headers")
+    f = the(findings(s, **NO_TOOLKIT, apt_unknown=unknown), "toolchain.headers")
     assert f.severity == "warning" and "apply installs" not in f.message
     assert (
         "libcublas-dev-13-0, libcurand-dev-13-0, but apt on this machine cannot install them yet" in f.message
