@@ -131,6 +131,8 @@ def readiness_progress(terminal: Terminal, every: float = 15.0) -> Callable[[Any
 def showing(stream: TextIO, *, quiet: bool) -> Iterator[Terminal]:
     """The progress of one apply: shown while it runs, cleared (on a terminal) before the report."""
     terminal = Terminal(stream, quiet=quiet)
+    if quiet:  # the hub's download bars too (read when huggingface_hub is imported, later, by the action)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     handler = attach(terminal)
     try:
         yield terminal
