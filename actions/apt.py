@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from reconcile.engine.apt_policy import policy_table
 from reconcile.errors import ActionError, RetryableError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run
 from reconcile.plan.records import ActionResult
@@ -126,34 +127,11 @@ def _env() -> dict[str, str]:
 
 
 def parse_policy(text: str) -> dict[str, tuple[str | None, tuple[str, ...]]]:
-    """`apt-cache policy` output -> {name: (candidate or None, versions in the version table)}."""
-    result: dict[str, tuple[str | None, tuple[str, ...]]] = {}
-    name: str | None = None
-    candidate: str | None = None
-    versions: list[str] = []
-    in_table = False
-
-    def flush() -> None:
-        if name is not None:
-            result[name] = (candidate, tuple(versions))
-
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if not line.startswith(" ") and line.endswith(":"):
-            flush()
-            name, candidate, versions, in_table = line[:-1], None, [], False
-        elif name is None:
-            raise ActionError(f"cannot parse `apt-cache policy` output near {line!r}:\n{text[:2000]}")
-        elif line.strip().startswith("Candidate:"):
-            value = line.split(":", 1)[1].strip()
-            candidate = None if value == "(none)" else value
-        elif line.strip() == "Version table:":
-            in_table = True
-        elif in_table and (line.startswith(" *** ") or re.match(r"^ {5}\S", line)):
-            versions.append(line[5:].split()[0])
-    flush()
-    return result
+    """`apt-cache policy` output -> {name: (candidate or None, versions)}; the apt probe reads it too."""
+    try:
+        return policy_table(text)
+    except ValueError as exc:
+        raise ActionError(str(exc)) from None
 
 
 def apt_knows(names: Sequence[str]) -> dict[str, bool]:

@@ -286,8 +286,8 @@ def wait_ready(
             reason = f"/health did not answer 200 within {timeout:g}s"
             break
         if progress is not None:
-            tail = read_log(log_path, log_offset, mask=mask, limit=4096)
-            progress(ReadinessProgress(elapsed, tail[-1] if tail else ""))
+            tail = read_log(log_path, log_offset, mask=mask, limit=16384)
+            progress(ReadinessProgress(elapsed, tail[-1] if tail else "", tuple(tail)))
         time.sleep(poll)
     lines = read_log(log_path, log_offset, mask=mask)
     return ReadinessFailure(reason, log_path, tuple(lines[-40:]), diagnoses(lines))
@@ -336,7 +336,8 @@ def reset_crash_loop(spec: Spec) -> ActionResult:
     return ActionResult(True, f"forgot {len(failed)} failed start(s)")
 
 
-def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> None:
+def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> str | None:
+    """The crash-loop guard's verdict in words when it refuses starts now (None: it allows them)."""
     guard = _server(spec).crash_loop
     now = time.time() if now is None else now
     recent: list[Mapping[str, Any]] = []
@@ -345,13 +346,19 @@ def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None =
             recent = []
         elif entry.get("outcome") == "failed" and entry.get("at", 0) > now - guard.window:
             recent.append(entry)
-    if len(recent) >= guard.max_starts:
-        until = time.strftime("%H:%M:%S", time.localtime(recent[-guard.max_starts]["at"] + guard.window))
-        raise ActionError(
-            f"server {_server(spec).name} failed to start {len(recent)} times within {guard.window:g}s "
-            f"(last: {recent[-1].get('reason', '?')}); not starting it again before {until}. Fix the cause, "
-            "then run `reconcile apply --reset-crash-loop`"
-        )
+    if len(recent) < guard.max_starts:
+        return None
+    until = time.strftime("%H:%M:%S", time.localtime(recent[-guard.max_starts]["at"] + guard.window))
+    return (
+        f"server {_server(spec).name} failed to start {len(recent)} times within {guard.window:g}s "
+        f"(last: {recent[-1].get('reason', '?')}); not starting it again before {until}"
+    )
+
+
+def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> None:
+    hold = crash_loop_hold(spec, record, now)
+    if hold is not None:
+        raise ActionError(f"{hold}. Fix the cause, then run `reconcile apply --reset-crash-loop`")
 
 
 def _server(spec: Spec) -> Server:

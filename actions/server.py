@@ -96,11 +96,20 @@ def ensure_running(
     started = time.monotonic()
     new_pid = _start(spec, command, record, reason, progress)
     note = f"; before it: {stopped.describe()}" if stopped.terminated else ""
+    healthy = f"healthy after {time.monotonic() - started:.1f}s"
     return ActionResult(
         True,
-        f"started {server.name} (pid {new_pid}), healthy after {time.monotonic() - started:.1f}s "
-        f"({reason}){note}",
+        f"started {server.name} (pid {new_pid}; why: {reason}); {healthy}{_kv_note(spec, record)}{note}",
     )
+
+
+def _kv_note(spec: Spec, record: Mapping[str, Any]) -> str:
+    """What vLLM's log said about the KV cache during this start (the figure the memory rule predicts)."""
+    from actions.launching import read_log
+    from reconcile.engine.startup import startup_phase
+
+    _phase, kv = startup_phase(read_log(_server(spec).log, int(record.get("log_offset", 0))))
+    return f"; vLLM's KV cache: {kv} tokens" if kv else ""
 
 
 def _keep(

@@ -242,6 +242,7 @@ class ReadinessProgress(NamedTuple):
 
     elapsed: float
     last_line: str
+    lines: tuple[str, ...] = ()  # the log's last lines since the start (vLLM's phases are read from them)
 
 
 ProgressFn = Callable[[ReadinessProgress], None]

@@ -1,7 +1,8 @@
-"""The systemd supervisor of a vLLM server: a generated unit plus a 0600 EnvironmentFile, and systemctl.
+"""The systemd supervisor of a vLLM server: a generated, hardened unit plus a 0600 EnvironmentFile.
 
-Called by actions.server when [server] supervisor = "systemd". Restart=no: `reconcile apply` is the
-supervisor of restarts; systemd only holds the process tree (KillMode=control-group) and the log.
+Called by actions.server when [server] supervisor = "systemd". systemd holds the process tree
+(KillMode=control-group) and the log, and restarts a crashed server within the crash-loop guard's
+limits (Restart=on-failure, StartLimitBurst/IntervalSec); `reconcile apply` restarts on change.
 """
 
 from __future__ import annotations
@@ -39,6 +40,86 @@ def render_environment_file(env: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The NVIDIA device nodes CUDA opens; DevicePolicy=closed allows only these (and /dev/null & co).
+NVIDIA_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+MAX_GPUS = 16  # /dev/nvidia0..15 when the spec does not say how many GPUs ([gpu].count)
+# Where vLLM, torch, Triton, FlashInfer and CUDA write at run time (the caches of the JIT compiles and
+# of the Hugging Face hub); an env var of the server that names another place is added.
+CACHE_DIRS = (".cache", ".triton", ".nv", ".config/vllm")
+CACHE_ENV = (
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "XDG_CACHE_HOME",
+    "VLLM_CACHE_ROOT",
+    "VLLM_CONFIG_ROOT",
+    "FLASHINFER_WORKSPACE_BASE",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+)
+
+
+def _home(user: str | None) -> str:
+    if user is None or user == "root":
+        return "/root"
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_dir
+    except KeyError:
+        raise ActionError(
+            f"[server].user = {user!r}: no such user on this machine: create it or fix the name"
+        ) from None
+
+
+def _path_word(path: str) -> str:
+    """A path in a ReadWritePaths= list: '-' (ignore if absent), quoted, % doubled (no specifiers)."""
+    if any(ch in path for ch in '\n\0"\\'):
+        raise ActionError(f"a path for the server unit holds a quote, backslash or newline: {path[:60]!r}")
+    return '"-' + path.replace("%", "%%") + '"'
+
+
+def hardening(spec: Spec, env: Mapping[str, str]) -> list[str]:
+    """[Service] lines that take vLLM's rights down to what it uses: read-only system, private /tmp,
+    only the NVIDIA devices, no new privileges; writable: its caches and the log's directory."""
+    server = spec.server
+    assert server is not None
+    home = _home(server.user)
+    writable = [os.path.join(home, d) for d in CACHE_DIRS]
+    writable += [env[k] for k in CACHE_ENV if env.get(k, "").startswith("/")]
+    writable.append(os.path.dirname(server.log))
+    count = spec.gpu.count if spec.gpu is not None and spec.gpu.count else MAX_GPUS
+    devices = [*NVIDIA_DEVICES, *(f"/dev/nvidia{i}" for i in range(count))]
+    caps = "CAP_NET_BIND_SERVICE" if server.port < 1024 else ""
+    return [
+        *([f"User={server.user}"] if server.user else []),
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadWritePaths=" + " ".join(_path_word(p) for p in dict.fromkeys(writable)),
+        "PrivateTmp=yes",
+        "DevicePolicy=closed",
+        *(f"DeviceAllow={d} rw" for d in devices),
+        f"CapabilityBoundingSet={caps}",
+        f"AmbientCapabilities={caps}",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectControlGroups=yes",
+        "ProtectClock=yes",
+        "ProtectHostname=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictRealtime=yes",
+        "LockPersonality=yes",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+        "RestrictNamespaces=yes",
+        "PrivateMounts=yes",
+        "KeyringMode=private",
+        "UMask=0027",
+        "SystemCallArchitectures=native",
+        # Not MemoryDenyWriteExecute: torch.compile, Triton and FlashInfer JIT-compile into memory.
+    ]
+
+
 def render_unit(spec: Spec, command: LaunchCommand, env_file: str) -> str:
     """The unit text. The environment (the key included) lives in `env_file`, never in the unit."""
     server = spec.server
@@ -51,6 +132,9 @@ def render_unit(spec: Spec, command: LaunchCommand, env_file: str) -> str:
             f"Description=vLLM server {server.name} (reconcile)",
             "After=network-online.target",
             "Wants=network-online.target",
+            # systemd gives up restarting where reconcile's crash-loop guard would stop starting it.
+            f"StartLimitBurst={server.crash_loop.max_starts}",
+            f"StartLimitIntervalSec={max(1, round(server.crash_loop.window))}",
             "",
             "[Service]",
             "Type=simple",
@@ -64,7 +148,9 @@ def render_unit(spec: Spec, command: LaunchCommand, env_file: str) -> str:
             "KillSignal=SIGTERM",
             f"TimeoutStopSec={max(1, round(server.stop_timeout))}",
             "SendSIGKILL=yes",
-            "Restart=no",
+            "Restart=on-failure",
+            "RestartSec=10",
+            *hardening(spec, command.env),
             "",
             "[Install]",
             "WantedBy=multi-user.target",

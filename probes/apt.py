@@ -84,6 +84,9 @@ class AptObservation(NamedTuple):
     keyrings: Mapping[str, bool]  # keyring path -> exists, for sources' signed-by and the spec's keyrings
     unparsed: tuple[Unparsed, ...] = ()
     warnings: tuple[str, ...] = ()  # dpkg-query's warnings, kept verbatim
+    # Of the packages not installed, those apt's lists cannot install now (no candidate). None: not
+    # asked (everything installed, so a converged plan costs no apt-cache call) or apt-cache failed.
+    unknown: tuple[str, ...] | None = None
 
 
 def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
@@ -112,7 +115,24 @@ def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
     keyring_paths = [k for s in sources for k in s.signed_by if k.startswith("/")]
     keyring_paths += [r.keyring for r in spec.apt.repositories if r.keyring]
     keyrings = {k: os.path.isfile(k) for k in dict.fromkeys(keyring_paths)}
-    return AptObservation(packages, sources, keyrings, unparsed, warnings)
+    missing = [n for n in names if n not in packages or packages[n].state != "installed"]
+    return AptObservation(packages, sources, keyrings, unparsed, warnings, _unknown(missing))
+
+
+def _unknown(names: list[str]) -> tuple[str, ...] | None:
+    """Which of `names` apt has no install candidate for: one `apt-cache policy` for all of them."""
+    if not names:
+        return None
+    from reconcile.engine.apt_policy import policy_table
+
+    try:
+        done = host.run(["apt-cache", "policy", *names], env={**os.environ, "LC_ALL": "C"}, timeout=30.0)
+        table = policy_table(done.stdout) if done.ok else None
+    except (host.ToolMissing, host.CommandTimeout, ValueError):
+        return None
+    if table is None:
+        return None
+    return tuple(n for n in names if table.get(n, (None, ()))[0] is None)
 
 
 def parse_dpkg_query(

@@ -1,82 +1,52 @@
 """The `reconcile` command line. Parses arguments, calls the core, maps outcomes to exit codes.
 
-argparse (stdlib) rather than click/typer: it adds nothing to start-up time, and a converged
-`reconcile plan` must feel instant. Every user-facing error is one line on stderr, exit 1.
+argparse (stdlib) rather than click/typer: it adds nothing to start-up time, and only the invoked
+command's parser is built. Every user-facing error, a usage error included, is one line, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from reconcile import __version__
 from reconcile.errors import ReconcileError
 
-EXIT_DOC = """exit codes:
-  plan:  0 converged, 2 changes pending, 1 error (bad spec, preflight error)
-  apply: 0 nothing to do (or paused, with --scheduled), 2 changes made and converged, 1 error before
-         any change (bad spec, preflight error, lock timeout), 4 a change failed or not converged
-  lock:  0 the lock already held these pins, 2 the lock was written"""
+EXIT_DOC = """exit codes (Puppet's --detailed-exitcodes):
+  0    plan: converged · apply: nothing to do (or paused, with --scheduled) · status: all ok
+  1    an error before any change: usage, bad spec, preflight error, lock timeout, stale plan
+       file, an apply or rollback not approved
+  2    plan: changes pending · apply: changes made and converged · status: drift · lock: written
+  4    apply: a change failed, or the machine is not converged
+  130  interrupted (Ctrl-C, SIGINT): last-run.json and the textfile say "interrupted"
+
+run `reconcile COMMAND --help` for a command's options and examples"""
+
+Builder = Callable[[argparse.ArgumentParser], None]
 
 
-def _add_spec(p: argparse.ArgumentParser) -> None:
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, which reconcile's exit codes (and a unit's
+    SuccessExitStatus=2) read as "changed": a usage error is an error, exit 1."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        hint = ""
+        if "unrecognized arguments" in message and ".toml" in message:
+            hint = " (the spec is given with --spec PATH)"
+        self.exit(1, f"{self.prog}: error: {message}{hint}\n")
+
+
+def _spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", metavar="PATH", help="spec file (default: specs/<hostname>.toml)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="reconcile",
-        description="Keep a vLLM GPU machine in the state its TOML spec describes.",
-        epilog=EXIT_DOC,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"reconcile {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    p = sub.add_parser("plan", help="show the drift between the spec and the machine")
-    _add_spec(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--out", metavar="FILE", help="also save the plan for `reconcile apply FILE`")
-    p.add_argument("--quiet", action="store_true", help="one line when converged")
-    _add_unattended(p)
-
-    p = sub.add_parser("apply", help="converge the machine to the spec")
-    _add_spec(p)
-    p.add_argument("planfile", nargs="?", help="run exactly this saved plan (from plan --out)")
-    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="one line when nothing changed")
-    _add_unattended(p)
-
-    p = sub.add_parser("status", help="conditions per resource, the server's health and GPU use")
-    _add_spec(p)
-    p.add_argument("--json", action="store_true")
-
-    p = sub.add_parser("check", help="one chat completion (and reasoning / tool call) through the key")
-    _add_spec(p)
-
-    p = sub.add_parser("history", help="list generations")
-    _add_spec(p)
-    p = sub.add_parser("diff", help="compare two generations")
-    _add_spec(p)
-    p.add_argument("a", type=int)
-    p.add_argument("b", type=int)
-    p = sub.add_parser("rollback", help="apply generation N's spec (default: the one before the last)")
-    _add_spec(p)
-    p.add_argument("generation", type=int, nargs="?")
-    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
-
-    sub.add_parser("schema", help="every spec key with its type, default and meaning")
-    _add_unattended_commands(sub)
-    return parser
-
-
-def _add_unattended(p: argparse.ArgumentParser) -> None:
+def _unattended(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheduled",
         action="store_true",
-        help="run from the timer: honour `reconcile pause` (apply only plans while paused)",
+        help="run from the timer: honour `reconcile pause` (apply only plans while paused); never asks",
     )
     p.add_argument(
         "--textfile",
@@ -85,15 +55,77 @@ def _add_unattended(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_unattended_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("timer", help="run `reconcile apply --scheduled` from a systemd timer (or cron)")
+def _approve(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--auto-approve",
+        action="store_true",
+        help="do not show the plan and ask for `yes` first (asked only when stdin is a terminal)",
+    )
+    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
+
+
+def _plan(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (format reconcile-plan/2)")
+    p.add_argument("--out", metavar="FILE", help="also save the plan for `reconcile apply FILE`")
+    p.add_argument("--quiet", action="store_true", help="one line when converged")
+    _unattended(p)
+
+
+def _apply(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument("planfile", nargs="?", help="run exactly this saved plan (from plan --out)")
+    _approve(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (format reconcile-apply/1)")
+    p.add_argument("--quiet", action="store_true", help="no progress; one line when nothing changed")
+    p.add_argument(
+        "--reset-crash-loop",
+        action="store_true",
+        help="forget the server's failed starts first (the crash-loop guard's hold ends)",
+    )
+    _unattended(p)
+
+
+def _status(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument("--json", action="store_true", help="print the status as JSON (format reconcile-status/1)")
+
+
+def _diff(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument("a", type=int, metavar="N", help="the older generation's number (see `reconcile history`)")
+    p.add_argument("b", type=int, metavar="M", help="the newer generation's number")
+
+
+def _rollback(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument(
+        "generation", type=int, nargs="?", metavar="N", help="generation (default: the one before)"
+    )
+    _approve(p)
+
+
+def _schema(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the spec's JSON Schema (for Taplo / VS Code's Even Better TOML), instead of the key list",
+    )
+
+
+def _validate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", nargs="?", default="specs", help="the directory of specs (default: specs)")
+    p.add_argument("--strict", action="store_true", help="a warning fails the check too")
+
+
+def _timer(p: argparse.ArgumentParser) -> None:
     timer = p.add_subparsers(dest="timer_command", metavar="ACTION", required=True)
     for name, text in (
         ("install", "write (and enable) the service and timer"),
         ("cron", "print an /etc/cron.d file, for machines without systemd"),
     ):
-        t = timer.add_parser(name, help=text)
-        _add_spec(t)
+        t = timer.add_parser(name, help=text, description=text)
+        _spec(t)
         t.add_argument("--every", default="5m", help="5m, 15m, 1h, ... (default 5m)")
         t.add_argument(
             "--randomized-delay",
@@ -109,14 +141,14 @@ def _add_unattended_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     t.add_argument("--name", default="reconcile-apply")
     t.add_argument("--unit-dir", default="/etc/systemd/system", metavar="DIR")
 
-    p = sub.add_parser("pause", help="hold off scheduled applies (they only plan) while a person works")
-    _add_spec(p)
+
+def _pause(p: argparse.ArgumentParser) -> None:
+    _spec(p)
     p.add_argument("--reason", required=True, help="why: shown to the next person and in every report")
     p.add_argument("--for", dest="duration", metavar="DURATION", help="end by itself after this (e.g. 4h)")
-    p = sub.add_parser("resume", help="end a pause: scheduled applies apply again")
-    _add_spec(p)
 
-    p = sub.add_parser("init", help="probe this machine and write a starting spec")
+
+def _init(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="PATH", help="where (default specs/<hostname>.toml; - prints it)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.add_argument("--state-dir", default="/var/lib/reconcile", metavar="DIR")
@@ -127,16 +159,126 @@ def _add_unattended_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
         help="write a found server as live [server] (the next apply restarts it under reconcile)",
     )
 
-    p = sub.add_parser("lock", help="pin what floats (package ranges, the model's branch): specs/<name>.lock")
-    _add_spec(p)
+
+# name: (one-line help, its arguments, examples shown by `reconcile NAME --help`)
+COMMANDS: dict[str, tuple[str, Builder, str]] = {
+    "plan": (
+        "show the drift between the spec and the machine",
+        _plan,
+        "reconcile plan --spec specs/gpu-box.toml\n"
+        "reconcile plan --json | jq '.resources[] | select(.status != \"ok\")'\n"
+        "reconcile plan --out plan.json && reconcile apply plan.json",
+    ),
+    "apply": (
+        "converge the machine to the spec (asks first on a terminal)",
+        _apply,
+        "reconcile apply --spec specs/gpu-box.toml       # shows the plan, asks for yes\n"
+        "reconcile apply --auto-approve                  # no question\n"
+        "reconcile apply --json --auto-approve           # for Ansible and scripts\n"
+        "reconcile apply plan.json                       # exactly a saved plan",
+    ),
+    "status": (
+        "conditions per resource, pause, the server's health, load and GPU use; writes nothing",
+        _status,
+        "reconcile status\nreconcile status --json | jq .server.metrics",
+    ),
+    "check": (
+        "one chat completion (and reasoning / tool call) through the key",
+        _spec,
+        "reconcile check --spec specs/gpu-box.toml",
+    ),
+    "history": ("list generations", _spec, "reconcile history"),
+    "diff": (
+        "compare generation N with generation M: the spec text and the resolved versions",
+        _diff,
+        "reconcile diff 3 4        # what changed between the third and fourth apply",
+    ),
+    "rollback": (
+        "apply generation N's spec (default: the one before the last; asks first on a terminal)",
+        _rollback,
+        "reconcile rollback        # back to the generation before the last\n"
+        "reconcile rollback 3 --auto-approve",
+    ),
+    "schema": (
+        "every spec key with its type, default and meaning (--json: the JSON Schema)",
+        _schema,
+        "reconcile schema\nreconcile schema --json > reconcile.schema.json   # for Taplo / VS Code",
+    ),
+    "validate": (
+        "the fleet repository's CI check: load every spec of a directory, preflight it offline",
+        _validate,
+        "reconcile validate specs/            # one line per problem; exit 1 on an error\n"
+        "reconcile validate --strict specs/   # a warning fails too",
+    ),
+    "timer": (
+        "run `reconcile apply --scheduled` from a systemd timer (or cron)",
+        _timer,
+        "reconcile timer install --every 5m --textfile /var/lib/node_exporter/reconcile.prom\n"
+        "reconcile timer cron --every 15m > /etc/cron.d/reconcile\nreconcile timer remove",
+    ),
+    "pause": (
+        "hold off scheduled applies (they only plan) while a person works",
+        _pause,
+        'reconcile pause --reason "debugging the KV cache" --for 4h',
+    ),
+    "resume": ("end a pause: scheduled applies apply again", _spec, "reconcile resume"),
+    "init": (
+        "probe this machine and write a starting spec",
+        _init,
+        "reconcile init                 # specs/<hostname>.toml\nreconcile init --out - | less",
+    ),
+    "lock": (
+        "pin what floats (package ranges, the model's branch): specs/<name>.lock",
+        _spec,
+        "reconcile lock && git add specs/*.lock",
+    ),
+}
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv (the first word), if it is one: only its parser is built."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `command`, only that subcommand gets its arguments (the others are listed)."""
+    parser = _Parser(
+        prog="reconcile",
+        description="Keep a vLLM GPU machine in the state its TOML spec describes.",
+        epilog=EXIT_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"reconcile {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (text, build, examples) in COMMANDS.items():
+        if command is not None and name != command:
+            continue
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.splitlines()),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if name == command:
+            build(p)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = _command_of(words)
+    parser = build_parser(command)
+    try:
+        args = parser.parse_args(words)
+    except SystemExit as exc:  # --help and --version exit 0; usage errors exit 1 (see _Parser)
+        return int(exc.code or 0)
     if args.command is None:
-        parser.print_help()
-        return 0
+        parser.print_help(sys.stderr)
+        return 1
     try:
         import os
 
@@ -154,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"reconcile: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("reconcile: interrupted", file=sys.stderr)
+        print("\nreconcile: interrupted (exit 130)", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

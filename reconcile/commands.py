@@ -55,7 +55,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from reconcile.apply.executor import apply_plan_file, apply_spec, render_report
+    from reconcile.apply.executor import apply_plan_file, apply_spec
+    from reconcile.apply.progress import showing
 
     started = time.time()
     loaded: LoadedSpec | None = None
@@ -64,13 +65,38 @@ def cmd_apply(args: argparse.Namespace) -> int:
             report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
         else:
             loaded = _load(args)
-            report = apply_spec(
-                loaded, lock_timeout=args.lock_timeout, scheduled=getattr(args, "scheduled", False)
-            )
-    except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
-        _report_failure(args, "apply", started, loaded, exc)
+            if getattr(args, "reset_crash_loop", False) and loaded.spec.server is not None:
+                from actions.launching import reset_crash_loop
+
+                print(f"crash-loop guard: {reset_crash_loop(loaded.spec).message}", file=sys.stderr)
+            approved = _approved(args, loaded, "apply")
+            with showing(sys.stderr, quiet=args.quiet) as progress:
+                report = apply_spec(
+                    loaded,
+                    lock_timeout=args.lock_timeout,
+                    scheduled=getattr(args, "scheduled", False),
+                    expected=approved,
+                    exact=False,
+                    progress=progress,
+                )
+    except KeyboardInterrupt:  # Ctrl-C: exit 130; monitoring must not go on reading "converged"
+        from reconcile.unattended.report import INTERRUPTED
+
+        with contextlib.suppress(ReconcileError, OSError):
+            _report(args, "apply", started, 130, loaded, error=INTERRUPTED)
         raise
-    render_report(report, sys.stdout, as_json=args.json, quiet=args.quiet)
+    except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
+        from reconcile.apply.approval import NotApproved
+
+        if not isinstance(exc, NotApproved):  # a person said no at the terminal: no run to report
+            _report_failure(args, "apply", started, loaded, exc)
+        if args.json:  # Ansible and scripts read one document on stdout whatever happened
+            from reconcile.apply.executor import ApplyReport
+
+            failed = ApplyReport(getattr(args, "spec", None) or args.planfile or "", refused=str(exc))
+            _print_report(failed, as_json=True, quiet=False)
+        raise
+    _print_report(report, as_json=args.json, quiet=args.quiet)
     if loaded is None:  # a plan file names its spec
         with contextlib.suppress(ReconcileError, OSError):
             loaded = _load(argparse.Namespace(spec=report.spec_path))
@@ -86,6 +112,28 @@ def cmd_apply(args: argparse.Namespace) -> int:
         paused=report.paused,
     )
     return report.exit_code
+
+
+def _print_report(report: Any, *, as_json: bool, quiet: bool) -> None:
+    """The apply report on stdout; in colour on a terminal (NO_COLOR and TERM=dumb respected)."""
+    import io
+
+    from reconcile.apply.executor import render_report
+    from reconcile.plan.render import paint_report, use_colour
+
+    if as_json or not use_colour(sys.stdout):
+        render_report(report, sys.stdout, as_json=as_json, quiet=quiet)
+        return
+    text = io.StringIO()
+    render_report(report, text, as_json=False, quiet=quiet)
+    sys.stdout.write(paint_report(text.getvalue()))
+
+
+def _approved(args: argparse.Namespace, loaded: LoadedSpec, title: str) -> dict[str, Any] | None:
+    """On a terminal (and without --auto-approve): the plan shown and a `yes`, or NotApproved."""
+    from reconcile.apply.approval import approve, wants_question
+
+    return approve(loaded, title=title) if wants_question(args) else None
 
 
 def _report_failure(
@@ -198,8 +246,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from reconcile.apply.executor import apply_spec, render_report
+    from reconcile.apply.executor import apply_spec
     from reconcile.apply.generations import list_generations, read_generation
+    from reconcile.apply.progress import showing
     from reconcile.safety.sensitive import restore_document
     from reconcile.spec.loader import spec_from_resolved
 
@@ -220,12 +269,27 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
     for note in notes:
         print(f"note: {note}")
-    report = apply_spec(old, lock_timeout=args.lock_timeout, rollback_of=target)
-    render_report(report, sys.stdout, as_json=False, quiet=False)
+    approved = _approved(args, old, "rollback")
+    with showing(sys.stderr, quiet=False) as progress:
+        report = apply_spec(
+            old,
+            lock_timeout=args.lock_timeout,
+            rollback_of=target,
+            expected=approved,
+            exact=False,
+            progress=progress,
+        )
+    _print_report(report, as_json=False, quiet=False)
     return report.exit_code
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        from reconcile.plan.jsondata import spec_json_schema
+
+        json.dump(spec_json_schema(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     from reconcile.spec.loader import schema_text
 
     print(schema_text())
@@ -341,3 +405,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print("nothing floats: every package is ==pinned and the model revision is a commit")
     print(f"{'wrote' if result.changed else 'unchanged'}: {result.path}")
     return 2 if result.changed else 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from reconcile.preflight.offline import render, validate_dir
+
+    return render(validate_dir(args.directory), sys.stdout, strict=args.strict)

@@ -67,6 +67,55 @@ def run(
     return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_lines(
+    argv: Sequence[str],
+    *,
+    on_line: Callable[[str], None],
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Completed:
+    """Run a command, handing each line of its output (stdout and stderr merged, `\\r` ends a line
+    too: progress bars) to `on_line` as it comes; the whole output is in `stdout` at the end."""
+    import threading
+
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"{argv[0]}: not found") from exc
+    except PermissionError as exc:
+        raise ToolMissing(f"{argv[0]}: not executable ({exc.strerror})") from exc
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        pending = b""
+        while block := os.read(proc.stdout.fileno(), 65536):
+            chunks.append(block)
+            *done, pending = (pending + block).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+            for line in done:
+                if line.strip():
+                    on_line(line.decode(errors="replace"))
+        if pending.strip():
+            on_line(pending.decode(errors="replace"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # as subprocess.run does
+        proc.wait()
+        raise CommandTimeout(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
+    reader.join(timeout=5.0)
+    return Completed(tuple(argv), code, b"".join(chunks).decode(errors="replace"), "")
+
+
 def which(name: str, path: str | None = None) -> str | None:
     return shutil.which(name, path=path)
 

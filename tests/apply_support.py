@@ -268,3 +268,18 @@ def cmdlines() -> list[str]:
             except OSError:
                 continue
     return out
+
+
+def group_member(pgid: int, needle: str) -> bool:
+    """A process of group `pgid` whose command line holds `needle` is running."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if needle in cmd and os.getpgid(int(entry)) == pgid:
+                return True
+        except OSError:
+            continue
+    return False

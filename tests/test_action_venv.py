@@ -40,7 +40,11 @@ def _py(venv: Venv, code: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
     spec = Venv(path=str(tmp_path_factory.mktemp("venvs") / "app"), python=sys.executable)
-    result = venv_action.create(spec)
+    with pytest.MonkeyPatch.context() as mp:  # with pip: the pip tests below install with it
+        mp.setenv(
+            "PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d != _uv_dir())
+        )
+        result = venv_action.create(spec)
     assert result.changed and result.message == f"created {spec.path} with {sys.executable}"
     yield spec
 
@@ -241,7 +245,9 @@ def test_index_credentials_reach_pip_but_never_its_command_line(made: Venv) -> N
 
 
 @pytest.mark.usefixtures("no_uv_on_path")
-def test_pip_output_reaches_the_log_only_as_a_summary(made: Venv, caplog: pytest.LogCaptureFixture) -> None:
+def test_pip_output_reaches_the_log_line_by_line_and_as_a_summary(
+    made: Venv, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="actions.venv")
 
     venv_action.install(made, {"six": "==1.16.0"})
@@ -250,6 +256,9 @@ def test_pip_output_reaches_the_log_only_as_a_summary(made: Venv, caplog: pytest
     assert len(records) == 1
     assert "Successfully installed six-1.16.0" in records[0]
     assert "Collecting" not in records[0] and "Downloading" not in records[0]
+    lines = [r.getMessage() for r in caplog.records if r.name == "actions.venv.output"]
+    assert any(line.startswith("Collecting six==1.16.0") for line in lines), lines  # as pip printed them
+    assert any(line.startswith("Successfully installed six-1.16.0") for line in lines)
 
 
 @pytest.mark.skipif(_uv_dir() is None, reason="uv is not installed")
@@ -306,3 +315,18 @@ def test_a_directory_that_is_not_a_venv_is_refused(tmp_path: Path) -> None:
 def test_a_missing_interpreter_says_what_to_install(tmp_path: Path) -> None:
     with pytest.raises(ActionError, match=r"'python3\.99' not found.*python3\.99-venv"):
         venv_action.create(Venv(path=str(tmp_path / "v"), python="python3.99"))
+
+
+@pytest.mark.skipif(_uv_dir() is None, reason="uv is not installed")
+def test_with_uv_on_path_the_venv_is_made_without_ensurepip_and_uv_installs_into_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{_uv_dir()}{os.pathsep}{os.environ['PATH']}")
+    spec = Venv(path=str(tmp_path / "fast"), python=sys.executable)
+    assert venv_action.create(spec).changed
+    assert not list((tmp_path / "fast").glob("lib/python3*/site-packages/pip"))  # no ensurepip
+    assert venv_action.install(spec, {"attrs": "==23.2.0"}).message == "installed with uv: attrs 23.2.0"
+    assert _py(spec, "import attrs; print(attrs.__version__)").stdout == "23.2.0\n"
+    # Without uv later, the venv gets pip back (the planner asks for it; create restores it).
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert "restored pip" in venv_action.create(spec).message

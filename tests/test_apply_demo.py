@@ -6,25 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from reconcile.host import http_request
-from tests.apply_support import DEMO_MODEL, Demo, cmdlines, demo_in, seed_venv, tree_state
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
-
-
-@pytest.fixture
-def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    """A demo whose venv (with ninja) is already there: a copy of one made by a real apply."""
-    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+from tests.apply_support import DEMO_MODEL, Demo, cmdlines, tree_state
 
 
 def models(demo: Demo, key: str | None) -> int:
@@ -71,10 +57,16 @@ def test_apply_json_reports_each_change_and_only_a_changing_apply_writes_a_gener
     assert first.returncode == 2, first.output
     data = first.json()
     assert set(data) == {
+        "format",
         "spec",
+        "spec_sha256",
+        "host",
+        "git",
         "exit_code",
+        "changed",
         "refused",
         "converged",
+        "error",
         "generation",
         "notes",
         "results",
@@ -82,6 +74,7 @@ def test_apply_json_reports_each_change_and_only_a_changing_apply_writes_a_gener
         "seconds",
         "paused",
     }
+    assert data["format"] == "reconcile-apply-json/1" and data["error"] is None
     assert (data["exit_code"], data["refused"], data["converged"], data["generation"]) == (2, None, True, 1)
     assert [r["resource"] for r in data["results"]] == ["model.files", "model.config", "api_key", "server"]
     for r in data["results"]:

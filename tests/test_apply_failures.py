@@ -91,8 +91,9 @@ def test_a_preflight_error_exits_1_and_changes_nothing(demo: Demo) -> None:
     assert "apply refused: 1 preflight error(s); nothing was changed" in run.stdout
     assert "max-model-len" in run.stdout
     after = tree_state(demo.root, set())
-    # New: the lock (emptied on release) and the record of this run; nothing else moved.
-    assert set(after) - set(before) == {"state", "state/apply.lock", "state/last-run.json"}
+    # New: the lock (emptied on release), the record of this run and its conditions; nothing else moved.
+    new = {"state", "state/apply.lock", "state/last-run.json", "state/conditions.json"}
+    assert set(after) - set(before) == new
     assert {k: v for k, v in after.items() if k in before} == before
     assert demo.lock_file.read_bytes() == b""
     assert json.loads(demo.last_run.read_text())["exit_code"] == 1

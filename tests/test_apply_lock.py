@@ -7,23 +7,9 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.apply_support import Demo, demo_in, seed_venv
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
-
-
-@pytest.fixture
-def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+from tests.apply_support import Demo
 
 
 def holder_pid(demo: Demo, timeout: float = 20.0) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from reconcile.host import http_request
-from tests.apply_support import DEMO_MODEL, Demo, demo_in, seed_venv
+from tests.apply_support import DEMO_MODEL, Demo, demo_in, group_member, seed_venv
 
 pytestmark = pytest.mark.slow
 
@@ -148,26 +148,12 @@ def test_an_apply_killed_after_its_changes_leaves_their_generation_marked_incomp
         assert len(demo.generations()) == 1  # the next apply found nothing to do: no new record
 
 
-def _group_member(pgid: int, needle: str) -> bool:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            if needle in cmd and os.getpgid(int(entry)) == pgid:
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def kill_group_during(demo: Demo, needle: str, after: float) -> None:
     """Start apply in its own process group; once a member's command line holds `needle`, wait
     `after` seconds and SIGKILL the whole group (apply and the tool it runs, as a cgroup kill does)."""
     proc = demo.start("apply")
     deadline = time.monotonic() + 60
-    while not _group_member(proc.pid, needle):
+    while not group_member(proc.pid, needle):
         assert proc.poll() is None and time.monotonic() < deadline, f"{needle} never ran"
         time.sleep(0.01)
     time.sleep(after)

@@ -332,6 +332,23 @@ def test_check_answers_a_chat_completion_through_the_key() -> None:
     assert code == 0, out
 
 
+def test_status_reads_the_real_servers_metrics_and_vllms_startup_phases() -> None:
+    """Issue 16: the names reconcile reads (vLLM 0.26's /metrics, its start-up log lines) are real ones."""
+    from reconcile.engine.startup import PHASES
+
+    _code, out, _err, _took = cli("status", "--json", "--spec", str(LAB / "spec-len512.toml"))
+    metrics = json.loads(out)["server"]["metrics"]
+    FIGURES["status_metrics"] = metrics
+    assert metrics["_type"] == "server.metrics", metrics
+    for name in ("requests_running", "requests_waiting", "kv_cache_usage", "generation_tokens_total"):
+        assert metrics[name] is not None, name
+    log = (LAB / "tiny.log").read_text(errors="replace").splitlines()
+    seen = [text for pattern, text in PHASES if any(pattern.search(line) for line in log)]
+    FIGURES["startup_phases_seen"] = seen
+    for text in ("loading weights", "weights loaded in {0}s", "KV cache {0} tokens", "ready"):
+        assert text in seen, (text, seen)
+
+
 def test_predicted_kv_cache_capacity_against_vllms_log() -> None:
     data = plan_json(str(LAB / "spec-len512.toml"))
     fit = [f for f in data["findings"] if f["rule"] == "memory.fit"]

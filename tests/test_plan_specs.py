@@ -52,7 +52,7 @@ def test_reference_plan_on_a_cpu_machine(tmp_path: Path) -> None:
     code, data, _ = plan(ROOT / "specs" / "blackwell-2x5090.toml", tmp_path)
     assert code == 2
     seen = data["observed"]
-    assert seen["gpu"]["type"] == "Unavailable" and "NVML" in seen["gpu"]["reason"]
+    assert seen["gpu"]["_type"] == "unavailable" and "NVML" in seen["gpu"]["reason"]
     by = {r["resource"]: r for r in data["resources"]}
     assert by["gpu"]["status"] == "drift" and "unavailable" in by["gpu"]["summary"]
     assert by["cuda.home"]["status"] == "ok" and seen["cuda"]["home"]["resolved"] == "/usr/local/cuda-13.0"
@@ -67,5 +67,15 @@ def test_reference_plan_on_a_cpu_machine(tmp_path: Path) -> None:
     assert "libcurand-dev-13-0" in packages and all("state" in p for p in packages.values())
     for resource in ("venv", "model.files", "api_key", "server"):
         assert by[resource]["status"] == "change", resource
-    assert seen["venv"]["type"] == "Absent" and seen["model"]["type"] == "Absent"
-    assert seen["api_key"]["type"] == "Absent" and seen["server"]["processes"] == []
+    assert seen["venv"]["_type"] == "absent" and seen["model"]["_type"] == "absent"
+    assert seen["api_key"]["_type"] == "absent" and seen["server"]["processes"] == []
+    # One resource owns each fact: the headers come with [apt] packages, so the cuda row waits for apt
+    # instead of saying "add them to [apt].packages"; only the GPU is counted as what apply cannot fix.
+    if missing:
+        assert (by["cuda"]["status"], by["cuda"]["via"]) == ("change", "apt")
+        assert "add them to [apt]" not in by["cuda"]["reason"]
+    assert data["summary"]["cannot_fix"] == 1 and "Apply cannot fix 1: gpu" in data["summary"]["text"]
+    unknown = set(seen["apt"]["unknown"] or ())
+    for f in data["findings"]:
+        if f["rule"] == "toolchain.headers" and "apply installs" in f["message"]:
+            assert not unknown & set(f["message"].split("apply installs ", 1)[1].split(", "))

@@ -321,21 +321,50 @@ def test_missing_headers_name_their_packages() -> None:
     assert the(findings(spec()), "toolchain.headers").severity == "info"
 
 
+REFERENCE_APT = ["cuda-nvcc-13-0", "libcublas-dev-13-0", "libcurand-dev-13-0", "cuda-nvrtc-dev-13-0",
+                 "libcusparse-dev-13-0"]  # fmt: skip
+NO_TOOLKIT: dict[str, Any] = {
+    "nvcc_path": None,
+    "nvcc_version": None,
+    "nvcc_arch_list": None,
+    "headers_missing": None,
+}
+
+
 def test_before_the_toolkit_exists_apt_must_bring_every_listed_header() -> None:
-    reference_apt = ["cuda-nvcc-13-0", "libcublas-dev-13-0", "libcurand-dev-13-0", "cuda-nvrtc-dev-13-0",
-                     "libcusparse-dev-13-0"]  # fmt: skip
+    reference_apt = REFERENCE_APT
     s = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": reference_apt})
-    bare: dict[str, Any] = {
-        "nvcc_path": None,
-        "nvcc_version": None,
-        "nvcc_arch_list": None,
-        "headers_missing": None,
-    }
+    bare = NO_TOOLKIT
     covered = the(findings(s, **bare), "toolchain.headers")
     assert covered.severity == "warning" and "apply installs" in covered.message
     short = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": reference_apt[:2]})
     gap = the(findings(short, **bare), "toolchain.headers")
     assert "not brought by [apt] packages" in gap.message and "cuda-nvrtc-dev-13-0" in gap.fix
+
+
+def test_apply_installs_is_promised_only_for_packages_apt_knows() -> None:
+    s = spec(cuda={"target": "/usr/local/cuda-13.0"}, apt={"packages": REFERENCE_APT})
+    unknown = frozenset({"libcublas-dev-13-0", "libcurand-dev-13-0"})
+    f = the(findings(s, **NO_TOOLKIT, apt_unknown=unknown), "toolchain.headers")
+    assert f.severity == "warning" and "apply installs" not in f.message
+    assert (
+        "libcublas-dev-13-0, libcurand-dev-13-0, but apt on this machine cannot install them yet" in f.message
+    )
+    assert "[apt] repositories" in f.fix
+
+
+def test_ninja_on_the_servers_path_is_enough(tmp_path: Path) -> None:
+    from reconcile.preflight.gather import _ninja_on_path
+
+    ninja = tmp_path / "bin" / "ninja"
+    ninja.parent.mkdir()
+    ninja.write_text("#!/bin/sh\n")
+    ninja.chmod(0o755)
+    s = spec(venv={"packages": {"vllm": "==0.26.0"}}, server={"env": {"PATH": f"{ninja.parent}:/usr/bin"}})
+    assert _ninja_on_path(s) == str(ninja)
+    f = the(findings(s, venv_has_ninja=False, ninja_on_path=str(ninja)), "toolchain.ninja")
+    assert (f.severity, f.message) == ("info", f"ninja on the server's PATH: {ninja}")
+    assert _ninja_on_path(spec(server={"env": {"PATH": str(tmp_path)}})) is None
 
 
 def test_ninja_must_be_in_the_venv_or_in_its_packages() -> None:

@@ -179,11 +179,13 @@ def apply_spec(
     expected: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
     scheduled: bool = False,
+    exact: bool | None = None,
 ) -> ApplyReport:
     """Lock, plan, run the plan's Changes, plan again; a generation is written when something changed.
 
     `expected` (a saved plan's fingerprint): refuse unless the plan made now is exactly that one.
     `scheduled` (the timer's run): while `reconcile pause` holds, only plan.
+    `exact` (default: when `expected`): run the plan's own Changes only; an approved plan is not exact.
     """
     from reconcile.plan.planner import make_plan
     from reconcile.unattended.pause import read_pause
@@ -241,7 +243,14 @@ def apply_spec(
                 if note not in report.notes:
                     report.notes.append(note)
 
-        _execute(loaded, report, plan, show, exact=expected is not None, after_each=lambda: record(False))
+        _execute(
+            loaded,
+            report,
+            plan,
+            show,
+            exact=expected is not None if exact is None else exact,
+            after_each=lambda: record(False),
+        )
         checkpoint("apply.executed")
         report.final_plan = plan
         if report.results:
@@ -303,21 +312,12 @@ _RESULT_SYMBOL = {"changed": "✓", "already-true": "·", "failed": "✗", "bloc
 
 
 def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: bool) -> None:
-    from reconcile.plan.render import plan_as_data, render_text
+    from reconcile.plan.render import render_text
 
     if as_json:
-        data = {
-            "spec": report.spec_path,
-            "exit_code": report.exit_code,
-            "refused": report.refused,
-            "paused": report.paused.as_data() if report.paused is not None else None,
-            "converged": report.converged,
-            "generation": report.generation,
-            "notes": report.notes,
-            "results": [dataclasses.asdict(r) for r in report.results],
-            "final_plan": plan_as_data(report.final_plan) if report.final_plan else None,
-            "seconds": round(report.seconds, 3),
-        }
+        from reconcile.plan.jsondata import apply_as_data
+
+        data = apply_as_data(report)
         json.dump(data, stream, indent=2, default=str)
         stream.write("\n")
         return

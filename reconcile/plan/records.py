@@ -35,6 +35,13 @@ class Change(NamedTuple):
     params: Mapping[str, Any] = MappingProxyType({})
     # False when apply cannot fix it (wrong driver, missing GPU): apply reports, never acts.
     actionable: bool = True
+    # Not acted on itself, but made true by the change of that resource, which runs first (the headers
+    # the [apt] packages bring): counted "to change", and "cannot fix" only if still different after it.
+    via: str | None = None
+
+    @property
+    def will_change(self) -> bool:
+        return self.actionable or self.via is not None
 
 
 class Ok(NamedTuple):
@@ -91,8 +98,16 @@ class Plan(NamedTuple):
             return 1
         return 2 if self.changes else 0
 
+    @property
+    def unfixable(self) -> tuple[Change, ...]:
+        """Drift apply only reports (a missing GPU, a driver too old): never counted as "to change"."""
+        return tuple(c for c in self.changes if not c.will_change)
+
     def counts(self) -> dict[str, int]:
+        """What apply will change, by kind; `cannot_fix`: the drift it will not touch."""
         out = {word: 0 for word in KIND_WORDS.values()}
         for c in self.changes:
-            out[KIND_WORDS[c.kind]] += 1
+            if c.will_change:
+                out[KIND_WORDS[c.kind]] += 1
+        out["cannot_fix"] = len(self.unfixable)
         return out

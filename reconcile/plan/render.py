@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from typing import Any, TextIO
 
+from reconcile.plan.jsondata import PLAN_FORMAT, head, jsonable, resource_entry
 from reconcile.plan.records import Change, Finding, Ok, Plan
 
 _SYMBOL_COLOUR = {"✓": "32", "+": "32", "~": "33", "-": "31", "±": "35", "!": "31", "✗": "31", "⚠": "33"}
@@ -37,6 +37,27 @@ class _Painter:
         return f"\x1b[1m{text}\x1b[0m" if self.colour else text
 
 
+_REPORT_SYMBOL = {**_SYMBOL_COLOUR, "·": "2", "⊘": "31"}
+_VERDICT = {"NOT converged": "1;31", "converged": "1;32", "apply refused": "1;31"}
+
+
+def paint_report(text: str) -> str:
+    """The apply report's text in colour: each line's leading symbol, and the verdict."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        body = line.lstrip(" ")
+        symbol = body[:1]
+        code = _REPORT_SYMBOL.get(symbol) if body[1:2] == " " else None
+        if code:
+            line = line[: len(line) - len(body)] + f"\x1b[{code}m{symbol}\x1b[0m" + body[1:]
+        for word, colour in _VERDICT.items():
+            if line.startswith(("Apply ", "apply refused")) and word in line:
+                line = line.replace(word, f"\x1b[{colour}m{word}\x1b[0m", 1)
+                break
+        out.append(line)
+    return "".join(out)
+
+
 def short(value: Any, limit: int = 80) -> str:
     """A one-line rendering of a diff side: JSON-ish, cut at `limit`."""
     if value is None:
@@ -51,14 +72,16 @@ def _line(p: _Painter, symbol: str, resource: str, text: str) -> str:
 
 
 def _change_lines(p: _Painter, c: Change) -> list[str]:
-    symbol = c.kind if c.actionable else "!"
+    symbol = c.kind if c.will_change else "!"
     out = [_line(p, symbol, c.resource, c.summary)]
     pad = " " * (5 + _WIDTH)
     for d in c.diffs:
         out.append(f"{pad}{d.field}: {short(d.old)} -> {short(d.new)}")
     if c.reason and c.reason != c.summary:
         out.append(p.dim(f"{pad}why: {c.reason}"))
-    if not c.actionable:
+    if c.via is not None:
+        out.append(p.dim(f"{pad}apply changes {c.via} first, which brings this"))
+    elif not c.actionable:
         out.append(p.dim(f"{pad}apply cannot fix this; it only reports it"))
     return out
 
@@ -80,8 +103,8 @@ def _finding_lines(p: _Painter, f: Finding) -> list[str]:
 
 
 def summary_line(plan: Plan) -> str:
+    """Terraform's one line: only what apply will change; what it cannot fix is said apart."""
     counts = plan.counts()
-    stuck = sum(1 for c in plan.changes if not c.actionable)
     if plan.errors:
         return f"Plan blocked: {len(plan.errors)} preflight error(s); apply will not start until fixed."
     if not plan.changes:
@@ -90,8 +113,14 @@ def summary_line(plan: Plan) -> str:
     if counts["remove"]:
         parts.append(f"{counts['remove']} to remove")
     parts.append(f"{counts['restart']} to restart")
-    tail = f" ({stuck} apply cannot fix)" if stuck else ""
-    return "Plan: " + ", ".join(parts) + "." + tail
+    stuck = plan.unfixable
+    if len(stuck) == len(plan.changes):
+        head = "Plan: nothing apply can change."
+    else:
+        head = "Plan: " + ", ".join(parts) + "."
+    if not stuck:
+        return head
+    return f"{head} Apply cannot fix {len(stuck)}: {', '.join(c.resource for c in stuck)} (marked !)."
 
 
 def render_text(plan: Plan, stream: TextIO, *, verbose_info: bool = True, title: str = "plan") -> None:
@@ -121,48 +150,16 @@ def render_text(plan: Plan, stream: TextIO, *, verbose_info: bool = True, title:
     stream.write("\n".join(lines) + "\n")
 
 
-def _jsonable(value: Any) -> Any:
-    fields = getattr(value, "_fields", None)  # a record (NamedTuple): its fields and its type's name
-    if isinstance(value, tuple) and fields is not None:
-        out = {name: _jsonable(v) for name, v in zip(fields, value, strict=True)}
-        out["type"] = type(value).__name__
-        return out
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "model_dump"):
-        return _jsonable(value.model_dump())
-    return value
+_jsonable = jsonable  # reconcile.plan.planner imports it from here
 
 
 def plan_as_data(plan: Plan) -> dict[str, Any]:
-    resources: list[dict[str, Any]] = []
-    for item in plan.items:
-        if isinstance(item, Ok):
-            resources.append({"resource": item.resource, "status": "ok", "summary": item.summary})
-        else:
-            resources.append(
-                {
-                    "resource": item.resource,
-                    "status": "change" if item.actionable else "drift",
-                    "kind": item.kind,
-                    "summary": item.summary,
-                    "reason": item.reason,
-                    "diffs": [{"field": d.field, "old": d.old, "new": d.new} for d in item.diffs],
-                    "depends_on": list(item.depends_on),
-                    "actionable": item.actionable,
-                }
-            )
+    """The plan as JSON (schemas/plan.schema.json): one entry shape per resource, tagged observations."""
     return {
-        "spec": plan.spec_path,
-        "spec_sha256": plan.spec_sha256,
-        "host": plan.host,
-        "git": plan.git,
-        "exit_code": plan.exit_code,
+        **head(PLAN_FORMAT, plan.spec_path, plan, plan.exit_code),
         "summary": {**plan.counts(), "text": summary_line(plan)},
         "notes": list(plan.notes),
-        "resources": resources,
+        "resources": [resource_entry(item) for item in plan.items],
         "findings": [
             {
                 "rule": f.rule,

@@ -1,29 +1,21 @@
-"""`reconcile status` and `reconcile check`: conditions per resource, the server's answers, GPU use.
+"""`reconcile status` and `reconcile check`: conditions per resource, a pause or crash-loop hold, the
+server's answers and load (its /metrics), GPU use.
 
-Called by the CLI. A condition is ok / drift / failed with its reason and since when it holds;
-the transition times are kept in `<state_dir>/conditions.json` (no secrets), like Kubernetes'
-lastTransitionTime, so "drift since 03:12" survives between runs.
+Called by the CLI. Status writes nothing: the conditions' "since" times are read from
+`<state_dir>/conditions.json`, which the runs that write last-run.json keep (reconcile.plan.conditions).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TextIO
+from typing import Any, TextIO
 
-from reconcile.host import atomic_write
-from reconcile.plan.records import Change, Plan
-from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
+from reconcile.plan.conditions import Condition, read_conditions
+from reconcile.plan.jsondata import STATUS_FORMAT, head, jsonable
+from reconcile.plan.records import Plan
 from reconcile.spec.loaded import LoadedSpec
-
-
-class Condition(NamedTuple):
-    resource: str
-    status: str  # ok | drift | failed
-    reason: str
-    since: float
 
 
 @dataclass
@@ -33,6 +25,11 @@ class StatusReport:
     server: dict[str, Any] = field(default_factory=dict)
     gpu_processes: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, str]] = field(default_factory=list)
+    host: str = ""
+    git: str = ""
+    spec_sha256: str = ""
+    pause: dict[str, Any] | None = None  # reconcile pause: who, since, why
+    hold: str | None = None  # the crash-loop guard refusing starts, and until when
 
     @property
     def exit_code(self) -> int:
@@ -42,39 +39,6 @@ class StatusReport:
         ):
             return 1
         return 2 if any(c.status == "drift" for c in self.conditions) else 0
-
-
-def _conditions_path(state_dir: str) -> str:
-    return os.path.join(state_dir, "conditions.json")
-
-
-def update_conditions(state_dir: str, plan: Plan, *, now: float | None = None) -> list[Condition]:
-    """Conditions from a plan; `since` is kept from the previous record while the status holds."""
-    now = time.time() if now is None else now
-    path = _conditions_path(state_dir)
-    try:
-        with open(path, encoding="utf-8") as f:
-            previous: dict[str, Any] = json.load(f)
-    except (OSError, ValueError):
-        previous = {}
-    out: list[Condition] = []
-    for item in plan.items:
-        if isinstance(item, Change):
-            status = "drift" if item.actionable else "failed"
-            reason = item.summary
-        else:
-            status, reason = "ok", item.summary
-        old = previous.get(item.resource, {})
-        since = float(old.get("since", now)) if old.get("status") == status else now
-        out.append(Condition(item.resource, status, reason, since))
-    record = {c.resource: {"status": c.status, "since": c.since} for c in out}
-    if record != {k: {"status": v.get("status"), "since": v.get("since")} for k, v in previous.items()}:
-        try:
-            ensure_dir(state_dir, PRIVATE_DIR)
-            atomic_write(path, (json.dumps(record, indent=2) + "\n").encode(), mode=PRIVATE_FILE)
-        except OSError:
-            pass  # status must still answer on a read-only state dir
-    return out
 
 
 def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
@@ -136,21 +100,48 @@ def _gpu_processes(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+def _metrics(loaded: LoadedSpec, facts: dict[str, Any]) -> dict[str, Any] | None:
+    """The server's own load figures, read only when it answers /health with 200."""
+    if facts.get("state") != "healthy" or loaded.spec.server is None:
+        return None
+    from probes.metrics import probe
+
+    return dict(jsonable(probe(loaded.spec)))
+
+
+def _hold(loaded: LoadedSpec) -> str | None:
+    if loaded.spec.server is None:
+        return None
+    from actions.launching import crash_loop_hold, read_record
+
+    return crash_loop_hold(loaded.spec, read_record(loaded.spec))
+
+
 def status_of(loaded: LoadedSpec) -> StatusReport:
     from reconcile.plan.planner import make_plan
+    from reconcile.unattended.pause import read_pause
 
     plan = make_plan(loaded)
-    conditions = update_conditions(loaded.spec.machine.state_dir, plan)
+    state_dir = loaded.spec.machine.state_dir
+    pause = read_pause(state_dir)
+    server = _server_facts(plan, loaded)
+    if server:
+        server["metrics"] = _metrics(loaded, server)
     return StatusReport(
         loaded.path,
-        conditions,
-        _server_facts(plan, loaded),
+        read_conditions(state_dir, plan),
+        server,
         _gpu_processes(plan),
         [
             {"rule": f.rule, "severity": f.severity, "message": f.message}
             for f in plan.findings
             if f.severity != "info"
         ],
+        host=plan.host,
+        git=plan.git,
+        spec_sha256=plan.spec_sha256,
+        pause=pause.as_data() | {"text": pause.describe()} if pause is not None else None,
+        hold=_hold(loaded),
     )
 
 
@@ -164,20 +155,51 @@ def _ago(since: float) -> str:
     return f"{when} ({seconds // 3600}h ago)"
 
 
+def status_as_data(report: StatusReport) -> dict[str, Any]:
+    """schemas/status.schema.json."""
+    return {
+        **head(STATUS_FORMAT, report.spec_path, report, report.exit_code),
+        "pause": report.pause,
+        "hold": report.hold,
+        "conditions": [c._asdict() for c in report.conditions],
+        "server": report.server or None,
+        "gpu_processes": report.gpu_processes,
+        "findings": report.findings,
+    }
+
+
+def _metric_lines(m: dict[str, Any] | None) -> list[str]:
+    if not m:
+        return []
+    if m.get("_type") == "unavailable":
+        return [f"    load: {m.get('reason')}"]
+
+    def num(key: str) -> str:
+        value = m.get(key)
+        return "?" if value is None else f"{value:g}"
+
+    usage = m.get("kv_cache_usage")
+    rate = m.get("generation_tokens_per_s")
+    return [
+        f"    load: {num('requests_running')} running, {num('requests_waiting')} waiting; KV cache "
+        + ("?" if usage is None else f"{usage * 100:.1f}%")
+        + " used; generating "
+        + ("?" if rate is None else f"{rate:.1f} tokens/s")
+    ]
+
+
 def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> None:
     if as_json:
-        data = {
-            "spec": report.spec_path,
-            "exit_code": report.exit_code,
-            "conditions": [c._asdict() for c in report.conditions],
-            "server": report.server,
-            "gpu_processes": report.gpu_processes,
-            "findings": report.findings,
-        }
-        json.dump(data, stream, indent=2, default=str)
+        json.dump(status_as_data(report), stream, indent=2, default=str)
         stream.write("\n")
         return
-    stream.write(f"reconcile status · {report.spec_path}\n\n")
+    stream.write(f"reconcile status · {report.spec_path} · host {report.host} · {report.git}\n\n")
+    if report.pause is not None:
+        stream.write(f"  ‖ {report.pause['text']} (`reconcile resume` ends it)\n")
+    if report.hold is not None:
+        stream.write(f"  ‖ {report.hold}\n")
+    if report.pause is not None or report.hold is not None:
+        stream.write("\n")
     for c in report.conditions:
         mark = {"ok": "✓", "drift": "~", "failed": "✗"}[c.status]
         stream.write(f"  {mark} {c.resource:<16} {c.status:<6} since {_ago(c.since)}: {c.reason}\n")
@@ -188,6 +210,8 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
             stream.write(
                 f"    model {m.get('id')}: max_model_len {m.get('max_model_len')}, root {m.get('root')}\n"
             )
+        for line in _metric_lines(s.get("metrics")):
+            stream.write(line + "\n")
         for p in s.get("problems", []):
             stream.write(f"    ✗ {p}\n")
         owned = s.get("ownership")

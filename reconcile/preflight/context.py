@@ -60,7 +60,9 @@ class PreflightInputs(NamedTuple):
     nvcc_version: str | None = None  # "13.0"
     nvcc_arch_list: tuple[str, ...] | None = None  # `nvcc --list-gpu-arch`; None: not run
     headers_missing: tuple[str, ...] | None = None  # of [cuda] headers; None: toolkit not probed
+    apt_unknown: frozenset[str] = frozenset()  # [apt] packages apt's lists cannot install now
     venv_has_ninja: bool | None = None  # None: no venv yet
+    ninja_on_path: str | None = None  # a ninja on the PATH the server gets (outside the venv)
     venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
     vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
     venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
@@ -69,6 +71,7 @@ class PreflightInputs(NamedTuple):
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
     model_file_sizes: Mapping[str, int] = MappingProxyType({})  # path in model dir -> bytes
     model_files: frozenset[str] = frozenset()  # paths relative to the model dir
+    model_files_from: Literal["dir", "source", "catalogue"] = "dir"  # where those were seen (not copied yet)
     weights: WeightsFact | None = None  # before download; None: from model_file_sizes, else estimated
     port_state: Literal["free", "ours", "other", "unknown"] = "unknown"
     port_holder: PortHolder | None = None

@@ -100,12 +100,14 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         files = m.files
     elif want.source:  # not copied yet: judge the source's files, as apply will lay them out
         root = want.source
+        out["model_files_from"] = "source"
         base = _read_json(os.path.join(root, "config.json"))
         quant = _read_json(os.path.join(root, "hf_quant_config.json"))
         files = _sizes(root)
     elif (known := known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
+        out["model_files_from"] = "catalogue"
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
         out["weights"] = _weights_before_download(spec, root, files)
@@ -193,12 +195,16 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         "own_gpu_processes": tuple(ours),
         "api_key_configured": spec.api_key is not None,
     }
+    unknown: tuple[str, ...] | None = getattr(obs.apt, "unknown", None)
+    if unknown:
+        kw["apt_unknown"] = frozenset(unknown)
     if isinstance(obs.cuda, CudaToolkit):
         kw["headers_missing"] = tuple(h.name for h in obs.cuda.headers if not h.paths)
         if isinstance(obs.cuda.nvcc, Nvcc):
             kw["nvcc_path"] = obs.cuda.nvcc.path
             kw["nvcc_version"] = obs.cuda.nvcc.release
             kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
+    kw["ninja_on_path"] = _ninja_on_path(spec)
     if isinstance(obs.venv, VenvObservation):
         kw["venv_has_ninja"] = obs.venv.has_ninja
         kw.update(_venv_facts(obs.venv))
@@ -212,6 +218,18 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
             cmd = one_line(listener.cmdline, 80) or listener.name or "?"
             kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}")
     return PreflightInputs(**kw)
+
+
+def _ninja_on_path(spec: Spec) -> str | None:
+    """The ninja a JIT build in the server would find on its PATH: [server] env PATH, else ours (which
+    the server inherits after the venv's bin); None when there is none or the spec has no server."""
+    if spec.server is None:
+        return None
+    import shutil
+
+    ours = os.environ.get("PATH", "")
+    path = spec.server.env.get("PATH", ours).replace("$PATH", ours)
+    return shutil.which("ninja", path=path)
 
 
 def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:

@@ -27,6 +27,10 @@ MACHINE_RULES = frozenset(
         "host.port",
         "model.plugin",
         "model.chat-template",
+        "paths.owner",
+        "paths.symlink",
+        "venv.features",
+        "venv.requirements",
     }
 )
 

@@ -52,7 +52,12 @@ def _plugin(c: RuleContext) -> list[Finding]:
         elif rel is None:
             out.append(finding(rule, "info", f"{c.arg(flag)} {path}: outside the model dir, not checked"))
         elif rel in c.inputs.model_files:
-            out.append(finding(rule, "info", f"{c.arg(flag)} {rel} is in the model dir"))
+            where = {
+                "dir": "is in the model dir",
+                "source": "is in the model's source; apply copies it into the model dir",
+                "catalogue": "ships with the model; apply downloads it",
+            }[c.inputs.model_files_from]
+            out.append(finding(rule, "info", f"{c.arg(flag)} {rel} {where}"))
         elif _will_download(c, rel):
             listed = c.spec.model is not None and rel in c.spec.model.required_files
             how = "apply downloads it" if listed else "apply downloads the model (list it in required_files)"

@@ -182,6 +182,19 @@ def _headers(c: RuleContext) -> list[Finding]:
     packages = {h: header_package(h, toolkit) for h in missing}
     queued = [p for p in packages.values() if p and p in _apt(c)]
     lacking = [f"{h} ({p})" if p else h for h, p in packages.items() if p not in queued]
+    unknown = [p for p in queued if p in c.inputs.apt_unknown]
+    if not lacking and unknown:  # listed, but "apply installs" would be a promise apt cannot keep
+        return [
+            finding(
+                rule,
+                "warning",
+                f"missing: {', '.join(missing)}; [apt] packages lists {', '.join(unknown)}, but apt on this "
+                f"machine cannot install {'it' if len(unknown) == 1 else 'them'} yet (apply runs apt-get "
+                "update first, and fails if apt still cannot)",
+                "add the repository that has it to [apt] repositories (NVIDIA's CUDA repository for "
+                "cuda-*/lib*-dev packages), or check the name with apt-cache search",
+            )
+        ]
     if not lacking:
         now = "missing now" if probed is not None else "toolkit not probed"
         return [finding(rule, "warning", f"{now}: {', '.join(missing)}; apply installs {', '.join(queued)}")]
@@ -217,6 +230,8 @@ def _ninja(c: RuleContext) -> list[Finding]:
     listed = "ninja" in {p.lower() for p in c.spec.venv.packages}
     if c.inputs.venv_has_ninja:
         return [finding(rule, "info", f"ninja in {_venv_bin(c)}")]
+    if c.inputs.ninja_on_path and not listed:
+        return [finding(rule, "info", f"ninja on the server's PATH: {c.inputs.ninja_on_path}")]
     if listed:
         return [
             finding(rule, "warning", f"no ninja in {_venv_bin(c)} yet; apply installs it ([venv] packages)")

@@ -101,13 +101,22 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
         return Ok("cuda", f"{found}; {len(obs.cuda.headers)} headers found")
     hint = _header_packages(missing, nvcc.release if isinstance(nvcc, Nvcc) else None)
     summary = "; ".join(f"{d.field}: {d.old}" for d in diffs)
+    from reconcile.resources.facts import headers_via
+
+    via = headers_via(
+        spec, missing, [d.field for d in diffs], nvcc.release if isinstance(nvcc, Nvcc) else None
+    )
     return Change(
         "cuda",
         "~",
         summary,
-        "the toolkit comes from apt packages; add them to [apt].packages" + (f" ({hint})" if hint else ""),
+        f"[apt] packages bring them ({hint})"
+        if via
+        else "the toolkit comes from apt packages; add them to [apt].packages"
+        + (f" ({hint})" if hint else ""),
         tuple(diffs),
         actionable=False,
+        via=via,
     )
 
 

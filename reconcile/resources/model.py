@@ -85,7 +85,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     commit = f" ({record.commit[:12]})" if isinstance(record, DownloadRecord) and record.commit else ""
     if isinstance(record, DownloadRecord) and record.source:
         origin = record.source
-    return Ok("model.files", f"{origin}{commit}: {len(m.files)} files, {giB(total)}")
+    return Ok("model.files", f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
 
 
 def _same_revision(record: Any, revision: str) -> bool:
@@ -103,12 +103,15 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if not isinstance(m, ModelObservation):
         if not patch:
             return None
+        from reconcile.resources.facts import source_config
+
+        was = source_config(spec.model)  # a local source's config.json is what the copy brings
         return Change(
             "model.config",
             "~",
             "config.json  + " + _keys(patch),
             "patch the config once the files are in",
-            tuple(FieldDiff(k, None, v) for k, v in patch.items()),
+            tuple(FieldDiff(k, was.get(k), v) for k, v in patch.items()),
         )
     backup = m.config_backup
     if isinstance(backup, Invalid) or isinstance(m.config, Invalid):

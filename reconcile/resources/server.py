@@ -167,5 +167,10 @@ def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None])
 
     spec = loaded.spec
     obs = probe_some(spec, ("venv", "model"))
-    shown = tty_progress(sys.stderr) or line_progress(progress)
+    if hasattr(progress, "update"):  # the CLI's reconcile.apply.progress.Terminal: phases, live or as lines
+        from reconcile.apply.progress import readiness_progress
+
+        shown = readiness_progress(progress)  # type: ignore[arg-type]
+    else:
+        shown = tty_progress(sys.stderr) or line_progress(progress)
     return server.apply(change, spec, launch_inputs(spec, obs), progress=shown)

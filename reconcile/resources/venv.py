@@ -90,7 +90,9 @@ def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
     if not wanted:
         assert installed is not None
         shown = ", ".join(f"{k} {installed.version_of(k)}" for k in list(spec.venv.packages)[:3])
-        return Ok("venv.packages", f"{n} packages satisfied ({shown}{', …' if n > 3 else ''})")
+        return Ok(
+            "venv.packages", f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''})"
+        )
     kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
     shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
     return Change(

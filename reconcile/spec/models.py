@@ -16,11 +16,13 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from reconcile.spec.values import (
+    DURATION_PATTERN,
     DURATIONS,
     INSIDE,
     ONE_WORD,
@@ -49,7 +51,16 @@ class Expect(NamedTuple):
 
 
 AbsPath = Annotated[str, AfterValidator(absolute), Expect("an absolute path", "a path starting with /")]
-Duration = Annotated[float, BeforeValidator(spec_duration), Expect("a duration", DURATIONS)]
+# For editors (`reconcile schema --json`): what a spec may hold, not the float it becomes.
+_DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": DURATION_PATTERN},
+    ]
+}
+Duration = Annotated[
+    float, BeforeValidator(spec_duration), WithJsonSchema(_DURATION_SCHEMA), Expect("a duration", DURATIONS)
+]
 OwnDir = Annotated[
     str,
     AfterValidator(absolute),
@@ -263,7 +274,15 @@ class Server(_Model):
     supervisor: Literal["process", "systemd"] = Field(
         "process", description="process: a detached session of our own; systemd: a generated unit."
     )
-    running: StrictBool = Field(True, description="Whether the server must be running.")
+    running: StrictBool = Field(
+        True, description="Whether the server must be running (false: apply stops it and keeps it stopped)."
+    )
+    user: str | None = Field(
+        None,
+        pattern=r"^[a-z_][a-z0-9_-]*[$]?$",
+        description='supervisor = "systemd": the unit\'s User= (default root). The account needs read access '
+        "to the model dir and the GPU devices; its caches (~/.cache, ~/.triton, ~/.nv) stay writable.",
+    )
     executable: AbsPath | None = Field(None, description="The vllm executable (default: <venv>/bin/vllm).")
     model: str | None = Field(None, description="What `vllm serve` is given (default: model.dir).")
     host: str = Field("127.0.0.1", description="--host.")

@@ -16,7 +16,7 @@ from reconcile.host import atomic_write
 from reconcile.safety.filesafety import ensure_dir
 
 RESULTS = ("changed", "already-true", "failed", "blocked", "cannot-fix")
-OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error")
+OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error", "interrupted")
 
 
 def _label(value: object) -> str:
@@ -65,7 +65,7 @@ def render_textfile(record: Mapping[str, Any]) -> str:
     t.metric(
         "reconcile_last_run_exit_code",
         g,
-        "Exit code of the last run (0 ok, 2 changed/drift, 1 error, 4 failed).",
+        "Exit code of the last run (0 ok, 2 changed/drift, 1 error, 4 failed, 130 interrupted).",
         [({}, int(record["exit_code"]))],
     )
     t.metric(

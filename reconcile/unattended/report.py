@@ -50,7 +50,13 @@ class RunFacts(NamedTuple):
     extra: Mapping[str, Any] = MappingProxyType({})
 
 
+INTERRUPTED = "interrupted (SIGINT) before the end: not converged; run `reconcile apply` again"
+EXIT_INTERRUPTED = 130
+
+
 def outcome(f: RunFacts) -> str:
+    if f.exit_code == EXIT_INTERRUPTED:
+        return "interrupted"
     if f.error is not None:
         return "error"
     if f.paused is not None:
@@ -200,6 +206,10 @@ def report_run(f: RunFacts, textfile: str | None) -> dict[str, Any]:
     record = build_record(f, previous)
     if state_dir and (os.path.isdir(state_dir) or not os.path.lexists(state_dir)):
         write_last_run(state_dir, record)  # (a state_dir that is a file is the run's own error)
+        if f.plan is not None:  # the "since" times `reconcile status` shows (status writes nothing)
+            from reconcile.plan.conditions import record_conditions
+
+            record_conditions(state_dir, f.plan)
     if textfile:
         write_textfile(textfile, record)
     return record

@@ -197,7 +197,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
             flush=True,
         )
         return 1
-    if stop.wait(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "1.0"))):
+    if not load_model(engine.pid, model, stop):
         stop_children([engine])
         return 0
     failure = os.environ.get("FAKE_VLLM_FAIL_WITH")
@@ -210,12 +210,14 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         stop_children([engine])
         return 1
     kv_tokens = int(os.environ.get("FAKE_VLLM_KV_TOKENS", "4194304"))
+    core = ("EngineCore_DP0", engine.pid)
+    log("INFO", "gpu_worker.py:298", "Available KV cache memory: 1.00 GiB", *core)
+    log("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {kv_tokens:,} tokens", *core)
     log(
         "INFO",
-        "kv_cache_utils.py:1087",
-        f"GPU KV cache size: {kv_tokens:,} tokens",
-        "EngineCore_DP0",
-        engine.pid,
+        "kv_cache_utils.py:1091",
+        f"Maximum concurrency for {max_model_len:,} tokens per request: {kv_tokens / max_model_len:.2f}x",
+        *core,
     )
     if max_model_len > kv_tokens:
         print(
@@ -240,6 +242,18 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         )
         stop_children([engine])
         return 1
+    print(
+        f"(EngineCore_DP0 pid={engine.pid}) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
+        "100%|██████████| 67/67 [00:00<00:00, 95.31it/s]",
+        flush=True,
+    )
+    if stop.wait(float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "1.0")) / 3):  # capturing takes a while
+        stop_children([engine])
+        return 0
+    log("INFO", "gpu_model_runner.py:3480", "Graph capturing finished in 1 secs, took 0.05 GiB", *core)
+    log(
+        "INFO", "core.py:210", "init engine (profile, create kv cache, warmup model) took 1.52 seconds", *core
+    )
     log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on http://{host}:{port}")
     uvicorn(f"Started server process [{os.getpid()}]")
     uvicorn("Waiting for application startup.")
@@ -253,6 +267,31 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     stop_children([engine])
     uvicorn(f"Finished server process [{os.getpid()}]")
     return 0
+
+
+def load_model(pid: int, model: str, stop: threading.Event) -> bool:
+    """vLLM 0.26's log lines of a model load and torch.compile, spread over FAKE_VLLM_STARTUP_DELAY;
+    FAKE_VLLM_SILENT_S adds a stretch with no output (a stuck download or compile). False: stopped."""
+    delay = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "1.0"))
+    core = ("EngineCore_DP0", pid)
+    steps = [
+        ("gpu_model_runner.py:2602", f"Starting to load model {model}..."),
+        ("default_loader.py:267", f"Loading weights took {delay / 5:.2f} seconds"),
+        ("gpu_model_runner.py:2653", f"Model loading took 0.01 GiB and {delay / 4:.6f} seconds"),
+        (
+            "backends.py:548",
+            "Using cache directory: /root/.cache/vllm/torch_compile_cache/0 for vLLM's torch.compile",
+        ),
+        ("backends.py:559", f"Dynamo bytecode transform time: {delay / 5:.2f} s"),
+        ("monitor.py:34", f"torch.compile takes {delay / 5:.2f} s in total"),
+    ]
+    for i, (src, msg) in enumerate(steps):
+        log("INFO", src, msg, *core)
+        if stop.wait(delay / len(steps)):
+            return False
+        if i == 0 and stop.wait(float(os.environ.get("FAKE_VLLM_SILENT_S", "0"))):
+            return False
+    return True
 
 
 def watch_engine(engine: subprocess.Popen, state: object, stop: threading.Event, exit_on_death: bool) -> None:

@@ -158,6 +158,13 @@ def _plan_of(data: dict[str, Any] | None) -> dict[str, Any] | None:
 def first_error(data: dict[str, Any] | None, stderr: str) -> str:
     """reconcile's first error in one line: a preflight error's rule and fix, a failed change, or the
     last line reconcile printed on stderr (a bad spec's `FILE:LINE: key: ...`)."""
+    error = (data or {}).get("error")
+    if isinstance(error, dict) and error.get("message"):  # apply --json names its first problem
+        if error.get("rule"):
+            fix = f" (fix: {error['fix']})" if error.get("fix") else ""
+            return f"preflight {error['rule']}: {error['message']}{fix}"
+        where = f"{error['resource']}: " if error.get("resource") else ""
+        return f"{where}{error['message']}"
     plan = _plan_of(data) or {}
     for f in plan.get("findings") or []:
         if f.get("severity") == "error":

@@ -1,0 +1,22 @@
+"""Fixtures shared by the tests that run the CLI on a copy of the demo spec (tests/apply_support.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.apply_support import Demo, demo_in, seed_venv
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    """A fresh copy of the demo spec with its own paths, name and port."""
+    yield from demo_in(tmp_path)
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """A demo whose venv (with ninja) is already there: a copy of one made by a real apply."""
+    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
