@@ -16,7 +16,8 @@ from reconcile.errors import ReconcileError
 EXIT_DOC = """exit codes:
   plan:  0 converged, 2 changes pending, 1 error (bad spec, preflight error)
   apply: 0 nothing to do (or paused, with --scheduled), 2 changes made and converged, 1 error before
-         any change (bad spec, preflight error, lock timeout), 4 a change failed or not converged
+         any change (bad spec, preflight error, lock timeout), 4 a change failed, not converged, or a
+         switch failed readiness or the acceptance check (then rolled back to the last good one)
   lock:  0 the lock already held these pins, 2 the lock was written"""
 
 
@@ -47,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="one line when nothing changed")
+    p.add_argument(
+        "--no-auto-rollback",
+        action="store_true",
+        help="keep a switch that fails readiness or the acceptance check (default: switch back)",
+    )
     _add_unattended(p)
 
     p = sub.add_parser("status", help="conditions per resource, the server's health and GPU use")
@@ -56,15 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="one chat completion (and reasoning / tool call) through the key")
     _add_spec(p)
 
-    p = sub.add_parser("history", help="list generations")
+    p = sub.add_parser("history", help="list generations and what changed in each")
     _add_spec(p)
-    p = sub.add_parser("diff", help="compare two generations")
+    p = sub.add_parser("diff", help="packages, config.json keys, args and env that differ between two")
     _add_spec(p)
     p.add_argument("a", type=int)
     p.add_argument("b", type=int)
-    p = sub.add_parser("rollback", help="apply generation N's spec (default: the one before the last)")
+    p = sub.add_parser(
+        "rollback",
+        help="switch to generation N (default: the one below the current), offline, and hold it",
+    )
     _add_spec(p)
     p.add_argument("generation", type=int, nargs="?")
+    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
+    p = sub.add_parser("gc", help="remove realizations no current, held or recent generation uses")
+    _add_spec(p)
+    p.add_argument("--keep", type=int, default=3, metavar="N", help="also keep the last N generations (3)")
     p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
 
     sub.add_parser("schema", help="every spec key with its type, default and meaning")
@@ -113,7 +126,7 @@ def _add_unattended_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     _add_spec(p)
     p.add_argument("--reason", required=True, help="why: shown to the next person and in every report")
     p.add_argument("--for", dest="duration", metavar="DURATION", help="end by itself after this (e.g. 4h)")
-    p = sub.add_parser("resume", help="end a pause: scheduled applies apply again")
+    p = sub.add_parser("resume", help="end a pause or a rollback's hold: applies follow the spec again")
     _add_spec(p)
 
     p = sub.add_parser("init", help="probe this machine and write a starting spec")

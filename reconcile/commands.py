@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -20,10 +19,24 @@ from reconcile.loaded import LoadedSpec
 def _load(args: argparse.Namespace) -> LoadedSpec:
     from reconcile.loaded import find_spec
     from reconcile.pinning import apply_lock_pins
+    from reconcile.realizing import realize
     from reconcile.spec_cache import load
 
-    # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read.
-    return apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
+    # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read; with
+    # [venv] store, the venv is its realization's content-addressed path.
+    return realize(apply_lock_pins(load(find_spec(getattr(args, "spec", None)))))
+
+
+def _held(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
+    """The spec a scheduled apply would apply now (a held generation's), and the hold's note."""
+    from reconcile.generations import read_hold
+
+    if read_hold(loaded.spec.machine.state_dir) is None:  # one small read when nothing is held
+        return loaded, []
+    from reconcile.switching import held_spec
+
+    held, notes, _ = held_spec(loaded, scheduled=True)
+    return held, notes
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -38,7 +51,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if reported:
             _report_failure(args, "plan", started, None, exc)
         raise
+    loaded, held = _held(loaded)
     plan = make_plan(loaded)
+    if held:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, notes=(*held, *plan.notes))
     if reported:
         _report(args, "plan", started, plan.exit_code, loaded, plan=plan)
     if args.out:
@@ -55,7 +73,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from reconcile.executing import apply_plan_file, apply_spec, render_report
+    from reconcile.executing import apply_plan_file, render_report
+    from reconcile.switching import apply
 
     started = time.time()
     loaded: LoadedSpec | None = None
@@ -64,8 +83,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
             report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
         else:
             loaded = _load(args)
-            report = apply_spec(
-                loaded, lock_timeout=args.lock_timeout, scheduled=getattr(args, "scheduled", False)
+            report = apply(
+                loaded,
+                lock_timeout=args.lock_timeout,
+                scheduled=getattr(args, "scheduled", False),
+                auto_rollback=not getattr(args, "no_auto_rollback", False),
             )
     except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
         _report_failure(args, "apply", started, loaded, exc)
@@ -129,82 +151,59 @@ def _report(
 def cmd_status(args: argparse.Namespace) -> int:
     from reconcile.status import render_status, status_of
 
-    loaded = _load(args)
+    loaded, held = _held(_load(args))
     report = status_of(loaded)
-    render_status(report, sys.stdout, as_json=args.json)
+    render_status(report, sys.stdout, as_json=args.json, notes=held)
     return report.exit_code
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from reconcile.status import run_check
 
-    return run_check(_load(args), sys.stdout)
+    return run_check(_held(_load(args))[0], sys.stdout)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from reconcile.state import list_generations, read_generation
+    from reconcile.history import render_history
 
-    loaded = _load(args)
-    state_dir = loaded.spec.machine.state_dir
-    numbers = list_generations(state_dir)
-    if not numbers:
-        print(f"no generations under {state_dir}/generations (nothing applied yet)")
-        return 0
-    for n in numbers:
-        g = read_generation(state_dir, n)
-        changes = g.get("changes", [])
-        failed = sum(1 for c in changes if c.get("result") == "failed")
-        print(
-            f"{n:>4}  {g.get('finished', '?')}  spec {str(g.get('spec_sha256', ''))[:12]}  "
-            f"{g.get('git', '')}  {len(changes)} change(s){f', {failed} failed' if failed else ''}"
-            f"{'  converged' if g.get('converged') else '  NOT converged'}"
-        )
-    return 0
+    return render_history(_state_dir(args), sys.stdout)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    import difflib
+    from reconcile.history import render_diff
 
-    from reconcile.state import read_generation
-
-    loaded = _load(args)
-    state_dir = loaded.spec.machine.state_dir
-    a, b = read_generation(state_dir, args.a), read_generation(state_dir, args.b)
-    spec_diff = difflib.unified_diff(
-        str(a.get("spec_text", "")).splitlines(),
-        str(b.get("spec_text", "")).splitlines(),
-        f"generation {args.a}: {a.get('spec_path')}",
-        f"generation {args.b}: {b.get('spec_path')}",
-        lineterm="",
-    )
-    out = list(spec_diff)
-    print("\n".join(out) if out else "spec: identical")
-    ra, rb = a.get("resolved", {}), b.get("resolved", {})
-    for key in sorted(set(ra) | set(rb)):
-        if ra.get(key) != rb.get(key):
-            print(f"resolved {key}: {json.dumps(ra.get(key))} -> {json.dumps(rb.get(key))}")
-    return 0
+    return render_diff(_state_dir(args), args.a, args.b, sys.stdout)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from reconcile.executing import apply_spec, render_report
-    from reconcile.loading import spec_from_resolved
-    from reconcile.state import list_generations, read_generation
+    from reconcile.executing import render_report
+    from reconcile.switching import rollback
 
-    loaded = _load(args)
-    state_dir = loaded.spec.machine.state_dir
-    numbers = list_generations(state_dir)
-    target = args.generation if args.generation is not None else (numbers[-2] if len(numbers) > 1 else None)
-    if target is None:
-        raise ReconcileError(f"{state_dir}/generations: nothing to roll back to (have {numbers or 'none'})")
-    gen: dict[str, Any] = read_generation(state_dir, target)
-    old = spec_from_resolved(
-        gen["spec_resolved"], gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path))
-    )
-    print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
-    report = apply_spec(old, lock_timeout=args.lock_timeout, rollback_of=target)
+    target, report = rollback(_load(args), args.generation, lock_timeout=args.lock_timeout)
+    print(f"rolled back to generation {target}; held until the spec changes or `reconcile resume`")
     render_report(report, sys.stdout, as_json=False, quiet=False)
     return report.exit_code
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from reconcile.gc import collect
+    from reconcile.realizing import store_of
+    from reconcile.state import apply_lock
+
+    loaded = _load(args)
+    store = store_of(loaded.spec.venv)
+    if store is None or loaded.spec.venv is None:
+        print(f"{loaded.path}: no [venv] store: nothing to collect")
+        return 0
+    state_dir = loaded.spec.machine.state_dir
+    with apply_lock(state_dir, timeout=args.lock_timeout):
+        done = collect(state_dir, store, keep=args.keep, extra_keep=(loaded.spec.venv.path,))
+    for path, why in sorted(done.kept.items()):
+        print(f"  kept     {path}: {why}")
+    for path in done.removed:
+        print(f"  removed  {path}")
+    print(f"{len(done.removed)} realization(s) removed, {done.freed / 2**20:.1f} MiB freed")
+    return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -280,10 +279,15 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from reconcile.generations import release_hold
     from reconcile.pausing import resume
 
-    held = resume(_state_dir(args))
-    print(f"resumed; it was {held.describe()}" if held else "not paused: nothing to resume")
+    state_dir = _state_dir(args)
+    held, hold = resume(state_dir), release_hold(state_dir)
+    if held is not None or hold is None:
+        print(f"resumed; it was {held.describe()}" if held else "not paused: nothing to resume")
+    if hold is not None:
+        print(f"released; it was {hold.describe()}: applies follow the spec again")
     return 0
 
 

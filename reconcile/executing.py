@@ -174,11 +174,14 @@ def apply_spec(
     expected: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
     scheduled: bool = False,
+    on_locked: Callable[[ApplyReport], None] | None = None,
+    on_done: Callable[[ApplyReport], None] | None = None,
 ) -> ApplyReport:
     """Lock, plan, run the plan's Changes, plan again; a generation is written when something changed.
 
     `expected` (a saved plan's fingerprint): refuse unless the plan made now is exactly that one.
     `scheduled` (the timer's run): while `reconcile pause` holds, only plan.
+    `on_locked` / `on_done` (reconcile.switching): run under the lock before the first plan / at the end.
     """
     from reconcile.pausing import read_pause
     from reconcile.planning import make_plan
@@ -204,6 +207,8 @@ def apply_spec(
         if lock.took_over:
             report.notes.append(f"took over the lock left by {lock.took_over.describe()}, which is gone")
         checkpoint("apply.locked")
+        if on_locked is not None:
+            on_locked(report)
         plan = make_plan(loaded)
         report.first_plan = plan
         if plan.errors:
@@ -246,6 +251,8 @@ def apply_spec(
                 report.final_plan = None
                 report.notes.append(f"the plan after apply failed: {type(exc).__name__}: {exc}")
         record(True)
+        if on_done is not None:
+            on_done(report)
         report.seconds = time.monotonic() - started
     return report
 

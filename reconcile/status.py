@@ -156,10 +156,14 @@ def _ago(since: float) -> str:
     return f"{when} ({seconds // 3600}h ago)"
 
 
-def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> None:
+def render_status(
+    report: StatusReport, stream: TextIO, *, as_json: bool, notes: list[str] | None = None
+) -> None:
+    """`notes`: lines about the run itself (a held generation), above the conditions."""
     if as_json:
         data = {
             "spec": report.spec_path,
+            "notes": notes or [],
             "exit_code": report.exit_code,
             "conditions": [c.__dict__ for c in report.conditions],
             "server": report.server,
@@ -170,6 +174,8 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
         stream.write("\n")
         return
     stream.write(f"reconcile status · {report.spec_path}\n\n")
+    for note in notes or []:
+        stream.write(f"  note: {note}\n")
     for c in report.conditions:
         mark = {"ok": "✓", "drift": "~", "failed": "✗"}[c.status]
         stream.write(f"  {mark} {c.resource:<16} {c.status:<6} since {_ago(c.since)}: {c.reason}\n")

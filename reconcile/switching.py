@@ -1,0 +1,307 @@
+"""Switching generations: `apply` with generations recorded, checked and rolled back, and `rollback`.
+
+Called by the CLI (apply, rollback, plan/status/check for the hold). Around reconcile.executing:
+it picks the spec to apply (the user's, or a held generation's), and under the apply lock records
+the realized state, judges a switch (readiness, then the acceptance chat) and restores config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from reconcile import generations as gens
+from reconcile.errors import ReconcileError
+from reconcile.executing import ApplyReport, ChangeResult, ProgressFn, apply_spec
+from reconcile.realizing import realize
+
+if TYPE_CHECKING:
+    from reconcile.loaded import LoadedSpec
+
+
+def who() -> str:
+    from reconcile.pausing import who_am_i
+
+    user, tty, ssh = who_am_i()
+    where = [w for w in (tty, f"ssh from {ssh}" if ssh else None) if w]
+    return f"{user} (pid {os.getpid()}{', ' + ', '.join(where) if where else ''})"
+
+
+def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
+    """What serving depends on, as it is now: the venv (path, packages), config.json (kept by its
+    hash), the launch identity (argv, env with secrets hashed) and the model commit."""
+    from actions.launching import launch_command
+    from reconcile.identity import redact_argv
+    from reconcile.planning_server import launch_inputs
+    from reconcile.probing import probe_some
+
+    spec = loaded.spec
+    state_dir = spec.machine.state_dir
+    inputs = launch_inputs(spec, probe_some(spec, ("venv", "model")))
+    config = gens.keep_config(state_dir, inputs.config_json) if inputs.config_json is not None else None
+    launch: dict[str, Any] | None = None
+    if spec.server is not None:
+        cmd = launch_command(spec, inputs, key_required=False)
+        # The env the spec declares (our own PATH, HOME and the markers vary by caller), secrets hashed.
+        shown = gens.scrub_env(dict(spec.server.env))
+        launch = {"argv": redact_argv(cmd.argv), "env": shown, "identity": cmd.identity.digest}
+    venv_path = spec.venv.path if spec.venv is not None else None
+    key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
+    return {
+        "key": hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:32],
+        "spec_path": os.path.abspath(loaded.path),
+        "spec_sha256": loaded.sha256,
+        "spec": gens.scrub_spec(loaded.resolved),
+        "venv": {"path": venv_path, "packages": dict(sorted(inputs.packages.items()))},
+        "config_json": config,
+        "launch": launch,
+        "model_commit": inputs.model_revision,
+    }
+
+
+def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> LoadedSpec:
+    """Generation `gen`'s spec, realized at its recorded venv; the secrets it hashed come from the
+    current spec (a value that no longer matches its hash is refused: it would be another launch)."""
+    from reconcile.loading import spec_from_resolved
+
+    doc = json.loads(json.dumps(gen["spec"]))
+    now_env = ((current.resolved.get("server") or {}).get("env")) or {}
+    env = (doc.get("server") or {}).get("env") or {}
+    for name, value in env.items():
+        if isinstance(value, str) and value.startswith("sha256:") and gens.is_secret_name(name):
+            mine = now_env.get(name)
+            if mine is None or gens.hash_secret(str(mine)) != value:
+                raise ReconcileError(
+                    f"generation {gen['generation']}: server.env.{name} is a secret kept only as its hash, "
+                    "and the spec's value differs: put that value back in the spec to switch to it"
+                )
+            env[name] = mine
+    now_venv, venv = current.resolved.get("venv") or {}, doc.get("venv") or {}
+    for key in ("index_url", "extra_index_urls"):
+        if "sha256:" in json.dumps(venv.get(key)):
+            venv[key] = now_venv.get(key)  # credentials address nothing (realizing drops them)
+    loaded = spec_from_resolved(doc, "", str(gen.get("spec_path") or current.path))
+    # A stored spec is not the file in git: no "uncommitted changes" note about it.
+    loaded = dataclasses.replace(loaded, path=current.path, files=())
+    return realize(loaded, (gen.get("venv") or {}).get("path"))
+
+
+def held_spec(loaded: LoadedSpec, *, scheduled: bool) -> tuple[LoadedSpec, list[str], gens.Hold | None]:
+    """The spec an apply works on: the user's, or the held generation's while the hold stands.
+    Releases a hold whose spec content changed since it was made. Returns (spec, notes, hold)."""
+    state_dir = loaded.spec.machine.state_dir
+    hold = gens.read_hold(state_dir)
+    if hold is None:
+        return loaded, [], None
+    if hold.from_spec != loaded.sha256:
+        gens.release_hold(state_dir)
+        return loaded, [f"the spec changed since it was {hold.describe()}: hold released"], None
+    if hold.kind == "failed" and not scheduled:
+        return loaded, [f"{hold.describe()}; this apply retries the spec that failed"], None
+    try:
+        held = generation_spec(gens.read(state_dir, hold.generation), loaded)
+    except ReconcileError as exc:
+        raise ReconcileError(f"{hold.describe()}; but {exc} (`reconcile resume` ends the hold)") from None
+    return held, [f"{hold.describe()} (`reconcile resume` ends it)"], hold
+
+
+def _server_result(report: ApplyReport) -> ChangeResult | None:
+    return next((r for r in report.results if r.resource == "server"), None)
+
+
+def _judge(loaded: LoadedSpec, report: ApplyReport) -> str | None:
+    """Why the switch failed (None: it serves): the server never got ready, or the acceptance chat."""
+    server = _server_result(report)
+    if server is not None and server.result == "failed":
+        return f"the server did not become ready: {server.message}"
+    if server is None or server.result != "changed" or loaded.spec.server is None:
+        return None
+    if not loaded.spec.server.running:
+        return None
+    from probes.health import chat_check
+
+    check = chat_check(loaded.spec)
+    if check.ok:
+        return None
+    return "acceptance check failed: " + "; ".join(f"{s.name}: {s.message}" for s in check.steps if not s.ok)
+
+
+def _seal(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, good: bool) -> None:
+    """A converged venv becomes an immutable realization; a good one is what the profile points at."""
+    from reconcile.realizing import link_profile, realization_inputs, seal, share_files, store_of
+
+    # The spec's own `[venv] path` as written (the loaded spec's venv is already its realization).
+    venv, profile = applied.spec.venv, (original.resolved.get("venv") or {}).get("path")
+    store = store_of(venv)
+    if venv is None or not isinstance(profile, str) or store is None or report.final_plan is None:
+        return
+    if any(c.resource.startswith("venv") for c in report.final_plan.changes):
+        return
+    from probes.venv import VenvObservation, read_venv
+
+    seen = read_venv(venv.path)
+    if isinstance(seen, VenvObservation) and seal(
+        venv.path, {d.name: d.version for d in seen.distributions.values()}, realization_inputs(venv)
+    ):
+        saved = share_files(store, venv.path)
+        if saved:
+            report.notes.append(f"{venv.path}: {saved / 2**20:.1f} MiB shared by hard links with older ones")
+    if good and profile != venv.path:
+        note = link_profile(profile, venv.path)
+        if note:
+            report.notes.append(note)
+
+
+def _restore_config(applied: LoadedSpec, gen: dict[str, Any]) -> None:
+    """Put the generation's config.json bytes back, atomically, before the plan sees them."""
+    from reconcile.host import atomic_write
+
+    model, digest = applied.spec.model, gen.get("config_json")
+    if model is None or not digest:
+        return
+    data = gens.kept_config(applied.spec.machine.state_dir, digest)
+    path = os.path.join(model.dir, "config.json")
+    try:
+        with open(path, "rb") as f:
+            now = f.read()
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return  # no model files yet: the model's own Changes bring them
+    if data is not None and now != data:
+        atomic_write(path, data, mode=mode)
+
+
+def _finish(
+    original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str, judge: bool
+) -> str | None:
+    """Under the lock, at the end of an apply: record the state, judge a switch. Returns the problem."""
+    state_dir = applied.spec.machine.state_dir
+    if report.refused is not None:
+        return None
+    if not report.changed and _server_result(report) is None and gens.current(state_dir) is not None:
+        return None  # nothing switched: the current generation stands
+    problem = _judge(applied, report) if judge else None
+    number, new = gens.record(state_dir, realized_state(applied), reason=reason)
+    report.generation = number if new else None
+    verdict = problem or ("serving: ready, acceptance check passed" if judge else "recorded")
+    if judge or new:
+        gens.set_verdict(state_dir, number, problem is None, verdict)
+    _seal(original, applied, report, problem is None)
+    if problem is not None:
+        report.results.append(ChangeResult("acceptance", "~", "the switch", "failed", problem, 0.0))
+    return problem
+
+
+def apply(
+    loaded: LoadedSpec,
+    *,
+    lock_timeout: float,
+    scheduled: bool = False,
+    auto_rollback: bool = True,
+    progress: ProgressFn | None = None,
+) -> ApplyReport:
+    """`reconcile apply`: the held generation or the spec, then, after a switch that does not serve,
+    back to the last good generation (exit 4, the reason in the report)."""
+    state_dir = loaded.spec.machine.state_dir
+    effective, notes, hold = held_spec(loaded, scheduled=scheduled)
+    spec_server = effective.spec.server
+    enabled = auto_rollback and getattr(spec_server, "auto_rollback", True)
+    before = gens.current(state_dir)
+    outcome: dict[str, Any] = {}
+
+    def restore(report: ApplyReport) -> None:
+        if hold is not None:
+            _restore_config(effective, gens.read(state_dir, hold.generation))
+
+    def done(report: ApplyReport) -> None:
+        outcome["problem"] = problem = _finish(loaded, effective, report, reason="apply", judge=True)
+        if problem is None:
+            if hold is None and (old := gens.read_hold(state_dir)) is not None and old.kind == "failed":
+                gens.release_hold(state_dir)  # the retried spec serves now
+            return
+        target = gens.last_good(state_dir, other_than=report.generation or gens.current(state_dir))
+        if (
+            enabled
+            and hold is None
+            and target is not None
+            and target["generation"] != gens.current(state_dir)
+        ):
+            gens.write_hold(
+                state_dir,
+                gens.Hold(target["generation"], "failed", time.time(), who(), loaded.sha256, problem),
+            )
+            outcome["target"] = target
+        elif before is not None and not enabled:
+            report.notes.append("automatic rollback is off: the failed generation stays")
+
+    report = apply_spec(
+        effective,
+        lock_timeout=lock_timeout,
+        scheduled=scheduled,
+        progress=progress,
+        on_locked=restore,
+        on_done=done,
+    )
+    report.notes[:0] = notes
+    target = outcome.get("target")
+    if target is not None:
+        back = _switch_to(
+            loaded, target, lock_timeout, progress, reason=f"automatic rollback: {outcome['problem']}"
+        )
+        report.notes.append(
+            f"automatic rollback to generation {target['generation']}: {outcome['problem']}; "
+            + ("it serves again" if back.exit_code in (0, 2) else "it did NOT come back: see below")
+        )
+        report.results += [dataclasses.replace(r, resource=f"rollback:{r.resource}") for r in back.results]
+        report.notes += back.notes
+    return report
+
+
+def _switch_to(
+    loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
+) -> ApplyReport:
+    applied = generation_spec(gen, loaded)
+
+    def restore(report: ApplyReport) -> None:
+        _restore_config(applied, gen)
+
+    def done(report: ApplyReport) -> None:
+        _finish(loaded, applied, report, reason=reason, judge=True)
+
+    return apply_spec(applied, lock_timeout=lock_timeout, progress=progress, on_locked=restore, on_done=done)
+
+
+def rollback(
+    loaded: LoadedSpec, target: int | None, *, lock_timeout: float, progress: ProgressFn | None = None
+) -> tuple[int, ApplyReport]:
+    """`reconcile rollback [N]`: switch to generation N's realization (default: the one numbered below
+    the current), restart once, and hold it until the spec changes or `reconcile resume`."""
+    state_dir = loaded.spec.machine.state_dir
+    have = [g["generation"] for g in gens.read_all(state_dir)]
+    now = gens.current(state_dir)
+    if target is None:
+        below = [n for n in have if now is not None and n < now]
+        if not below:
+            raise ReconcileError(
+                f"{gens.profile_dir(state_dir)}: no generation before {now or 'none'} to roll back to "
+                f"(have {', '.join(map(str, have)) or 'none'})"
+            )
+        target = below[-1]
+    gen = gens.read(state_dir, target)
+    gens.write_hold(
+        state_dir,
+        gens.Hold(target, "rollback", time.time(), who(), loaded.sha256, f"reconcile rollback {target}"),
+    )
+    try:
+        report = _switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
+    except BaseException:
+        gens.release_hold(state_dir)  # nothing switched: no hold
+        raise
+    venv = (gen.get("venv") or {}).get("path")
+    if venv and not os.path.isdir(venv):
+        report.notes.append(f"{venv} had been removed (gc): it was built again")
+    return target, report
