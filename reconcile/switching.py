@@ -264,6 +264,7 @@ def apply(
 def _switch_to(
     loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
 ) -> ApplyReport:
+    """Apply generation `gen`'s spec at its realization, its config.json bytes put back first."""
     applied = generation_spec(gen, loaded)
 
     def restore(report: ApplyReport) -> None:
@@ -272,7 +273,14 @@ def _switch_to(
     def done(report: ApplyReport) -> None:
         _finish(loaded, applied, report, reason=reason, judge=True)
 
-    return apply_spec(applied, lock_timeout=lock_timeout, progress=progress, on_locked=restore, on_done=done)
+    return apply_spec(
+        applied,
+        lock_timeout=lock_timeout,
+        rollback_of=int(gen["generation"]),
+        progress=progress,
+        on_locked=restore,
+        on_done=done,
+    )
 
 
 def rollback(
