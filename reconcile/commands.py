@@ -29,7 +29,7 @@ def _load(args: argparse.Namespace) -> LoadedSpec:
 
 def _held(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
     """The spec a scheduled apply would apply now (a held generation's), and the hold's note."""
-    from reconcile.generations import read_hold
+    from reconcile.profile import read_hold
 
     if read_hold(loaded.spec.machine.state_dir) is None:  # one small read when nothing is held
         return loaded, []
@@ -279,8 +279,8 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from reconcile.generations import release_hold
     from reconcile.pausing import resume
+    from reconcile.profile import release_hold
 
     state_dir = _state_dir(args)
     held, hold = resume(state_dir), release_hold(state_dir)

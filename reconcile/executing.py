@@ -311,9 +311,10 @@ def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
     except (ValueError, KeyError, TypeError):
         raise ReconcileError(f"{path}: not a plan file written by `reconcile plan --out`") from None
     from reconcile.pinning import apply_lock_pins
+    from reconcile.realizing import realize
     from reconcile.spec_cache import load
 
-    loaded = apply_lock_pins(load(spec_path))
+    loaded = realize(apply_lock_pins(load(spec_path)))  # as the plan was made: at its realization
     expected = {"spec_sha256": saved.get("spec_sha256"), "changes": saved.get("changes")}
     # JSON turns tuples into lists; compare in the same shape.
     expected = json.loads(json.dumps(expected, default=str))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reconcile import generations as gens
+from reconcile import profile as gens
 from reconcile.realizing import disk_usage, in_use_by_processes, realizations, remove
 
 

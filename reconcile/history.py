@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from reconcile import generations as gens
+from reconcile import profile as gens
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

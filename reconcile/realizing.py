@@ -142,6 +142,17 @@ def _digest(path: str) -> str:
     return h.hexdigest()
 
 
+def _same(path: str, st: os.stat_result, twin: str) -> bool:
+    """`twin` may stand for `path`: same size, mode and bytes (a .pyc never is: it holds its path)."""
+    try:
+        tst = os.lstat(twin)
+    except OSError:
+        return False
+    if not os.path.isfile(twin) or tst.st_size != st.st_size or tst.st_dev != st.st_dev:
+        return False
+    return (tst.st_mode & 0o777) == (st.st_mode & 0o777) and _digest(twin) == _digest(path)
+
+
 def share_files(store: str, new: str) -> int:
     """Hard-link each file of the realization `new` that an older sealed one holds with the same
     relative path and bytes (Nix's `store --optimise`). Realizations are never written in place, so
@@ -149,18 +160,13 @@ def share_files(store: str, new: str) -> int:
     saved = 0
     others = [p for p in realizations(store) if p != new and read_manifest(p) is not None]
     for path, st in _files(new):
-        if st.st_nlink > 1 or os.path.basename(path) == MANIFEST:
+        # A .pyc embeds its source's absolute path (co_filename): never the same bytes in two venvs.
+        if st.st_nlink > 1 or path.endswith(".pyc") or os.path.basename(path) == MANIFEST:
             continue
         rel = os.path.relpath(path, new)
         for other in others:
             twin = os.path.join(other, rel)
-            try:
-                tst = os.lstat(twin)
-            except OSError:
-                continue
-            if not os.path.isfile(twin) or tst.st_size != st.st_size or tst.st_dev != st.st_dev:
-                continue
-            if (tst.st_mode & 0o777) != (st.st_mode & 0o777) or _digest(twin) != _digest(path):
+            if not _same(path, st, twin):
                 continue
             tmp = path + ".reconcile-link.tmp"
             with contextlib.suppress(FileNotFoundError):

@@ -14,10 +14,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from reconcile import generations as gens
+from reconcile import profile as gens
 from reconcile.errors import ReconcileError
 from reconcile.executing import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.realizing import realize
+from reconcile.sensitive import redact_document, restore_document
 
 if TYPE_CHECKING:
     from reconcile.loaded import LoadedSpec
@@ -47,7 +48,7 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
     if spec.server is not None:
         cmd = launch_command(spec, inputs, key_required=False)
         # The env the spec declares (our own PATH, HOME and the markers vary by caller), secrets hashed.
-        shown = gens.scrub_env(dict(spec.server.env))
+        shown = gens.scrub_env(dict(spec.server.env), getattr(spec.server, "secret_env", ()))
         launch = {"argv": redact_argv(cmd.argv), "env": shown, "identity": cmd.identity.digest}
     venv_path = spec.venv.path if spec.venv is not None else None
     key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
@@ -55,7 +56,7 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
         "key": hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:32],
         "spec_path": os.path.abspath(loaded.path),
         "spec_sha256": loaded.sha256,
-        "spec": gens.scrub_spec(loaded.resolved),
+        "spec": redact_document(loaded.resolved),
         "venv": {"path": venv_path, "packages": dict(sorted(inputs.packages.items()))},
         "config_json": config,
         "launch": launch,
@@ -63,31 +64,19 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
     }
 
 
-def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> LoadedSpec:
-    """Generation `gen`'s spec, realized at its recorded venv; the secrets it hashed come from the
-    current spec (a value that no longer matches its hash is refused: it would be another launch)."""
+def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
+    """Generation `gen`'s spec, realized at its recorded venv, and notes. The secrets it kept only as
+    hashes come from the current spec (a secret rotated since is said; one the spec lacks, refused)."""
     from reconcile.loading import spec_from_resolved
 
-    doc = json.loads(json.dumps(gen["spec"]))
-    now_env = ((current.resolved.get("server") or {}).get("env")) or {}
-    env = (doc.get("server") or {}).get("env") or {}
-    for name, value in env.items():
-        if isinstance(value, str) and value.startswith("sha256:") and gens.is_secret_name(name):
-            mine = now_env.get(name)
-            if mine is None or gens.hash_secret(str(mine)) != value:
-                raise ReconcileError(
-                    f"generation {gen['generation']}: server.env.{name} is a secret kept only as its hash, "
-                    "and the spec's value differs: put that value back in the spec to switch to it"
-                )
-            env[name] = mine
-    now_venv, venv = current.resolved.get("venv") or {}, doc.get("venv") or {}
-    for key in ("index_url", "extra_index_urls"):
-        if "sha256:" in json.dumps(venv.get(key)):
-            venv[key] = now_venv.get(key)  # credentials address nothing (realizing drops them)
+    try:
+        doc, notes = restore_document(gen["spec"], current.resolved)
+    except ValueError as exc:
+        raise ReconcileError(f"generation {gen['generation']}: {exc}") from None
     loaded = spec_from_resolved(doc, "", str(gen.get("spec_path") or current.path))
     # A stored spec is not the file in git: no "uncommitted changes" note about it.
     loaded = dataclasses.replace(loaded, path=current.path, files=())
-    return realize(loaded, (gen.get("venv") or {}).get("path"))
+    return realize(loaded, (gen.get("venv") or {}).get("path")), notes
 
 
 def held_spec(loaded: LoadedSpec, *, scheduled: bool) -> tuple[LoadedSpec, list[str], gens.Hold | None]:
@@ -103,10 +92,10 @@ def held_spec(loaded: LoadedSpec, *, scheduled: bool) -> tuple[LoadedSpec, list[
     if hold.kind == "failed" and not scheduled:
         return loaded, [f"{hold.describe()}; this apply retries the spec that failed"], None
     try:
-        held = generation_spec(gens.read(state_dir, hold.generation), loaded)
+        held, notes = generation_spec(gens.read(state_dir, hold.generation), loaded)
     except ReconcileError as exc:
         raise ReconcileError(f"{hold.describe()}; but {exc} (`reconcile resume` ends the hold)") from None
-    return held, [f"{hold.describe()} (`reconcile resume` ends it)"], hold
+    return held, [f"{hold.describe()} (`reconcile resume` ends it)", *notes], hold
 
 
 def _server_result(report: ApplyReport) -> ChangeResult | None:
@@ -124,7 +113,10 @@ def _judge(loaded: LoadedSpec, report: ApplyReport) -> str | None:
         return None
     from probes.health import chat_check
 
-    check = chat_check(loaded.spec)
+    try:
+        check = chat_check(loaded.spec)
+    except Exception as exc:  # a check that cannot even ask has not passed
+        return f"acceptance check failed: {type(exc).__name__}: {exc}"
     if check.ok:
         return None
     return "acceptance check failed: " + "; ".join(f"{s.name}: {s.message}" for s in check.steps if not s.ok)
@@ -196,6 +188,17 @@ def _finish(
     return problem
 
 
+def _finish_safely(
+    original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str
+) -> str | None:
+    """_finish, where a record that cannot be written must not hide what the apply did."""
+    try:
+        return _finish(original, applied, report, reason=reason, judge=True)
+    except (OSError, ReconcileError) as exc:
+        report.notes.append(f"could not record the generation: {exc}")
+        return None
+
+
 def apply(
     loaded: LoadedSpec,
     *,
@@ -218,7 +221,7 @@ def apply(
             _restore_config(effective, gens.read(state_dir, hold.generation))
 
     def done(report: ApplyReport) -> None:
-        outcome["problem"] = problem = _finish(loaded, effective, report, reason="apply", judge=True)
+        outcome["problem"] = problem = _finish_safely(loaded, effective, report, reason="apply")
         if problem is None:
             if hold is None and (old := gens.read_hold(state_dir)) is not None and old.kind == "failed":
                 gens.release_hold(state_dir)  # the retried spec serves now
@@ -265,15 +268,15 @@ def _switch_to(
     loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
 ) -> ApplyReport:
     """Apply generation `gen`'s spec at its realization, its config.json bytes put back first."""
-    applied = generation_spec(gen, loaded)
+    applied, notes = generation_spec(gen, loaded)
 
     def restore(report: ApplyReport) -> None:
         _restore_config(applied, gen)
 
     def done(report: ApplyReport) -> None:
-        _finish(loaded, applied, report, reason=reason, judge=True)
+        _finish_safely(loaded, applied, report, reason=reason)
 
-    return apply_spec(
+    report = apply_spec(
         applied,
         lock_timeout=lock_timeout,
         rollback_of=int(gen["generation"]),
@@ -281,6 +284,8 @@ def _switch_to(
         on_locked=restore,
         on_done=done,
     )
+    report.notes[:0] = notes
+    return report
 
 
 def rollback(

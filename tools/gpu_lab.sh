@@ -3,7 +3,7 @@
 # Needs: the vLLM 0.26.0 wheelhouse unpacked in /tmp/wheelhouse (gpu-lab/stage.sh), reconcile's
 # own extra wheels (tomlkit, deepdiff, orderly-set, tenacity; see README "GPU lab") in
 # $RECONCILE_WHEELS (default .whl/), and gpu-lab/make_tiny_model.py ($TINY_MODEL_SCRIPT).
-# usage: tools/gpu_lab.sh [extra pytest args]      figures land in $OUT/gpu-lab.json when $OUT is set
+# usage: [GPU_LAB_TESTS=tests/test_gpu_lab_generations.py] tools/gpu_lab.sh [extra pytest args]      figures land in $OUT/gpu-lab.json when $OUT is set
 set -u
 cd "$(dirname "$0")/.."
 WHEELS=${RECONCILE_WHEELS:-.whl}
@@ -17,4 +17,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
 mkdir -p /opt/reconcile-lab
 [ -f /opt/reconcile-lab/tiny-llama-src/config.json ] || python3 "$TINY" /opt/reconcile-lab/tiny-llama-src >/dev/null || exit 1
 export RECONCILE_GPU_LAB=1 RECONCILE_SITE="$SITE" PYTHONUNBUFFERED=1
-exec python3 -c "import sys; sys.path[:0] = ['$SITE', '.']; import pytest; sys.exit(pytest.main(['-p', 'no:cacheprovider', '-m', 'gpu', '-v', '-s', 'tests/test_gpu_lab.py', *sys.argv[1:]]))" "$@"
+exec python3 -c "import sys; sys.path[:0] = ['$SITE', '.']; import pytest; sys.exit(pytest.main(['-p', 'no:cacheprovider', '-m', 'gpu', '-v', '-s', '${GPU_LAB_TESTS:-tests/test_gpu_lab.py}', *sys.argv[1:]]))" "$@"

@@ -1,4 +1,4 @@
-"""Generation records: the realized state serving depends on, one record per distinct state.
+"""Profile: the generations, each the realized state serving depends on, one record per distinct state.
 
 Kept in `<state_dir>/profile/` (files 0600, the directory 0700, whatever the umask); `index.json`
 holds each record's sha256, the current generation and the hold, and a record that does not match
@@ -7,64 +7,30 @@ it is refused. Written and read by reconcile.switching and the history/diff/roll
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
+from reconcile.sensitive import is_secret_name, placeholder, redact_url
 
 PROFILE = "profile"
 INDEX = "index.json"
 _RECORD = re.compile(r"^(\d+)\.json$")
-# What marks an env value as secret at rest. The API key itself is never stored, not even hashed.
-_SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
-NEVER_STORED = frozenset({"VLLM_API_KEY"})
 
 
-# --- secrets (one place: swap for reconcile.secrets when it lands) ----------------------------
+# --- secrets: reconcile.sensitive decides (the same module issue 13 brings) ------------------
 
 
-def hash_secret(value: str) -> str:
-    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
-
-
-def scrub_env(env: Mapping[str, str]) -> dict[str, str]:
-    """An environment fit to keep: secret-named values hashed, the API key left out."""
-    return {
-        k: hash_secret(v) if is_secret_name(k) else v for k, v in sorted(env.items()) if k not in NEVER_STORED
-    }
-
-
-def _scrub_url(url: object) -> object:
-    if not isinstance(url, str):
-        return url
-    return re.sub(r"(://)([^/@\s]+)@", lambda m: f"{m.group(1)}{hash_secret(m.group(2))}@", url)
-
-
-def scrub_spec(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """A resolved spec document fit to keep: server env secrets hashed, index URL credentials hashed."""
-    out = copy.deepcopy(dict(doc))
-    server = out.get("server")
-    if isinstance(server, dict) and isinstance(server.get("env"), dict):
-        server["env"] = scrub_env({str(k): str(v) for k, v in server["env"].items()})
-    venv = out.get("venv")
-    if isinstance(venv, dict):
-        if "index_url" in venv:
-            venv["index_url"] = _scrub_url(venv["index_url"])
-        if isinstance(venv.get("extra_index_urls"), list):
-            venv["extra_index_urls"] = [_scrub_url(u) for u in venv["extra_index_urls"]]
-    return out
+def scrub_env(env: Mapping[str, str], marked: Collection[str] = ()) -> dict[str, str]:
+    """An environment fit to keep: secret values as their hash placeholder, URL credentials too."""
+    return {k: placeholder(v) if is_secret_name(k, marked) else redact_url(v) for k, v in sorted(env.items())}
 
 
 # --- the profile directory -------------------------------------------------------------------

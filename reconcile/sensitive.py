@@ -1,0 +1,226 @@
+"""Which values are secret, and how they are shown and kept: `(sensitive)` on screen, a hash at rest.
+
+Pure and cheap to import. Used by the identity (launch records), the launcher (server env), the venv
+installer (index credentials), the generation writer and the commands that show generations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+SENSITIVE = "(sensitive)"
+# A word of the name (split at anything not a letter or digit): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
+# VLLM_API_KEY, DB_PASSWORD; not TOKENIZERS_PARALLELISM nor MONKEY (whole words only).
+_SECRET_WORDS = frozenset(
+    {"TOKEN", "TOKENS", "KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD"}
+    | {"CREDENTIAL", "CREDENTIALS"}
+)
+_WORD = re.compile(r"[^A-Za-z0-9]+")
+# scheme://userinfo@ — the userinfo of a URL is a credential (pip's and uv's index URLs).
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s?#]+)@")
+# Where a spec document holds values that are secret by position (see secret_paths).
+PLACEHOLDER_PREFIX = "(sensitive sha256:"
+
+
+def is_secret_name(name: str, marked: Collection[str] = ()) -> bool:
+    """True when the env name says it holds a secret (a word TOKEN, KEY, SECRET, PASSWORD,
+    CREDENTIAL, any case) or the spec marks it (`[server] secret_env`, `secret_files`)."""
+    return name in marked or any(word.upper() in _SECRET_WORDS for word in _WORD.split(name))
+
+
+def digest(value: str) -> str:
+    """The hash a secret is kept as: enough to tell a rotation, useless to recover a random token."""
+    return hashlib.sha256(b"reconcile-sensitive\0" + value.encode()).hexdigest()[:16]
+
+
+def has_credentials(url: str) -> bool:
+    return _USERINFO.search(url) is not None
+
+
+def redact_url(url: str) -> str:
+    """`https://user:token@host/simple` -> `https://(sensitive)@host/simple`; others unchanged."""
+    return _USERINFO.sub(lambda m: f"{m.group('scheme')}{SENSITIVE}@", url)
+
+
+def redact_text(text: str, values: Iterable[str] = ()) -> str:
+    """`text` with every given secret value and every URL's credentials replaced by (sensitive)."""
+    for value in sorted((v for v in values if v), key=len, reverse=True):
+        text = text.replace(value, SENSITIVE)
+    return redact_url(text)
+
+
+# --- secrets inside a spec document (the resolved TOML as a dict) ---------------------------
+
+
+def secret_paths(doc: Mapping[str, Any]) -> dict[tuple[str | int, ...], str]:
+    """Every secret value a spec document holds inline, by its path: `[server] env` values whose
+    name is secret (or listed in `secret_env`), and index URLs that carry credentials."""
+    found: dict[tuple[str | int, ...], str] = {}
+    server = doc.get("server")
+    if isinstance(server, Mapping):
+        env, marked = server.get("env"), server.get("secret_env") or ()
+        if isinstance(env, Mapping):
+            for name, value in env.items():
+                if isinstance(value, str) and is_secret_name(str(name), marked):
+                    found[("server", "env", str(name))] = value
+    venv = doc.get("venv")
+    if isinstance(venv, Mapping):
+        url = venv.get("index_url")
+        if isinstance(url, str) and has_credentials(url):
+            found[("venv", "index_url")] = url
+        extra = venv.get("extra_index_urls")
+        for i, url in enumerate(extra if isinstance(extra, list) else []):
+            if isinstance(url, str) and has_credentials(url):
+                found[("venv", "extra_index_urls", i)] = url
+    return found
+
+
+def placeholder(value: str) -> str:
+    """What a generation keeps instead of a secret: its hash, marked, and for a URL its public part."""
+    shown = redact_url(value) if has_credentials(value) else ""
+    return f"{PLACEHOLDER_PREFIX}{digest(value)})" + (f" {shown}" if shown else "")
+
+
+def redact_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of `doc` with every value of secret_paths() replaced by its placeholder()."""
+    out: dict[str, Any] = json.loads(json.dumps(doc, default=str))
+    for path, value in secret_paths(doc).items():
+        _set(out, path, placeholder(value))
+    return out
+
+
+def redact_spec_text(text: str, doc: Mapping[str, Any]) -> str:
+    """The spec file's text with the secrets of `doc` (its resolved document) replaced, as TOML
+    strings, by their placeholders. If a secret is still there (written with escapes), the text is
+    withheld rather than kept."""
+    secrets = secret_paths(doc)
+    for value in sorted(secrets.values(), key=len, reverse=True):
+        for quoted in (json.dumps(value), f"'{value}'", f"'''{value}'''", f'"""{value}"""'):
+            text = text.replace(quoted, json.dumps(placeholder(value)))
+    if any(v in text or json.dumps(v)[1:-1] in text for v in secrets.values()):
+        return "# (spec text withheld: it holds a sensitive value written with escapes)\n"
+    return text
+
+
+def is_placeholder(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(PLACEHOLDER_PREFIX)
+
+
+def restore_document(
+    redacted: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Put secrets back into a generation's document for a rollback, from the current spec.
+
+    A generation keeps only hashes, so each secret comes from the same place in `current` (the
+    spec as it is now). Returns the document and one note per secret that is not the value the
+    generation had (rotated since); raises ValueError naming a secret the current spec lacks."""
+    out: dict[str, Any] = json.loads(json.dumps(redacted))
+    notes: list[str] = []
+    for path, value in _placeholders(out):
+        now = _get(current, path)
+        where = _dotted(path)
+        if not isinstance(now, str):
+            raise ValueError(
+                f"{where} is sensitive: the generation keeps only its hash and the current spec has "
+                "no value there to use (add it back to the spec, then roll back)"
+            )
+        if placeholder(now) != value:
+            notes.append(
+                f"{where} {SENSITIVE}: the generation's value is kept only as a hash; using the current one"
+            )
+        _set(out, path, now)
+    return out, notes
+
+
+def _placeholders(doc: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], str]]:
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in _placeholders(v, (*path, k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in _placeholders(v, (*path, i))]
+    return [(path, doc)] if is_placeholder(doc) else []
+
+
+def _get(doc: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        if isinstance(doc, Mapping) and isinstance(part, str):
+            doc = doc.get(part)
+        elif isinstance(doc, list) and isinstance(part, int) and part < len(doc):
+            doc = doc[part]
+        else:
+            return None
+    return doc
+
+
+def _set(doc: Any, path: tuple[str | int, ...], value: Any) -> None:
+    for part in path[:-1]:
+        doc = doc[part]
+    doc[path[-1]] = value
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
+
+
+def shown_env(env: Mapping[str, str], marked: Collection[str] = ()) -> dict[str, str]:
+    """The env fit to show: secret values replaced by (sensitive), URL credentials too."""
+    return {k: SENSITIVE if is_secret_name(k, marked) else redact_url(v) for k, v in env.items()}
+
+
+def env_hashes(env: Mapping[str, str], marked: Collection[str] = ()) -> dict[str, str]:
+    """name -> digest of each secret value: how a record tells which secret was rotated."""
+    return {k: digest(v) for k, v in sorted(env.items()) if is_secret_name(k, marked)}
+
+
+def redact_generation(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A generation record fit to keep: the spec's secrets (by secret_paths of its `spec_resolved`)
+    kept as placeholders with their hash, in the document, the spec text and every other string."""
+    doc = record.get("spec_resolved")
+    doc = doc if isinstance(doc, Mapping) else {}
+    values = list(secret_paths(doc).values())
+    out = {
+        k: _redact_strings(v, values) for k, v in record.items() if k not in ("spec_resolved", "spec_text")
+    }
+    if "spec_resolved" in record:
+        out["spec_resolved"] = redact_document(doc)
+    if isinstance(record.get("spec_text"), str):
+        out["spec_text"] = redact_spec_text(record["spec_text"], doc)
+    return {k: out[k] for k in record}  # the record's own key order
+
+
+def _redact_strings(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        return redact_text(value, secrets)
+    if isinstance(value, Mapping):
+        return {k: _redact_strings(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_strings(v, secrets) for v in value]
+    return value
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str, str] | None]:
+    """`https://user:tok@host:8443/simple` -> (`https://host:8443/simple`, (host, user, tok)): the URL
+    fit for a command line, and the netrc entry that gives pip or uv the credentials instead."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None or parts.hostname is None:
+        return url, None
+    netloc = parts.netloc.rpartition("@")[2]
+    user, password = unquote(parts.username), unquote(parts.password or "")
+    return urlunsplit(parts._replace(netloc=netloc)), (parts.hostname, user, password)
+
+
+def netrc_text(entries: Iterable[tuple[str, str, str]]) -> str:
+    """A netrc file for (host, login, password) entries (values must hold no whitespace or quote)."""
+    lines = []
+    for host, login, password in entries:
+        if any(c.isspace() or c in "\"'#" for c in host + login + password):
+            raise ValueError(
+                f"index credentials for {host} hold a space, quote or '#': netrc cannot carry them"
+            )
+        lines.append(f"machine {host} login {login} password {password}")
+    return "\n".join(lines) + "\n"
