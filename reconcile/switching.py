@@ -102,24 +102,28 @@ def _server_result(report: ApplyReport) -> ChangeResult | None:
     return next((r for r in report.results if r.resource == "server"), None)
 
 
-def _judge(loaded: LoadedSpec, report: ApplyReport) -> str | None:
-    """Why the switch failed (None: it serves): the server never got ready, or the acceptance chat."""
+def _judge(loaded: LoadedSpec, report: ApplyReport) -> tuple[bool, str | None]:
+    """(whether this apply switched the server, why the switch failed: None when it serves). A
+    switch must get ready, then pass the acceptance check (`reconcile check`'s chat, reasoning and
+    forced tool call as the spec enables them)."""
     server = _server_result(report)
     if server is not None and server.result == "failed":
-        return f"the server did not become ready: {server.message}"
+        return True, f"the server did not become ready: {server.message}"
     if server is None or server.result != "changed" or loaded.spec.server is None:
-        return None
+        return False, None
     if not loaded.spec.server.running:
-        return None
+        return False, None
     from probes.health import chat_check
 
     try:
         check = chat_check(loaded.spec)
     except Exception as exc:  # a check that cannot even ask has not passed
-        return f"acceptance check failed: {type(exc).__name__}: {exc}"
+        return True, f"acceptance check failed: {type(exc).__name__}: {exc}"
     if check.ok:
-        return None
-    return "acceptance check failed: " + "; ".join(f"{s.name}: {s.message}" for s in check.steps if not s.ok)
+        return True, None
+    return True, "acceptance check failed: " + "; ".join(
+        f"{s.name}: {s.message}" for s in check.steps if not s.ok
+    )
 
 
 def _seal(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, good: bool) -> None:
@@ -167,36 +171,26 @@ def _restore_config(applied: LoadedSpec, gen: dict[str, Any]) -> None:
         atomic_write(path, data, mode=mode)
 
 
-def _finish(
-    original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str, judge: bool
-) -> str | None:
-    """Under the lock, at the end of an apply: record the state, judge a switch. Returns the problem."""
+def _finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str) -> str | None:
+    """Under the lock, at the end of an apply: record the state, judge a switch. Returns the problem.
+    A record that cannot be written must not hide what the apply did: it becomes a note."""
     state_dir = applied.spec.machine.state_dir
     if report.refused is not None:
         return None
     if not report.changed and _server_result(report) is None and gens.current(state_dir) is not None:
         return None  # nothing switched: the current generation stands
-    problem = _judge(applied, report) if judge else None
-    number, new = gens.record(state_dir, realized_state(applied), reason=reason)
-    report.generation = number if new else None
-    verdict = problem or ("serving: ready, acceptance check passed" if judge else "recorded")
-    if judge or new:
-        gens.set_verdict(state_dir, number, problem is None, verdict)
-    _seal(original, applied, report, problem is None)
+    judged, problem = _judge(applied, report)
+    try:
+        number, new = gens.record(state_dir, realized_state(applied), reason=reason)
+        report.generation = number if new else None
+        if judged:
+            gens.set_verdict(state_dir, number, problem is None, problem or "ready, acceptance check passed")
+        _seal(original, applied, report, problem is None)
+    except (OSError, ReconcileError) as exc:
+        report.notes.append(f"could not record the generation: {exc}")
     if problem is not None:
         report.results.append(ChangeResult("acceptance", "~", "the switch", "failed", problem, 0.0))
     return problem
-
-
-def _finish_safely(
-    original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str
-) -> str | None:
-    """_finish, where a record that cannot be written must not hide what the apply did."""
-    try:
-        return _finish(original, applied, report, reason=reason, judge=True)
-    except (OSError, ReconcileError) as exc:
-        report.notes.append(f"could not record the generation: {exc}")
-        return None
 
 
 def apply(
@@ -221,7 +215,7 @@ def apply(
             _restore_config(effective, gens.read(state_dir, hold.generation))
 
     def done(report: ApplyReport) -> None:
-        outcome["problem"] = problem = _finish_safely(loaded, effective, report, reason="apply")
+        outcome["problem"] = problem = _finish(loaded, effective, report, reason="apply")
         if problem is None:
             if hold is None and (old := gens.read_hold(state_dir)) is not None and old.kind == "failed":
                 gens.release_hold(state_dir)  # the retried spec serves now
@@ -274,7 +268,7 @@ def _switch_to(
         _restore_config(applied, gen)
 
     def done(report: ApplyReport) -> None:
-        _finish_safely(loaded, applied, report, reason=reason)
+        _finish(loaded, applied, report, reason=reason)
 
     report = apply_spec(
         applied,
@@ -305,6 +299,10 @@ def rollback(
             )
         target = below[-1]
     gen = gens.read(state_dir, target)
+    venv = (gen.get("venv") or {}).get("path")
+    rebuilt = bool(venv) and not os.path.isdir(str(venv))
+    previous = gens.read_hold(state_dir)
+    # Held before the lock is taken: a timer apply that gets it first already keeps generation N.
     gens.write_hold(
         state_dir,
         gens.Hold(target, "rollback", time.time(), who(), loaded.sha256, f"reconcile rollback {target}"),
@@ -312,9 +310,11 @@ def rollback(
     try:
         report = _switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
     except BaseException:
-        gens.release_hold(state_dir)  # nothing switched: no hold
+        if previous is None:  # nothing switched: the hold as it was
+            gens.release_hold(state_dir)
+        else:
+            gens.write_hold(state_dir, previous)
         raise
-    venv = (gen.get("venv") or {}).get("path")
-    if venv and not os.path.isdir(venv):
+    if rebuilt:
         report.notes.append(f"{venv} had been removed (gc): it was built again")
     return target, report
