@@ -101,12 +101,13 @@ def main() -> int:
             "median_server_step_s": statistics.median(r["server_step_s"] for r in rows),
             "median_rollback_s": statistics.median(r["rollback_s"] for r in rows),
             "max_rollback_s": max(r["rollback_s"] for r in rows),
+            "load_average": os.getloadavg(),
             "rounds": rows,
         }
         print(
             f"\nmedian of {args.rounds} ({summary['network']}): {summary['median_wall_s']:.2f} s wall = "
             f"{summary['median_server_step_s']:.2f} s server step + {summary['median_rollback_s']:.2f} s "
-            f"rollback (max {summary['max_rollback_s']:.2f} s)"
+            f"rollback (max {summary['max_rollback_s']:.2f} s); load {os.getloadavg()[0]:.1f}"
         )
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
