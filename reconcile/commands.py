@@ -180,8 +180,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from reconcile.switching import rollback
 
     target, report = rollback(_load(args), args.generation, lock_timeout=args.lock_timeout)
-    print(f"rolled back to generation {target}; held until the spec changes or `reconcile resume`")
     render_report(report, sys.stdout, as_json=False, quiet=False)
+    done = "rolled back to" if report.exit_code in (0, 2) else "rollback did NOT converge; holding"
+    print(f"{done} generation {target}: held until the spec changes or `reconcile resume`")
     return report.exit_code
 
 
