@@ -138,6 +138,8 @@ def test_the_same_inputs_reuse_their_realization_and_gc_keeps_what_is_in_use(
     assert ((a / "bin" / "python").lstat().st_ino, (a / MANIFEST).stat().st_mtime_ns) == inode
     assert f"{a}/bin/vllm serve" in server_cmdline(demo)
 
+    theirs = demo.root / "store" / "not-a-realization"
+    theirs.mkdir()
     kept = demo.cli("gc", "--keep", "2")  # generations 2 and 3: both realizations stay
     assert kept.returncode == 0, kept.output
     assert sorted(realizations(demo)) == sorted([a, b]) and "0 realization(s) removed" in kept.stdout
@@ -146,7 +148,25 @@ def test_the_same_inputs_reuse_their_realization_and_gc_keeps_what_is_in_use(
     assert realizations(demo) == [a] and f"removed  {b}" in gone.stdout
     assert "MiB freed" in gone.stdout and not gone.stdout.rstrip().endswith(" 0.0 MiB freed")
     assert f"{a}/bin/vllm serve" in server_cmdline(demo)  # still serving from what was kept
+    assert theirs.is_dir()  # only <hash>-venv realizations are ever removed
     assert demo.cli("plan").returncode == 0
+
+
+def test_a_restart_of_the_same_state_records_no_new_generation(demo: Demo, wheels: Path) -> None:
+    import signal
+
+    stored_spec(demo, wheels, "1.0")
+    assert demo.cli("apply").returncode == 2
+    records = sorted(p.name for p in (demo.state_dir / "profile").glob("[0-9]*.json"))
+    for pid in demo.server_pids():
+        os.kill(pid, signal.SIGKILL)
+    again = demo.cli("apply")  # the server is started again: the same generation
+    assert again.returncode == 2, again.output
+    assert "generation" not in again.stdout.splitlines()[-1], again.stdout
+    assert sorted(p.name for p in (demo.state_dir / "profile").glob("[0-9]*.json")) == records == ["1.json"]
+    assert any(
+        line.startswith("*  1") and "✓ served" in line for line in demo.cli("history").stdout.splitlines()
+    )
 
 
 def test_a_second_realization_shares_identical_files_by_hard_links(demo: Demo, wheels: Path) -> None:
