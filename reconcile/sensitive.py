@@ -216,8 +216,13 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str, str] | None]:
 
 def netrc_text(entries: Iterable[tuple[str, str, str]]) -> str:
     """A netrc file for (host, login, password) entries (values must hold no whitespace or quote)."""
-    lines = []
+    lines: list[str] = []
+    seen: dict[str, tuple[str, str]] = {}
     for host, login, password in entries:
+        if seen.setdefault(host, (login, password)) != (login, password):
+            raise ValueError(f"two index URLs give {host} different credentials: a netrc holds one per host")
+        if len(seen) == len(lines):  # the same credentials again
+            continue
         if any(c.isspace() or c in "\"'#" for c in host + login + password):
             raise ValueError(
                 f"index credentials for {host} hold a space, quote or '#': netrc cannot carry them"
