@@ -37,7 +37,12 @@ def held_spec(loaded: LoadedSpec, *, scheduled: bool) -> tuple[LoadedSpec, list[
         held, notes = generation_spec(gens.read(state_dir, hold.generation), loaded)
     except ReconcileError as exc:
         raise ReconcileError(f"{hold.describe()}; but {exc} (`reconcile resume` ends the hold)") from None
-    return held, [f"{hold.describe()} (`reconcile resume` ends it)", *notes], hold
+    how = (
+        "`reconcile resume` ends it"
+        if hold.kind == "rollback"
+        else "scheduled applies keep it until the spec changes; `reconcile apply` retries the spec"
+    )
+    return held, [f"{hold.describe()} ({how})", *notes], hold
 
 
 def _server_result(report: ApplyReport) -> ChangeResult | None:
