@@ -18,7 +18,8 @@ EXIT_DOC = """exit codes (Puppet's --detailed-exitcodes):
   1    an error before any change: usage, bad spec, preflight error, lock timeout, stale plan
        file, an apply or rollback not approved
   2    plan: changes pending · apply: changes made and converged · status: drift · lock: written
-  4    apply: a change failed, or the machine is not converged
+  4    apply: a change failed, the machine is not converged, or a switch failed readiness or the
+       acceptance check (and was rolled back to the last good generation)
   130  interrupted (Ctrl-C, SIGINT): last-run.json and the textfile say "interrupted"
 
 run `reconcile COMMAND --help` for a command's options and examples"""
@@ -75,6 +76,11 @@ def _plan(p: argparse.ArgumentParser) -> None:
 def _apply(p: argparse.ArgumentParser) -> None:
     _spec(p)
     p.add_argument("planfile", nargs="?", help="run exactly this saved plan (from plan --out)")
+    p.add_argument(
+        "--no-auto-rollback",
+        action="store_true",
+        help="keep a switch that fails readiness or the acceptance check (default: switch back)",
+    )
     _approve(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON (format reconcile-apply/1)")
     p.add_argument("--quiet", action="store_true", help="no progress; one line when nothing changed")
@@ -111,6 +117,12 @@ def _schema(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the spec's JSON Schema (for Taplo / VS Code's Even Better TOML), instead of the key list",
     )
+
+
+def _gc(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument("--keep", type=int, default=3, metavar="N", help="also keep the last N generations (3)")
+    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
 
 
 def _validate(p: argparse.ArgumentParser) -> None:
@@ -194,10 +206,17 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         "reconcile diff 3 4        # what changed between the third and fourth apply",
     ),
     "rollback": (
-        "apply generation N's spec (default: the one before the last; asks first on a terminal)",
+        "switch to generation N's realization (default: the one below the current), offline, restart "
+        "once and hold it until the spec changes or `reconcile resume` (asks first on a terminal)",
         _rollback,
-        "reconcile rollback        # back to the generation before the last\n"
+        "reconcile rollback        # back to the generation below the current one\n"
         "reconcile rollback 3 --auto-approve",
+    ),
+    "gc": (
+        "remove venv realizations no current, held or recent generation (or running process) uses",
+        _gc,
+        "reconcile gc              # keeps the current, a held and the last 3 generations\n"
+        "reconcile gc --keep 10",
     ),
     "schema": (
         "every spec key with its type, default and meaning (--json: the JSON Schema)",
@@ -221,7 +240,11 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         _pause,
         'reconcile pause --reason "debugging the KV cache" --for 4h',
     ),
-    "resume": ("end a pause: scheduled applies apply again", _spec, "reconcile resume"),
+    "resume": (
+        "end a pause or a rollback's hold: scheduled applies follow the spec again",
+        _spec,
+        "reconcile resume",
+    ),
     "init": (
         "probe this machine and write a starting spec",
         _init,

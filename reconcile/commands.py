@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -18,12 +17,26 @@ from reconcile.spec.loaded import LoadedSpec
 
 
 def _load(args: argparse.Namespace) -> LoadedSpec:
+    from reconcile.apply.realizing import realize
     from reconcile.spec.cache import load
     from reconcile.spec.loaded import find_spec
     from reconcile.spec.pins import apply_lock_pins
 
-    # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read.
-    return apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
+    # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read; with
+    # [venv] store, the venv is its realization's content-addressed path.
+    return realize(apply_lock_pins(load(find_spec(getattr(args, "spec", None)))))
+
+
+def _held(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
+    """The spec a scheduled apply would apply now (a held generation's), and the hold's note."""
+    from reconcile.apply.profile import read_hold
+
+    if read_hold(loaded.spec.machine.state_dir) is None:  # one small read when nothing is held
+        return loaded, []
+    from reconcile.apply.switching import held_spec
+
+    held, notes, _ = held_spec(loaded, scheduled=True)
+    return held, notes
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -38,7 +51,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if reported:
             _report_failure(args, "plan", started, None, exc)
         raise
+    loaded, held = _held(loaded)
     plan = make_plan(loaded)
+    if held:
+        plan = plan._replace(notes=(*held, *plan.notes))
     if reported:
         _report(args, "plan", started, plan.exit_code, loaded, plan=plan)
     if args.out:
@@ -55,8 +71,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from reconcile.apply.executor import apply_plan_file, apply_spec
+    from reconcile.apply.executor import apply_plan_file
     from reconcile.apply.progress import showing
+    from reconcile.apply.switching import apply
 
     started = time.time()
     loaded: LoadedSpec | None = None
@@ -71,12 +88,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
                 print(f"crash-loop guard: {reset_crash_loop(loaded.spec).message}", file=sys.stderr)
             approved = _approved(args, loaded, "apply")
             with showing(sys.stderr, quiet=args.quiet) as progress:
-                report = apply_spec(
+                report = apply(
                     loaded,
                     lock_timeout=args.lock_timeout,
                     scheduled=getattr(args, "scheduled", False),
+                    auto_rollback=not getattr(args, "no_auto_rollback", False),
                     expected=approved,
-                    exact=False,
                     progress=progress,
                 )
     except KeyboardInterrupt:  # Ctrl-C: exit 130; monitoring must not go on reading "converged"
@@ -177,114 +194,73 @@ def _report(
 def cmd_status(args: argparse.Namespace) -> int:
     from reconcile.plan.status import render_status, status_of
 
-    loaded = _load(args)
+    loaded, held = _held(_load(args))
     report = status_of(loaded)
-    render_status(report, sys.stdout, as_json=args.json)
+    render_status(report, sys.stdout, as_json=args.json, notes=held)
     return report.exit_code
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from reconcile.plan.status import run_check
 
-    return run_check(_load(args), sys.stdout)
+    return run_check(_held(_load(args))[0], sys.stdout)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from reconcile.apply.generations import UnverifiedGeneration, list_generations, read_generation
+    from reconcile.apply.history import render_history
 
-    loaded = _load(args)
-    state_dir = loaded.spec.machine.state_dir
-    numbers = list_generations(state_dir)
-    if not numbers:
-        print(f"no generations under {state_dir}/generations (nothing applied yet)")
-        return 0
-    for n in numbers:
-        try:
-            g = read_generation(state_dir, n)
-        except UnverifiedGeneration as exc:  # listed, never used: rollback and diff refuse it too
-            print(f"{n:>4}  skipped: {exc}")
-            continue
-        changes = g.get("changes", [])
-        failed = sum(1 for c in changes if c.get("result") == "failed")
-        print(
-            f"{n:>4}  {g.get('finished', '?')}  spec {str(g.get('spec_sha256', ''))[:12]}  "
-            f"{g.get('git', '')}  {len(changes)} change(s){f', {failed} failed' if failed else ''}"
-            f"{'  converged' if g.get('converged') else '  NOT converged'}"
-        )
-    return 0
+    return render_history(_state_dir(args), sys.stdout)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    import difflib
+    from reconcile.apply.history import render_diff
 
-    from reconcile.apply.generations import read_generation
-    from reconcile.safety.sensitive import redact_spec_text, redact_text, secret_paths
-
-    loaded = _load(args)
-    state_dir = loaded.spec.machine.state_dir
-    a, b = read_generation(state_dir, args.a), read_generation(state_dir, args.b)
-
-    def text(g: dict[str, Any]) -> list[str]:  # records of an older reconcile may hold secrets
-        return redact_spec_text(str(g.get("spec_text", "")), g.get("spec_resolved") or {}).splitlines()
-
-    spec_diff = difflib.unified_diff(
-        text(a),
-        text(b),
-        f"generation {args.a}: {a.get('spec_path')}",
-        f"generation {args.b}: {b.get('spec_path')}",
-        lineterm="",
-    )
-    out = list(spec_diff)
-    print("\n".join(out) if out else "spec: identical")
-    secrets = [v for g in (a, b) for v in secret_paths(g.get("spec_resolved") or {}).values()]
-    ra, rb = a.get("resolved", {}), b.get("resolved", {})
-    for key in sorted(set(ra) | set(rb)):
-        if ra.get(key) != rb.get(key):
-            line = f"resolved {key}: {json.dumps(ra.get(key))} -> {json.dumps(rb.get(key))}"
-            print(redact_text(line, secrets))
-    return 0
+    return render_diff(_state_dir(args), args.a, args.b, sys.stdout)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from reconcile.apply.executor import apply_spec
-    from reconcile.apply.generations import list_generations, read_generation
     from reconcile.apply.progress import showing
-    from reconcile.safety.sensitive import restore_document
-    from reconcile.spec.loader import spec_from_resolved
+    from reconcile.apply.switching import rollback
+
+    def ask(old: LoadedSpec) -> None:  # on a terminal: generation N's plan shown, then only `yes`
+        _approved(args, old, "rollback")
 
     loaded = _load(args)
-    state_dir = loaded.spec.machine.state_dir
-    numbers = list_generations(state_dir)
-    target = args.generation if args.generation is not None else (numbers[-2] if len(numbers) > 1 else None)
-    if target is None:
-        raise ReconcileError(f"{state_dir}/generations: nothing to roll back to (have {numbers or 'none'})")
-    gen: dict[str, Any] = read_generation(state_dir, target)
-    if not isinstance(gen.get("spec_resolved"), dict):
-        raise ReconcileError(f"generation {target} holds no spec to roll back to (spec_resolved is missing)")
-    try:  # secrets are kept as hashes: they come from the spec as it is now
-        resolved, notes = restore_document(gen["spec_resolved"], loaded.resolved)
-    except ValueError as exc:
-        raise ReconcileError(f"generation {target}: {exc}") from None
-    old = spec_from_resolved(resolved, gen.get("spec_text", ""), str(gen.get("spec_path", loaded.path)))
-    print(f"rolling back to generation {target} (spec {str(gen.get('spec_sha256'))[:12]})")
-    for note in notes:
-        print(f"note: {note}")
-    approved = _approved(args, old, "rollback")
     with showing(sys.stderr, quiet=False) as progress:
-        report = apply_spec(
-            old,
-            lock_timeout=args.lock_timeout,
-            rollback_of=target,
-            expected=approved,
-            exact=False,
-            progress=progress,
+        target, report = rollback(
+            loaded, args.generation, lock_timeout=args.lock_timeout, progress=progress, approve=ask
         )
     _print_report(report, as_json=False, quiet=False)
+    done = "rolled back to" if report.exit_code in (0, 2) else "rollback did NOT converge; holding"
+    print(f"{done} generation {target}: held until the spec changes or `reconcile resume`")
     return report.exit_code
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from reconcile.apply.gc import collect
+    from reconcile.apply.realizing import store_of
+    from reconcile.apply.state import apply_lock
+
+    loaded = _load(args)
+    store = store_of(loaded.spec.venv)
+    if store is None or loaded.spec.venv is None:
+        print(f"{loaded.path}: no [venv] store: nothing to collect")
+        return 0
+    state_dir = loaded.spec.machine.state_dir
+    with apply_lock(state_dir, timeout=args.lock_timeout):
+        done = collect(state_dir, store, keep=args.keep, extra_keep=(loaded.spec.venv.path,))
+    for path, why in sorted(done.kept.items()):
+        print(f"  kept     {path}: {why}")
+    for path in done.removed:
+        print(f"  removed  {path}")
+    print(f"{len(done.removed)} realization(s) removed, {done.freed / 2**20:.1f} MiB freed")
+    return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
+        import json
+
         from reconcile.plan.jsondata import spec_json_schema
 
         json.dump(spec_json_schema(), sys.stdout, indent=2)
@@ -362,10 +338,15 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from reconcile.apply.profile import release_hold
     from reconcile.unattended.pause import resume
 
-    held = resume(_state_dir(args))
-    print(f"resumed; it was {held.describe()}" if held else "not paused: nothing to resume")
+    state_dir = _state_dir(args)
+    held, hold = resume(state_dir), release_hold(state_dir)
+    if held is not None or hold is None:
+        print(f"resumed; it was {held.describe()}" if held else "not paused: nothing to resume")
+    if hold is not None:
+        print(f"released; it was {hold.describe()}: applies follow the spec again")
     return 0
 
 

@@ -41,7 +41,7 @@ EXPECTED = {
     "server? (allowed: machine, gpu, cuda, apt, venv, model, api_key, server, health, extends)",
     "unknown_venv_key.toml": "unknown_venv_key.toml:3: venv.pakages: unknown key, did you mean packages? "
     "(allowed: path, python, index_url, extra_index_urls, packages, wheelhouse, no_deps, "
-    "system_site_packages, extra_site_packages, installer)",
+    "system_site_packages, extra_site_packages, installer, store)",
     "unknown_apt_repository_key.toml": "unknown_apt_repository_key.toml:8: apt.repositories[0].keyrings: "
     "unknown key, did you mean keyring? "
     "(allowed: name, uri, suite, components, keyring, key_source, trusted)",

@@ -180,12 +180,16 @@ def apply_spec(
     progress: ProgressFn | None = None,
     scheduled: bool = False,
     exact: bool | None = None,
+    on_locked: Callable[[ApplyReport], None] | None = None,
+    on_done: Callable[[ApplyReport], None] | None = None,
 ) -> ApplyReport:
     """Lock, plan, run the plan's Changes, plan again; a generation is written when something changed.
 
     `expected` (a saved plan's fingerprint): refuse unless the plan made now is exactly that one.
     `scheduled` (the timer's run): while `reconcile pause` holds, only plan.
     `exact` (default: when `expected`): run the plan's own Changes only; an approved plan is not exact.
+    `on_locked` / `on_done` (reconcile.apply.switching): run under the lock before the first plan /
+    at the end.
     """
     from reconcile.plan.planner import make_plan
     from reconcile.unattended.pause import read_pause
@@ -211,6 +215,8 @@ def apply_spec(
         if lock.took_over:
             report.notes.append(f"took over the lock left by {lock.took_over.describe()}, which is gone")
         checkpoint("apply.locked")
+        if on_locked is not None:
+            on_locked(report)
         plan = make_plan(loaded)
         report.first_plan = plan
         if plan.errors:
@@ -260,6 +266,8 @@ def apply_spec(
                 report.final_plan = None
                 report.notes.append(f"the plan after apply failed: {type(exc).__name__}: {exc}")
         record(True)
+        if on_done is not None:
+            on_done(report)
         report.seconds = time.monotonic() - started
     return report
 
@@ -270,7 +278,10 @@ def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
     from reconcile.spec.pins import apply_lock_pins
 
     spec_path, expected = read_plan_file(path)
-    return apply_spec(apply_lock_pins(load(spec_path)), lock_timeout=lock_timeout, expected=expected)
+    from reconcile.apply.realizing import realize
+
+    loaded = realize(apply_lock_pins(load(spec_path)))  # as the plan was made: at its realization
+    return apply_spec(loaded, lock_timeout=lock_timeout, expected=expected)
 
 
 def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *, complete: bool) -> int:

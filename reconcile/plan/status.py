@@ -188,7 +188,10 @@ def _metric_lines(m: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> None:
+def render_status(
+    report: StatusReport, stream: TextIO, *, as_json: bool, notes: list[str] | None = None
+) -> None:
+    """`notes`: lines about the run itself (a held generation), above the conditions."""
     if as_json:
         json.dump(status_as_data(report), stream, indent=2, default=str)
         stream.write("\n")
@@ -198,7 +201,9 @@ def render_status(report: StatusReport, stream: TextIO, *, as_json: bool) -> Non
         stream.write(f"  ‖ {report.pause['text']} (`reconcile resume` ends it)\n")
     if report.hold is not None:
         stream.write(f"  ‖ {report.hold}\n")
-    if report.pause is not None or report.hold is not None:
+    for note in notes or []:
+        stream.write(f"  ‖ {note}\n")
+    if report.pause is not None or report.hold is not None or notes:
         stream.write("\n")
     for c in report.conditions:
         mark = {"ok": "✓", "drift": "~", "failed": "✗"}[c.status]

@@ -220,6 +220,11 @@ class Venv(_Model):
     installer: Literal["auto", "pip", "uv"] = Field(
         "auto", description="auto: uv when it is on PATH, else pip."
     )
+    store: AbsPath | None = Field(
+        None,
+        description="Build each venv once at <store>/<hash>-venv (hash of the interpreter, packages and "
+        "indexes or wheelhouse) and make `path` a link to it: generations switch and roll back offline.",
+    )
 
 
 class Model(_Model):
@@ -313,6 +318,11 @@ class Server(_Model):
         "always sensitive.",
     )
     crash_loop: CrashLoop = Field(default_factory=CrashLoop, description="Crash-loop guard.")
+    auto_rollback: StrictBool = Field(
+        True,
+        description="After a switch that does not become ready or fails the acceptance check, switch back "
+        "to the last good generation (and exit 4).",
+    )
 
     @model_validator(mode="after")
     def _no_key_flag(self) -> Server:

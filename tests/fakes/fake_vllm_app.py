@@ -330,7 +330,11 @@ def example_value(schema: dict, prompt: str) -> object:
 
 
 def chat(st: object, req: dict, v: tuple) -> tuple:
-    """A deterministic chat completion: reasoning fields by version, forced tool calls as JSON strings."""
+    """A deterministic chat completion: reasoning fields by version, forced tool calls as JSON strings.
+
+    FAKE_VLLM_CHAT_FAIL=1: healthy, but every completion fails (a model that loads and cannot answer)."""
+    if os.environ.get("FAKE_VLLM_CHAT_FAIL") == "1":
+        return 500, error(500, "InternalServerError", "EngineCore encountered an issue. See stack trace")
     if req.get("model") is not None and req["model"] not in st.names:
         return 404, error(404, "NotFoundError", f"The model `{req['model']}` does not exist.")
     prompt = ""

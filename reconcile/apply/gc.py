@@ -1,0 +1,50 @@
+"""`reconcile gc [--keep N]`: remove the realizations no current, held or recent generation uses.
+
+Called by the CLI, under the apply lock. Never removes what a live process runs from, nor anything
+under the store that is not a `<hash>-venv` realization.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconcile.apply import profile as gens
+from reconcile.apply.realizing import disk_usage, in_use_by_processes, realizations, remove
+
+
+@dataclass
+class Collected:
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # path -> why
+    freed: int = 0  # bytes
+
+
+def collect(state_dir: str, store: str, *, keep: int, extra_keep: tuple[str, ...] = ()) -> Collected:
+    records = gens.read_all(state_dir)
+    current, hold = gens.current(state_dir), gens.read_hold(state_dir)
+    why: dict[str, str] = {p: "the spec's realization" for p in extra_keep}
+
+    def path_of(g: dict[str, object]) -> str | None:
+        venv = g.get("venv")
+        return str(venv.get("path")) if isinstance(venv, dict) and venv.get("path") else None
+
+    for g in records[-keep:] if keep > 0 else []:
+        if (p := path_of(g)) is not None:
+            why.setdefault(p, f"generation {g['generation']} (one of the last {keep})")
+    for g in records:
+        p = path_of(g)
+        if p is not None and g["generation"] == current:
+            why[p] = f"generation {current} (current)"
+        if p is not None and hold is not None and g["generation"] == hold.generation:
+            why[p] = f"generation {hold.generation} (held)"
+    found = realizations(store)
+    for p in in_use_by_processes(found):
+        why[p] = "a running process uses it"
+    out = Collected(kept={p: w for p, w in why.items() if p in found})
+    doomed = [p for p in found if p not in why]
+    before = disk_usage(found)
+    for p in doomed:
+        remove(store, p)
+        out.removed.append(p)
+    out.freed = before - disk_usage([p for p in found if p not in doomed])
+    return out

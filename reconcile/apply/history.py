@@ -1,0 +1,129 @@
+"""`reconcile history` and `reconcile diff N M`: generations and what differs between two of them.
+
+Called by the CLI. Reads the records of reconcile.generations (never a secret: hashed at rest).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from reconcile.apply import profile as gens
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _flags(argv: list[str], venv: str | None) -> dict[str, str]:
+    """{"(command)": "<venv>/bin/vllm serve MODEL", "--flag": "values"}: a launch's argv by flag."""
+    out: dict[str, str] = {}
+    current = "(command)"
+    for token in argv:
+        if venv and token.startswith(venv.rstrip("/") + "/"):
+            token = "<venv>" + token[len(venv.rstrip("/")) :]
+        if token.startswith("--"):
+            current, _, value = token.partition("=")
+            out[current] = value
+        else:
+            out[current] = f"{out.get(current, '')} {token}".strip()
+    return out
+
+
+def _render(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _changes(label: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    items = []
+    render = _render
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if a is None:
+            items.append(f"{key} added" + (f" ({render(b)})" if b not in ("", None) else ""))
+        elif b is None:
+            items.append(f"{key} removed")
+        else:
+            items.append(f"{key} {render(a)} -> {render(b)}")
+    return [f"{label}: {item}" for item in items]
+
+
+def _config(state_dir: str, digest: str | None) -> dict[str, Any]:
+    if not digest:
+        return {}
+    data = gens.kept_config(state_dir, digest)
+    try:
+        return _flat(json.loads(data)) if data is not None else {"(kept bytes)": "missing"}
+    except ValueError:
+        return {"(config.json)": f"not JSON, sha256 {digest[:12]}"}
+
+
+def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Package versions, config.json keys, args, env, venv path and model commit that differ."""
+    la, lb = a.get("launch") or {}, b.get("launch") or {}
+    va, vb = a.get("venv") or {}, b.get("venv") or {}
+    out = _changes("packages", va.get("packages") or {}, vb.get("packages") or {})
+    if a.get("config_json") != b.get("config_json"):
+        keys = _changes(
+            "config.json", _config(state_dir, a.get("config_json")), _config(state_dir, b.get("config_json"))
+        )
+        out += keys or [
+            f"config.json: bytes differ ({str(a.get('config_json'))[:12]} -> "
+            f"{str(b.get('config_json'))[:12]})"
+        ]
+    # The venv's path is its own line below: in argv it would repeat it.
+    out += _changes(
+        "args", _flags(la.get("argv") or [], va.get("path")), _flags(lb.get("argv") or [], vb.get("path"))
+    )
+    out += _changes("env", la.get("env") or {}, lb.get("env") or {})
+    if va.get("path") != vb.get("path"):
+        out.append(f"venv: {va.get('path')} -> {vb.get('path')}")
+    if a.get("model_commit") != b.get("model_commit"):
+        out.append(f"model commit: {a.get('model_commit')} -> {b.get('model_commit')}")
+    return out
+
+
+def render_history(state_dir: str, stream: TextIO) -> int:
+    records = gens.read_all(state_dir)
+    if not records:
+        stream.write(f"no generations under {gens.profile_dir(state_dir)} (nothing applied yet)\n")
+        return 0
+    now, hold = gens.current(state_dir), gens.read_hold(state_dir)
+    previous: Mapping[str, Any] | None = None
+    for g in records:
+        n = g["generation"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(g.get("created") or 0)))
+        verdict = g.get("verdict") or {}
+        good = verdict.get("good")
+        judged = "✓ served" if good is True else "✗ failed" if good is False else "· unjudged"
+        mark = "*" if n == now else " "
+        stream.write(f"{mark}{n:>3}  {when}  {judged:<10}  {g.get('reason', '')}\n")
+        if verdict.get("good") is False:
+            stream.write(f"        {verdict.get('why')}\n")
+        what = differences(state_dir, previous, g) if previous is not None else ["first generation"]
+        for line in what[:8]:
+            stream.write(f"        {line}\n")
+        if len(what) > 8:
+            stream.write(f"        … and {len(what) - 8} more (reconcile diff {n - 1} {n})\n")
+        previous = g
+    if hold is not None:
+        stream.write(f"\n{hold.describe()} (`reconcile resume` ends it)\n")
+    return 0
+
+
+def render_diff(state_dir: str, a: int, b: int, stream: TextIO) -> int:
+    ga, gb = gens.read(state_dir, a), gens.read(state_dir, b)
+    lines = differences(state_dir, ga, gb)
+    stream.write(f"generation {a} -> {b}\n")
+    for line in lines or ["no difference in what serving depends on"]:
+        stream.write(f"  {line}\n")
+    return 0

@@ -1,0 +1,234 @@
+"""Profile: the generations, each the realized state serving depends on, one record per distinct state.
+
+Kept in `<state_dir>/profile/` (files 0600, the directory 0700, whatever the umask); `index.json`
+holds each record's sha256, the current generation and the hold, and a record that does not match
+it is refused. Written and read by reconcile.apply.switching and the history/diff/rollback commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple
+
+from reconcile.errors import ReconcileError
+from reconcile.host import atomic_write
+from reconcile.safety.sensitive import is_secret_name, placeholder, redact_url
+
+PROFILE = "profile"
+INDEX = "index.json"
+_RECORD = re.compile(r"^(\d+)\.json$")
+
+
+# --- secrets: reconcile.safety.sensitive decides (the same module issue 13 brings) ------------------
+
+
+def scrub_env(env: Mapping[str, str], marked: Collection[str] = ()) -> dict[str, str]:
+    """An environment fit to keep: secret values as their hash placeholder, URL credentials too."""
+    return {k: placeholder(v) if is_secret_name(k, marked) else redact_url(v) for k, v in sorted(env.items())}
+
+
+# --- the profile directory -------------------------------------------------------------------
+
+
+def profile_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, PROFILE)
+
+
+def _ensure_dir(state_dir: str) -> str:
+    path = profile_dir(state_dir)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)  # makedirs obeys the umask, and an older dir may be wider
+    return path
+
+
+def _write(path: str, data: bytes) -> None:
+    atomic_write(path, data, mode=0o600)
+
+
+def _dump(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def read_index(state_dir: str) -> dict[str, Any]:
+    """The index; an unreadable one reads as empty (records then fail verification, nothing wedges)."""
+    try:
+        with open(os.path.join(profile_dir(state_dir), INDEX), "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return {"records": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
+        return {"records": {}}
+    return data
+
+
+def _write_index(state_dir: str, index: Mapping[str, Any]) -> None:
+    _write(os.path.join(_ensure_dir(state_dir), INDEX), _dump(index))
+
+
+def numbers(state_dir: str) -> list[int]:
+    try:
+        names = os.listdir(profile_dir(state_dir))
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _RECORD.match(n)))
+
+
+def read(state_dir: str, number: int, index: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Generation `number`, refused unless its bytes hash to what the index says reconcile wrote."""
+    index = read_index(state_dir) if index is None else index
+    path = os.path.join(profile_dir(state_dir), f"{number}.json")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        have = ", ".join(map(str, numbers(state_dir))) or "none"
+        raise ReconcileError(f"{path}: no generation {number} (have: {have})") from None
+    if index["records"].get(str(number)) != hashlib.sha256(raw).hexdigest():
+        raise ReconcileError(
+            f"{path}: its sha256 is not the one reconcile recorded in {INDEX}: it was changed by "
+            "something else; it is not used (move it aside)"
+        )
+    data: dict[str, Any] = json.loads(raw)
+    return data
+
+
+def read_all(state_dir: str) -> list[dict[str, Any]]:
+    """Every generation that verifies, oldest first."""
+    index = read_index(state_dir)
+    out = []
+    for n in numbers(state_dir):
+        try:
+            out.append(read(state_dir, n, index))
+        except (ReconcileError, ValueError):
+            continue
+    return out
+
+
+def _store(state_dir: str, record: dict[str, Any]) -> None:
+    index = read_index(state_dir)
+    raw = _dump(record)
+    _write(os.path.join(_ensure_dir(state_dir), f"{record['generation']}.json"), raw)
+    index["records"][str(record["generation"])] = hashlib.sha256(raw).hexdigest()
+    _write_index(state_dir, index)
+
+
+def current(state_dir: str) -> int | None:
+    value = read_index(state_dir).get("current")
+    return value if isinstance(value, int) else None
+
+
+def set_current(state_dir: str, number: int) -> None:
+    index = read_index(state_dir)
+    if index.get("current") != number:
+        index["current"] = number
+        _write_index(state_dir, index)
+
+
+def record(state_dir: str, state: Mapping[str, Any], *, reason: str) -> tuple[int, bool]:
+    """Make `state` current: the generation that already has its `key`, else a new one.
+    Returns (number, whether it is new)."""
+    for existing in reversed(read_all(state_dir)):
+        if existing.get("key") == state["key"]:
+            set_current(state_dir, int(existing["generation"]))
+            return int(existing["generation"]), False
+    number = (numbers(state_dir) or [0])[-1] + 1
+    body = {**state, "generation": number, "created": time.time(), "reason": reason, "verdict": None}
+    _store(state_dir, body)
+    set_current(state_dir, number)
+    return number, True
+
+
+def set_verdict(state_dir: str, number: int, good: bool, why: str) -> None:
+    """Whether the generation served: passed readiness and the acceptance check (or why not)."""
+    body = read(state_dir, number)
+    body["verdict"] = {"good": good, "why": why, "at": time.time()}
+    _store(state_dir, body)
+
+
+def last_good(state_dir: str, *, other_than: int | None = None) -> dict[str, Any] | None:
+    """The newest generation that passed its check; failing that, the newest never judged bad."""
+    records = [g for g in read_all(state_dir) if g["generation"] != other_than]
+    good = [g for g in records if (g.get("verdict") or {}).get("good") is True]
+    unjudged = [g for g in records if g.get("verdict") is None]
+    found = good or unjudged
+    return found[-1] if found else None
+
+
+def keep_config(state_dir: str, data: bytes) -> str:
+    """config.json's bytes, kept by their sha256 so a switch can put them back exactly."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = os.path.join(_ensure_dir(state_dir), f"config-{digest}.json")
+    if not os.path.exists(path):
+        _write(path, data)
+    return digest
+
+
+def kept_config(state_dir: str, digest: str) -> bytes | None:
+    try:
+        with open(os.path.join(profile_dir(state_dir), f"config-{digest}.json"), "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == digest else None
+
+
+# --- the hold --------------------------------------------------------------------------------
+
+
+class Hold(NamedTuple):
+    """Applies keep generation `generation` while the spec's content is `from_spec`.
+
+    kind "rollback" (`reconcile rollback`): every apply holds; "failed" (an automatic rollback):
+    scheduled applies hold, `reconcile apply` retries the spec that failed."""
+
+    generation: int
+    kind: str
+    since: float
+    by: str
+    from_spec: str  # the sha256 of the spec content rolled back from
+    reason: str
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(self.since))
+        what = "rollback" if self.kind == "rollback" else "automatic rollback"
+        return f"held at generation {self.generation} by {what} since {when}, by {self.by}: {self.reason}"
+
+    def as_data(self) -> dict[str, Any]:
+        return dict(self._asdict())
+
+
+def read_hold(state_dir: str) -> Hold | None:
+    data = read_index(state_dir).get("hold")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Hold(
+            int(data["generation"]),
+            str(data["kind"]),
+            float(data["since"]),
+            str(data["by"]),
+            str(data["from_spec"]),
+            str(data["reason"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def write_hold(state_dir: str, hold: Hold) -> None:
+    index = read_index(state_dir)
+    index["hold"] = hold.as_data()
+    _write_index(state_dir, index)
+
+
+def release_hold(state_dir: str) -> Hold | None:
+    held = read_hold(state_dir)
+    if held is not None:
+        index = read_index(state_dir)
+        index.pop("hold", None)
+        _write_index(state_dir, index)
+    return held

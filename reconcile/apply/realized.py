@@ -1,0 +1,122 @@
+"""One generation as a thing to switch to: its realized state, its spec, its config.json, its venv.
+
+Called by reconcile.apply.switching (under the apply lock): `realized_state` is what a generation
+record holds, `generation_spec` turns a record back into a spec at its realization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from reconcile.apply import profile as gens
+from reconcile.apply.realizing import realize
+from reconcile.errors import ReconcileError
+from reconcile.safety.sensitive import redact_document, restore_document
+
+if TYPE_CHECKING:
+    from reconcile.apply.executor import ApplyReport
+    from reconcile.spec.loaded import LoadedSpec
+
+
+def who() -> str:
+    """Who holds a generation: "alice (pid 4242, /dev/pts/1, ssh from 10.0.0.5)"."""
+    from reconcile.unattended.pause import who_am_i
+
+    user, tty, ssh = who_am_i()
+    where = [w for w in (tty, f"ssh from {ssh}" if ssh else None) if w]
+    return f"{user} (pid {os.getpid()}{', ' + ', '.join(where) if where else ''})"
+
+
+def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
+    """What serving depends on, as it is now: the venv (path, packages), config.json (kept by its
+    hash), the launch identity (argv, env with secrets hashed) and the model commit."""
+    from actions.launching import launch_command
+    from reconcile.identity import redact_argv
+    from reconcile.plan.prober import probe_some
+    from reconcile.resources.server import launch_inputs
+
+    spec = loaded.spec
+    state_dir = spec.machine.state_dir
+    inputs = launch_inputs(spec, probe_some(spec, ("venv", "model")))
+    config = gens.keep_config(state_dir, inputs.config_json) if inputs.config_json is not None else None
+    launch: dict[str, Any] | None = None
+    if spec.server is not None:
+        cmd = launch_command(spec, inputs, key_required=False)
+        # The env the spec declares (our own PATH, HOME and the markers vary by caller), secrets hashed.
+        shown = gens.scrub_env(dict(spec.server.env), getattr(spec.server, "secret_env", ()))
+        launch = {"argv": redact_argv(cmd.argv), "env": shown, "identity": cmd.identity.digest}
+    venv_path = spec.venv.path if spec.venv is not None else None
+    key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
+    return {
+        "key": hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:32],
+        "spec_path": os.path.abspath(loaded.path),
+        "spec_sha256": loaded.sha256,
+        "spec": redact_document(loaded.resolved),
+        "venv": {"path": venv_path, "packages": dict(sorted(inputs.packages.items()))},
+        "config_json": config,
+        "launch": launch,
+        "model_commit": inputs.model_revision,
+    }
+
+
+def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
+    """Generation `gen`'s spec, realized at its recorded venv, and notes. The secrets it kept only as
+    hashes come from the current spec (a secret rotated since is said; one the spec lacks, refused)."""
+    from reconcile.spec.loader import spec_from_resolved
+
+    try:
+        doc, notes = restore_document(gen["spec"], current.resolved)
+    except ValueError as exc:
+        raise ReconcileError(f"generation {gen['generation']}: {exc}") from None
+    loaded = spec_from_resolved(doc, "", str(gen.get("spec_path") or current.path))
+    # A stored spec is not the file in git: no "uncommitted changes" note about it.
+    loaded = loaded._replace(path=current.path, files=())
+    return realize(loaded, (gen.get("venv") or {}).get("path")), notes
+
+
+def seal_realization(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, good: bool) -> None:
+    """A converged venv becomes an immutable realization; a good one is what the profile points at."""
+    from reconcile.apply.realizing import link_profile, realization_inputs, seal, share_files, store_of
+
+    # The spec's own `[venv] path` as written (the loaded spec's venv is already its realization).
+    venv, profile = applied.spec.venv, (original.resolved.get("venv") or {}).get("path")
+    store = store_of(venv)
+    if venv is None or not isinstance(profile, str) or store is None or report.final_plan is None:
+        return
+    if any(c.resource.startswith("venv") for c in report.final_plan.changes):
+        return
+    from probes.venv import VenvObservation, read_venv
+
+    seen = read_venv(venv.path)
+    if isinstance(seen, VenvObservation) and seal(
+        venv.path, {d.name: d.version for d in seen.distributions.values()}, realization_inputs(venv)
+    ):
+        saved = share_files(store, venv.path)
+        if saved:
+            report.notes.append(f"{venv.path}: {saved / 2**20:.1f} MiB shared by hard links with older ones")
+    if good and profile != venv.path:
+        note = link_profile(profile, venv.path)
+        if note:
+            report.notes.append(note)
+
+
+def restore_config(applied: LoadedSpec, gen: dict[str, Any]) -> None:
+    """Put the generation's config.json bytes back, atomically, before the plan sees them."""
+    from reconcile.host import atomic_write
+
+    model, digest = applied.spec.model, gen.get("config_json")
+    if model is None or not digest:
+        return
+    data = gens.kept_config(applied.spec.machine.state_dir, digest)
+    path = os.path.join(model.dir, "config.json")
+    try:
+        with open(path, "rb") as f:
+            now = f.read()
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return  # no model files yet: the model's own Changes bring them
+    if data is not None and now != data:
+        atomic_write(path, data, mode=mode)

@@ -1,0 +1,230 @@
+"""Realizations: each venv built once at a content-addressed path under `[venv] store`, never changed.
+
+Called by the CLI's spec loading (`realize`: the spec's venv becomes its realization's path), by
+reconcile.apply.switching (the profile link, the manifest, hard-link sharing) and by `reconcile gc`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Collection, Iterator
+from typing import TYPE_CHECKING, Any
+
+from reconcile.host import atomic_symlink, atomic_write, which
+
+if TYPE_CHECKING:
+    from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Venv
+
+MANIFEST = ".reconcile-realization.json"  # inside each realization: what it holds, written once complete
+_NAME = re.compile(r"^[0-9a-f]{32}-venv$")
+
+
+def store_of(venv: Venv | None) -> str | None:
+    # getattr: a spec cache entry written before `store` existed has no such attribute.
+    return getattr(venv, "store", None) if venv is not None else None
+
+
+def _interpreter(python: str) -> str:
+    """The interpreter a venv would be made from, as a real path (python3 -> /usr/bin/python3.11)."""
+    found = python if os.path.isabs(python) else which(python)
+    return os.path.realpath(found) if found else python
+
+
+def _wheelhouse(path: str | None) -> list[str]:
+    if path is None:
+        return []
+    try:
+        return sorted(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))
+    except OSError:
+        return []
+
+
+def realization_inputs(venv: Venv) -> dict[str, Any]:
+    """What a realization is addressed by: the interpreter, the package set (exact once `reconcile
+    lock` pins it), where packages come from (indexes, or the wheelhouse's files) and how it is built."""
+    return {
+        "python": _interpreter(venv.python),
+        "packages": sorted(venv.packages.items()),
+        "index_url": _no_credentials(venv.index_url),
+        "extra_index_urls": [_no_credentials(u) for u in venv.extra_index_urls],
+        "wheelhouse": [venv.wheelhouse, _wheelhouse(venv.wheelhouse)] if venv.wheelhouse else None,
+        "no_deps": venv.no_deps,
+        "system_site_packages": venv.system_site_packages,
+        "extra_site_packages": list(venv.extra_site_packages),
+    }
+
+
+def _no_credentials(url: str | None) -> str | None:
+    # A token in an index URL addresses nothing: the same index with another token is the same input.
+    return None if url is None else re.sub(r"(://)[^/@\s]+@", r"\1", url)
+
+
+def realization_path(venv: Venv) -> str:
+    store = store_of(venv)
+    assert store is not None
+    text = json.dumps(realization_inputs(venv), sort_keys=True, separators=(",", ":"))
+    return os.path.join(store, hashlib.sha256(text.encode()).hexdigest()[:32] + "-venv")
+
+
+def realize(loaded: LoadedSpec, venv_path: str | None = None) -> LoadedSpec:
+    """The spec with `[venv] path` replaced by its realization's path (`venv_path`: a recorded one,
+    for a rollback that must not depend on the wheelhouse being there). No store: unchanged."""
+    venv = loaded.spec.venv
+    if store_of(venv) is None or venv is None:
+        return loaded
+    path = venv_path or realization_path(venv)
+    spec = loaded.spec.model_copy(update={"venv": venv.model_copy(update={"path": path})})
+    return loaded._replace(spec=spec)
+
+
+def is_realization(path: str, store: str) -> bool:
+    return os.path.dirname(path.rstrip("/")) == store.rstrip("/") and bool(
+        _NAME.match(os.path.basename(path))
+    )
+
+
+def read_manifest(path: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def seal(path: str, packages: dict[str, str], inputs: dict[str, Any]) -> bool:
+    """Write the manifest of a realization that converged (once: a sealed one is never rewritten)."""
+    if read_manifest(path) is not None:
+        return False
+    body = {"format": "reconcile-realization/1", "packages": packages, "inputs": inputs}
+    atomic_write(os.path.join(path, MANIFEST), (json.dumps(body, indent=2) + "\n").encode(), mode=0o644)
+    return True
+
+
+def link_profile(profile: str, target: str) -> str | None:
+    """Point the spec's own `[venv] path` at the realization, as Nix points a profile at a store path.
+    A real directory there is somebody's venv: left alone, and said so. Returns a note or None."""
+    if os.path.islink(profile):
+        if os.readlink(profile) == target:
+            return None
+    elif os.path.lexists(profile):
+        return (
+            f"{profile} is not a link (a venv made before [venv] store): left as is; "
+            f"the server runs from {target}"
+        )
+    os.makedirs(os.path.dirname(profile) or "/", exist_ok=True)
+    atomic_symlink(target, profile)
+    return None
+
+
+def _files(root: str) -> Iterator[tuple[str, os.stat_result]]:
+    for directory, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            st = os.lstat(path)
+            if os.path.isfile(path) and not os.path.islink(path):
+                yield path, st
+
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _same(path: str, st: os.stat_result, twin: str) -> bool:
+    """`twin` may stand for `path`: same size, mode and bytes (a .pyc never is: it holds its path)."""
+    try:
+        tst = os.lstat(twin)
+    except OSError:
+        return False
+    if not os.path.isfile(twin) or tst.st_size != st.st_size or tst.st_dev != st.st_dev:
+        return False
+    return (tst.st_mode & 0o777) == (st.st_mode & 0o777) and _digest(twin) == _digest(path)
+
+
+def share_files(store: str, new: str) -> int:
+    """Hard-link each file of the realization `new` that an older sealed one holds with the same
+    relative path and bytes (Nix's `store --optimise`). Realizations are never written in place, so
+    sharing is safe. Returns the bytes it saved."""
+    saved = 0
+    others = [p for p in realizations(store) if p != new and read_manifest(p) is not None]
+    for path, st in _files(new):
+        # A .pyc embeds its source's absolute path (co_filename): never the same bytes in two venvs.
+        if st.st_nlink > 1 or path.endswith(".pyc") or os.path.basename(path) == MANIFEST:
+            continue
+        rel = os.path.relpath(path, new)
+        for other in others:
+            twin = os.path.join(other, rel)
+            if not _same(path, st, twin):
+                continue
+            tmp = path + ".reconcile-link.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            os.link(twin, tmp)
+            os.replace(tmp, path)
+            saved += st.st_blocks * 512
+            break
+    return saved
+
+
+def realizations(store: str) -> list[str]:
+    try:
+        names = os.listdir(store)
+    except OSError:
+        return []
+    return sorted(os.path.join(store, n) for n in names if _NAME.match(n))
+
+
+def disk_usage(paths: Collection[str]) -> int:
+    """Bytes on disk under `paths`, each inode counted once (what `du` prints for them together)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root in paths:
+        for directory, dirs, names in os.walk(root):
+            for name in [*dirs, *names]:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(directory, name))
+                    if (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        total += st.st_blocks * 512
+    return total
+
+
+def in_use_by_processes(paths: Collection[str]) -> set[str]:
+    """Which of `paths` a live process runs from: its executable, command line or cwd lies inside."""
+    used: set[str] = set()
+    prefixes = {p.rstrip("/") + "/": p for p in paths}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        seen: list[str] = []
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+            seen += f.read().decode(errors="replace").split("\0")
+        for link in ("exe", "cwd"):
+            with contextlib.suppress(OSError):
+                seen.append(os.readlink(f"/proc/{entry}/{link}") + "/")
+        for text in seen:
+            for prefix, path in prefixes.items():
+                if text.startswith(prefix) or text == prefix[:-1]:
+                    used.add(path)
+    return used
+
+
+def remove(store: str, path: str) -> None:
+    """Delete one realization: only a `<hash>-venv` directory directly under the store, that we sealed."""
+    if not is_realization(path, store) or os.path.islink(path) or not os.path.isdir(path):
+        raise ValueError(f"{path} is not a realization under {store}")
+    # Renamed first, so a half-removed tree never looks like a realization again.
+    doomed = os.path.join(store, f".gc-{os.path.basename(path)}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)

@@ -1,0 +1,236 @@
+"""Switching generations: `apply` with generations recorded, checked and rolled back, and `rollback`.
+
+Called by the CLI (apply, rollback, plan/status/check for the hold). Around reconcile.apply.executor:
+it picks the spec to apply (the user's, or a held generation's), and under the apply lock records
+the realized state, judges a switch (readiness, then the acceptance chat) and restores config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from reconcile.apply import profile as gens
+from reconcile.apply.executor import ApplyReport, ChangeResult, ProgressFn, apply_spec
+from reconcile.apply.realized import generation_spec, realized_state, restore_config, seal_realization, who
+from reconcile.errors import ReconcileError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from reconcile.spec.loaded import LoadedSpec
+
+
+def held_spec(loaded: LoadedSpec, *, scheduled: bool) -> tuple[LoadedSpec, list[str], gens.Hold | None]:
+    """The spec an apply works on: the user's, or the held generation's while the hold stands.
+    Releases a hold whose spec content changed since it was made. Returns (spec, notes, hold)."""
+    state_dir = loaded.spec.machine.state_dir
+    hold = gens.read_hold(state_dir)
+    if hold is None:
+        return loaded, [], None
+    if hold.from_spec != loaded.sha256:
+        gens.release_hold(state_dir)
+        return loaded, [f"the spec changed since it was {hold.describe()}: hold released"], None
+    if hold.kind == "failed" and not scheduled:
+        return loaded, [f"{hold.describe()}; this apply retries the spec that failed"], None
+    try:
+        held, notes = generation_spec(gens.read(state_dir, hold.generation), loaded)
+    except ReconcileError as exc:
+        raise ReconcileError(f"{hold.describe()}; but {exc} (`reconcile resume` ends the hold)") from None
+    how = (
+        "`reconcile resume` ends it"
+        if hold.kind == "rollback"
+        else "scheduled applies keep it until the spec changes; `reconcile apply` retries the spec"
+    )
+    return held, [f"{hold.describe()} ({how})", *notes], hold
+
+
+def _server_result(report: ApplyReport) -> ChangeResult | None:
+    return next((r for r in report.results if r.resource == "server"), None)
+
+
+def _judge(loaded: LoadedSpec, report: ApplyReport) -> tuple[bool, str | None]:
+    """(whether this apply switched the server, why the switch failed: None when it serves). A
+    switch must get ready, then pass the acceptance check (`reconcile check`'s chat, reasoning and
+    forced tool call as the spec enables them)."""
+    server = _server_result(report)
+    if server is not None and server.result == "failed":
+        return True, f"the server did not become ready: {server.message}"
+    if server is None or server.result != "changed" or loaded.spec.server is None:
+        return False, None
+    if not loaded.spec.server.running:
+        return False, None
+    from probes.health import chat_check
+
+    try:
+        check = chat_check(loaded.spec)
+    except Exception as exc:  # a check that cannot even ask has not passed
+        return True, f"acceptance check failed: {type(exc).__name__}: {exc}"
+    if check.ok:
+        return True, None
+    return True, "acceptance check failed: " + "; ".join(
+        f"{s.name}: {s.message}" for s in check.steps if not s.ok
+    )
+
+
+def _finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str) -> str | None:
+    """Under the lock, at the end of an apply: record the state, judge a switch. Returns the problem.
+    A record that cannot be written must not hide what the apply did: it becomes a note."""
+    state_dir = applied.spec.machine.state_dir
+    if report.refused is not None:
+        return None
+    if not report.changed and _server_result(report) is None and gens.current(state_dir) is not None:
+        return None  # nothing switched: the current generation stands
+    judged, problem = _judge(applied, report)
+    try:
+        number, new = gens.record(state_dir, realized_state(applied), reason=reason)
+        report.generation = number if new else None
+        if judged:
+            gens.set_verdict(state_dir, number, problem is None, problem or "ready, acceptance check passed")
+        seal_realization(original, applied, report, problem is None)
+    except (OSError, ReconcileError) as exc:
+        report.notes.append(f"could not record the generation: {exc}")
+    if problem is not None:
+        report.results.append(ChangeResult("acceptance", "~", "the switch", "failed", problem, 0.0))
+    return problem
+
+
+def apply(
+    loaded: LoadedSpec,
+    *,
+    lock_timeout: float,
+    scheduled: bool = False,
+    auto_rollback: bool = True,
+    progress: ProgressFn | None = None,
+    expected: dict[str, Any] | None = None,
+) -> ApplyReport:
+    """`reconcile apply`: the held generation or the spec, then, after a switch that does not serve,
+    back to the last good generation (exit 4, the reason in the report)."""
+    state_dir = loaded.spec.machine.state_dir
+    effective, notes, hold = held_spec(loaded, scheduled=scheduled)
+    spec_server = effective.spec.server
+    enabled = auto_rollback and getattr(spec_server, "auto_rollback", True)
+    before = gens.current(state_dir)
+    outcome: dict[str, Any] = {}
+
+    def restore(report: ApplyReport) -> None:
+        if hold is not None:
+            restore_config(effective, gens.read(state_dir, hold.generation))
+
+    def done(report: ApplyReport) -> None:
+        outcome["problem"] = problem = _finish(loaded, effective, report, reason="apply")
+        if problem is None:
+            if hold is None and (old := gens.read_hold(state_dir)) is not None and old.kind == "failed":
+                gens.release_hold(state_dir)  # the retried spec serves now
+            return
+        target = gens.last_good(state_dir, other_than=report.generation or gens.current(state_dir))
+        if (
+            enabled
+            and hold is None
+            and target is not None
+            and target["generation"] != gens.current(state_dir)
+        ):
+            gens.write_hold(
+                state_dir,
+                gens.Hold(target["generation"], "failed", time.time(), who(), loaded.sha256, problem),
+            )
+            outcome["target"] = target
+        elif before is not None and not enabled:
+            report.notes.append("automatic rollback is off: the failed generation stays")
+
+    report = apply_spec(
+        effective,
+        lock_timeout=lock_timeout,
+        scheduled=scheduled,
+        # What a person approved at the terminal (the spec's plan; not a held generation's).
+        expected=expected if effective is loaded else None,
+        exact=False,
+        progress=progress,
+        on_locked=restore,
+        on_done=done,
+    )
+    report.notes[:0] = notes
+    target = outcome.get("target")
+    if target is not None:
+        back = _switch_to(
+            loaded, target, lock_timeout, progress, reason=f"automatic rollback: {outcome['problem']}"
+        )
+        report.notes.append(
+            f"automatic rollback to generation {target['generation']}: {outcome['problem']}; "
+            + ("it serves again" if back.exit_code in (0, 2) else "it did NOT come back: see below")
+        )
+        report.results += [dataclasses.replace(r, resource=f"rollback:{r.resource}") for r in back.results]
+        report.notes += back.notes
+    return report
+
+
+def _switch_to(
+    loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
+) -> ApplyReport:
+    """Apply generation `gen`'s spec at its realization, its config.json bytes put back first."""
+    applied, notes = generation_spec(gen, loaded)
+
+    def restore(report: ApplyReport) -> None:
+        restore_config(applied, gen)
+
+    def done(report: ApplyReport) -> None:
+        _finish(loaded, applied, report, reason=reason)
+
+    report = apply_spec(
+        applied,
+        lock_timeout=lock_timeout,
+        rollback_of=int(gen["generation"]),
+        progress=progress,
+        on_locked=restore,
+        on_done=done,
+    )
+    report.notes[:0] = notes
+    return report
+
+
+def rollback(
+    loaded: LoadedSpec,
+    target: int | None,
+    *,
+    lock_timeout: float,
+    progress: ProgressFn | None = None,
+    approve: Callable[[LoadedSpec], object] | None = None,
+) -> tuple[int, ApplyReport]:
+    """`reconcile rollback [N]`: switch to generation N's realization (default: the one numbered below
+    the current), restart once, and hold it until the spec changes or `reconcile resume`. `approve`
+    (a terminal's question) sees generation N's spec first and raises to change nothing."""
+    state_dir = loaded.spec.machine.state_dir
+    have = [g["generation"] for g in gens.read_all(state_dir)]
+    now = gens.current(state_dir)
+    if target is None:
+        below = [n for n in have if now is not None and n < now]
+        if not below:
+            raise ReconcileError(
+                f"{gens.profile_dir(state_dir)}: no generation before {now or 'none'} to roll back to "
+                f"(have {', '.join(map(str, have)) or 'none'})"
+            )
+        target = below[-1]
+    gen = gens.read(state_dir, target)
+    if approve is not None:
+        approve(generation_spec(gen, loaded)[0])
+    venv = (gen.get("venv") or {}).get("path")
+    rebuilt = bool(venv) and not os.path.isdir(str(venv))
+    previous = gens.read_hold(state_dir)
+    # Held before the lock is taken: a timer apply that gets it first already keeps generation N.
+    gens.write_hold(
+        state_dir,
+        gens.Hold(target, "rollback", time.time(), who(), loaded.sha256, f"reconcile rollback {target}"),
+    )
+    try:
+        report = _switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
+    except BaseException:
+        if previous is None:  # nothing switched: the hold as it was
+            gens.release_hold(state_dir)
+        else:
+            gens.write_hold(state_dir, previous)
+        raise
+    if rebuilt:
+        report.notes.append(f"{venv} had been removed (gc): it was built again")
+    return target, report
