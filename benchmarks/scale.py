@@ -1,30 +1,32 @@
 """How `reconcile plan` grows with the spec: 1x, 10x and 100x, 100x being 300 apt packages, 500 venv packages
 and 50 config.json keys (1x: 3, 5 and 1).
 
-Run: python3 benchmarks/scale.py [--runs 10]
+Run: python3 benchmarks/scale.py [--rounds 10]
 Every spec is converged, so what grows is the probes' and planners' work, not the drift rendering: its apt
 packages are ones dpkg says are installed here; its venv is a real `python -m venv --without-pip` holding
 one fake `*.dist-info/METADATA` per package (the venv probe reads METADATA only, never runs pip); its model
 dir and config patch are made by one real `reconcile apply` before timing. Times are of the console script
-of benchmarks/.venvs/reconcile (a new process per run), spec cache warm and cold, medians.
+of benchmarks/.venvs/reconcile (a new process per run), spec cache warm and cold, all six cases and the
+floor (`python -c pass`) interleaved in one loop, so 100x / 1x compares runs of the same rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from bench_plan import Sample, timed
 from benchenv import clean_env, machine, reconcile_venv
+from interleave import Case, floor_case, interleave, loadavg
 
 # scale -> (apt packages, venv packages, config.json keys in the patch)
 SIZES = {1: (3, 5, 1), 10: (30, 50, 5), 100: (300, 500, 50)}
+TARGET_100X = 1.2  # warm 100x / warm 1x (issue 18)
 
 
 def installed_packages() -> list[str]:
@@ -73,28 +75,13 @@ def make_spec(root: Path, apt: list[str], venv_packages: dict[str, str], keys: i
     return spec
 
 
-def measure(reconcile: Path, spec: Path, runs: int) -> tuple[list[Sample], list[Sample]]:
-    argv = [str(reconcile), "plan", "--spec", str(spec)]
-    with tempfile.TemporaryDirectory(prefix="scale-cache-") as home:
-        env = clean_env(XDG_CACHE_HOME=home)
-        first = timed(argv, env)
-        if first.code != 0:
-            sys.exit(f"scale: {spec} is not converged after apply (plan exit {first.code})")
-        warm = [timed(argv, env) for _ in range(runs)]
-    cold = []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory(prefix="scale-cache-") as home:
-            cold.append(timed(argv, clean_env(XDG_CACHE_HOME=home)))
-    return warm, cold
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--rounds", "--runs", type=int, default=10)
     args = parser.parse_args()
     reconcile = reconcile_venv()
     available = installed_packages()
-    rows = []
+    sizes = []
     with tempfile.TemporaryDirectory(prefix="reconcile-scale-") as tmp:
         for scale, (n_apt, n_venv, n_keys) in SIZES.items():
             if len(available) < n_apt:
@@ -112,40 +99,56 @@ def main() -> int:
                 sys.exit(
                     f"scale: apply of {spec} exited {applied.returncode}:\n{applied.stdout}{applied.stderr}"
                 )
-            warm, cold = measure(reconcile, spec, args.runs)
-            rows.append((scale, n_apt, n_venv, n_keys, os.path.getsize(spec), warm, cold))
-            print(f"x{scale} done", file=sys.stderr, flush=True)
+            sizes.append((scale, n_apt, n_venv, n_keys, spec, os.path.getsize(spec)))
+        homes = Path(tmp) / "homes"
+        homes.mkdir()
+        cases = []
+        for kind in ("warm", "cold"):
+            for scale, *_, spec, _ in sizes:
+                argv = [str(reconcile), "plan", "--spec", str(spec)]
+                env = warm_env(homes / f"x{scale}") if kind == "warm" else cold_env(homes)
+                cases.append(Case(f"{scale}x {kind}", argv, env, Path(tmp), (0,)))
+        before = loadavg()
+        floor = floor_case(str(reconcile.parent / "python"), clean_env(), Path(tmp))
+        results = {r.label: r for r in interleave(floor, cases, args.rounds)}
+    print(f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"load average before: {before}; after: {loadavg()}\n")
     print(
-        f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M %Z')}; "
-        f"load average {os.getloadavg()[0]:.2f}\n"
+        f"`reconcile plan` of a converged generated spec, {args.rounds} rounds of: the floor, then every "
+        "case once (ms; × floor: median over rounds of case / that round's floor)\n"
     )
-    print(f"`reconcile plan` of a converged generated spec, median of {args.runs} (ms)\n")
     print(
-        "| size | apt pkgs | venv pkgs | config keys | spec bytes | warm wall | warm CPU | cold wall "
-        "| cold CPU |"
+        "| size | apt pkgs | venv pkgs | config keys | spec bytes | warm wall | warm CPU | warm × floor "
+        "| cold wall | cold CPU | cold × floor |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    base = None
-    for scale, n_apt, n_venv, n_keys, size, warm, cold in rows:
-        w = statistics.median(s.wall for s in warm)
-        wc = statistics.median(s.cpu for s in warm)
-        c = statistics.median(s.wall for s in cold)
-        cc = statistics.median(s.cpu for s in cold)
-        base = base or (w, c)
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for scale, n_apt, n_venv, n_keys, _, size in sizes:
+        w, c = results[f"{scale}x warm"], results[f"{scale}x cold"]
         print(
-            f"| {scale}x | {n_apt} | {n_venv} | {n_keys} | {size:,} | {w * 1000:.0f} | {wc * 1000:.0f} "
-            f"| {c * 1000:.0f} | {cc * 1000:.0f} |"
+            f"| {scale}x | {n_apt} | {n_venv} | {n_keys} | {size:,} | {w.wall * 1000:.0f} "
+            f"| {w.cpu * 1000:.0f} | {w.ratio:.1f} | {c.wall * 1000:.0f} | {c.cpu * 1000:.0f} "
+            f"| {c.ratio:.1f} |"
         )
-    assert base is not None
-    last = rows[-1]
-    w100 = statistics.median(s.wall for s in last[5])
-    c100 = statistics.median(s.wall for s in last[6])
+    top = max(SIZES)
+    warm, cold = results[f"{top}x warm"], results[f"{top}x cold"]
+    one_warm, one_cold = results["1x warm"], results["1x cold"]
+    met = "met" if warm.versus(one_warm) <= TARGET_100X else "MISSED"
     print(
-        f"\n100x the spec costs {w100 / base[0]:.2f}x the time with the cache warm, "
-        f"{c100 / base[1]:.2f}x cold "
-        f"(linear would be 100x)."
+        f"\n{top}x the spec costs {warm.versus(one_warm):.2f}x the wall time of 1x with the cache warm "
+        f"({warm.versus_cpu(one_warm):.2f}x the CPU time; target <= {TARGET_100X}: {met}), "
+        f"{cold.versus(one_cold):.2f}x cold ({cold.versus_cpu(one_cold):.2f}x CPU): medians over rounds of "
+        f"{top}x / 1x of the same round; linear would be {top}x."
     )
     return 0
+
+
+def warm_env(home: Path) -> Callable[[], dict[str, str]]:
+    env = clean_env(XDG_CACHE_HOME=str(home))
+    return lambda: env  # the warm-up round fills it
+
+
+def cold_env(homes: Path) -> Callable[[], dict[str, str]]:
+    return lambda: clean_env(XDG_CACHE_HOME=tempfile.mkdtemp(prefix="cold-", dir=homes))
 
 
 if __name__ == "__main__":

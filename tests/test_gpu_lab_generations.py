@@ -112,9 +112,7 @@ def test_generation_a_then_b_each_from_its_own_realization() -> None:
 
 
 def test_generation_c_that_vllm_rejects_at_startup_rolls_back_to_b_by_itself() -> None:
-    c = spec(
-        "c", {**B_ARGS, "enforce-eager = true": f"enforce-eager = true, {BAD_ARG}"}
-    )
+    c = spec("c", {**B_ARGS, "enforce-eager = true": f"enforce-eager = true, {BAD_ARG}"})
     code, out, _err, _took = cli("plan", "--spec", c)
     assert code == 2, out  # the preflight cannot know: the plan is a plain restart
     out, _before = switch("c_auto_rollback", "apply", "--spec", c, expect=4)

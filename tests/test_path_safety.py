@@ -205,6 +205,21 @@ def test_the_strict_modes_rule(tmp_path: Path) -> None:
     assert parent_problem(str(planted), {0, NOBODY}) is None  # e.g. [api_key] owner = that user
 
 
+def test_a_root_dir_a_system_group_may_write_is_trusted_above_the_paths_own_dir(tmp_path: Path) -> None:
+    # Ubuntu's /var/log is root:syslog 0775; the reference spec logs to /var/log/vllm/nemotron.log.
+    for gid, trusted in ((4, True), (1234, False)):  # adm (a system group); a user's group
+        log = tmp_path / f"log-{gid}"
+        (log / "vllm").mkdir(parents=True)
+        os.chown(log, 0, gid)
+        log.chmod(0o775)
+        problem = parent_problem(str(log / "vllm" / "nemotron.log"))
+        assert (problem is None) is trusted, problem
+        # Never as the path's own directory: there a member could swap the file itself.
+        assert "writable" in str(parent_problem(str(log / "nemotron.log")))
+        log.chmod(0o777)
+        assert "world-writable" in str(parent_problem(str(log / "vllm" / "nemotron.log")))
+
+
 def test_ensure_dir_makes_private_dirs_whatever_the_umask_and_never_walks_a_link(tmp_path: Path) -> None:
     with umask(0o000):
         ensure_dir(str(tmp_path / "a" / "b"))

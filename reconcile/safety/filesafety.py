@@ -49,6 +49,16 @@ def _group(gid: int) -> str:
         return str(gid)
 
 
+SYSTEM_GID_MAX = 999  # Debian's and Ubuntu's system groups (adduser.conf's LAST_SYSTEM_GID)
+
+
+def _system_group_dir(st: os.stat_result) -> bool:
+    """Ubuntu's /var/log is root:syslog 0775: a directory of root's that only a system group (its
+    members are daemons an administrator chose) may write, and others may not, is trusted above the
+    path's own directory, as the distribution itself trusts it. Never as the path's own directory."""
+    return st.st_uid == 0 and not st.st_mode & 0o002 and st.st_gid <= SYSTEM_GID_MAX
+
+
 def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """Why another user could swap or plant `path` (None when nobody else can), by sshd's StrictModes
     rule: each existing directory above it (symlinks resolved) is owned by root or us and is not
@@ -76,6 +86,8 @@ def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | N
             return f"{directory} is owned by {_who(st.st_uid)}, who could replace what is in it"
         if st.st_mode & 0o022:
             sticky = bool(st.st_mode & stat.S_ISVTX)
+            if _system_group_dir(st) and directory != own_dir:
+                continue
             if not sticky or directory == own_dir:
                 what = "world" if st.st_mode & 0o002 else f"group-{_group(st.st_gid)}"
                 mode = stat.S_IMODE(st.st_mode)
