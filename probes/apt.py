@@ -6,7 +6,9 @@ and sources.list.d/*.sources (deb822); never changes anything.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -119,10 +121,68 @@ def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
     return AptObservation(packages, sources, keyrings, unparsed, warnings, _unknown(missing))
 
 
+# What apt-cache answers depends on the package lists and the sources: their stamps key the cache.
+_APT_STATE = (
+    "/var/lib/apt/lists",
+    "/etc/apt/sources.list",
+    "/etc/apt/sources.list.d",
+    "/etc/apt/preferences.d",
+)
+
+
+def _apt_stamp() -> str:
+    parts = []
+    for path in _APT_STATE:
+        try:
+            entries = [path, *(os.path.join(path, n) for n in sorted(os.listdir(path)))]
+        except NotADirectoryError:
+            entries = [path]
+        except OSError:
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                st = os.stat(entry)
+                parts.append(f"{entry}:{st.st_mtime_ns}:{st.st_size}")
+    return "\n".join(parts)
+
+
+def _cache_file(names: list[str]) -> str:
+    import zlib
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = zlib.crc32("\0".join(sorted(names)).encode())  # an index only: the entry names its inputs
+    return os.path.join(base, "reconcile", f"apt-policy-{os.geteuid()}-{key:08x}.json")
+
+
 def _unknown(names: list[str]) -> tuple[str, ...] | None:
-    """Which of `names` apt has no install candidate for: one `apt-cache policy` for all of them."""
+    """Which of `names` apt has no install candidate for: one `apt-cache policy` for all of them, its
+    answer kept (per user, 0600) until the package lists or sources change: without apt's own
+    pkgcache.bin (container images drop it) one call costs most of a second on every plan."""
     if not names:
         return None
+    stamp, path = _apt_stamp(), _cache_file(names)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            cached = json.load(f) if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
+        if isinstance(cached, dict) and cached.get("names") == sorted(names) and cached.get("stamp") == stamp:
+            return tuple(cached["unknown"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    unknown = _ask_apt_cache(names)
+    if unknown is not None:
+        with contextlib.suppress(OSError):
+            from reconcile.host import atomic_write
+            from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
+
+            ensure_dir(os.path.dirname(path), PRIVATE_DIR)
+            body = {"names": sorted(names), "stamp": stamp, "unknown": list(unknown)}
+            atomic_write(path, json.dumps(body).encode(), mode=0o600)
+    return unknown
+
+
+def _ask_apt_cache(names: list[str]) -> tuple[str, ...] | None:
     from reconcile.engine.apt_policy import policy_table
 
     try:

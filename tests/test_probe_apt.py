@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -286,3 +287,35 @@ def test_this_machines_debian_sources() -> None:
     debian = [s for s in result.sources if s.file == "/etc/apt/sources.list.d/debian.sources"]
     assert {s.suite for s in debian} >= {"bookworm", "bookworm-security"}
     assert result.keyrings["/usr/share/keyrings/debian-archive-keyring.gpg"] is True
+
+
+def test_apt_cache_policy_answers_are_kept_until_the_lists_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real apt-cache, behind a wrapper on PATH that records each call.
+    import shutil
+
+    from probes import apt as apt_probe
+
+    real = shutil.which("apt-cache")
+    if real is None:
+        pytest.skip("no apt-cache")
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "bin" / "apt-cache"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "x_Packages").write_text("one")
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(apt_probe, "_APT_STATE", (str(lists),))
+    names = ["bash", "no-such-package-reconcile"]
+    first = apt_probe._unknown(names)
+    assert first == ("no-such-package-reconcile",)
+    assert apt_probe._unknown(names) == first and len(calls.read_text().splitlines()) == 1
+    cached = next((tmp_path / "cache" / "reconcile").glob("apt-policy-*.json"))
+    assert stat.S_IMODE(cached.stat().st_mode) == 0o600
+    (lists / "x_Packages").write_text("two, after apt-get update")
+    assert apt_probe._unknown(names) == first and len(calls.read_text().splitlines()) == 2
