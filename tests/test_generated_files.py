@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,14 @@ SERVICE_KEYS = [
     "TimeoutStopSec",
     "SendSIGKILL",
     "Restart",
+    "RestartSec",
 ]
+
+
+def service_keys(spec: Any, env: Mapping[str, str]) -> list[str]:
+    """The [Service] keys the writer means to write: the fixed ones, then one per hardening line
+    (issue 16; their values hold the spec's paths, so hostile values must not add or drop one)."""
+    return SERVICE_KEYS + [line.split("=", 1)[0] for line in systemd_unit.hardening(spec, env)]
 
 
 def refused_or(render: Callable[[], str]) -> str | None:
@@ -169,7 +176,7 @@ def test_nasty_server_values_come_back_exactly_from_the_unit_and_the_environment
     command = launch_command(spec, LaunchInputs(), base_env={"PATH": "/usr/bin"})
     text = systemd_unit.render_unit(spec, command, systemd_unit.env_file_path(spec))
     settings = parse.unit_settings(text)
-    assert keys(settings, "Service") == SERVICE_KEYS
+    assert keys(settings, "Service") == service_keys(spec, command.env)
     service = {k: v for s, k, v in settings if s == "Service"}
     assert parse.exec_argv(service["ExecStart"]) == list(command.argv)
     assert parse.setting_value(service["StandardOutput"]) == f"append:{log}"
@@ -190,7 +197,7 @@ def test_systemd_analyze_reads_the_nasty_unit_without_a_warning(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert "reconcile-nemotron" not in done.stderr, done.stderr
     # The check can fail: an injected line is reported.
-    unit.write_text(unit.read_text().replace("Restart=no", "Restart=no\nInjected=yes"))
+    unit.write_text(unit.read_text().replace("SendSIGKILL=yes", "SendSIGKILL=yes\nInjected=yes"))
     bad = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert "Injected" in bad.stderr
 

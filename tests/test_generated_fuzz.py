@@ -20,7 +20,7 @@ from reconcile.identity import Identity
 from reconcile.spec.models import Spec
 from reconcile.unattended import timer as scheduling
 from tests import generated_parsers as parse
-from tests.test_generated_files import SERVICE_KEYS, hostile_repo
+from tests.test_generated_files import hostile_repo, service_keys
 
 CASES = int(os.environ.get("RECONCILE_FUZZ_CASES", "10000"))
 BATCH = 10
@@ -93,7 +93,7 @@ def test_the_unit_writer_injects_no_key_and_no_word() -> None:
         argv = ("/opt/v/bin/vllm", "serve", first, second)
         command = LaunchCommand(argv, {}, Identity("0" * 16, {}))
         settings_ = parse.unit_settings(systemd_unit.render_unit(spec, command, env_file))
-        assert [k for s, k, _ in settings_ if s == "Service"] == SERVICE_KEYS
+        assert [k for s, k, _ in settings_ if s == "Service"] == service_keys(spec, command.env)
         service = {k: v for s, k, v in settings_ if s == "Service"}
         assert parse.exec_argv(service["ExecStart"]) == list(argv)
         assert parse.setting_value(service["StandardOutput"]) == f"append:{log}"
