@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from reconcile.engine.families import Resolved, resolve
-from reconcile.engine.shape import ShapeError
+from reconcile.engine.shape import ShapeError, config_int
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
 ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)
@@ -80,16 +80,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
-    for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return int(v)
-    if default is None:
-        raise ShapeError(f"config.json has none of {', '.join(keys)}")
-    return default
-
-
 def layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     """For each decoder layer, the caches it holds: () for MLP-only layers, (MAMBA,), (FULL,), or
     (FULL, MAMBA) for Falcon-H1's parallel hybrid layers. Sliding/chunked come from layer_types."""
@@ -106,9 +96,9 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
                 names = [str(n).lower() for n in value]
                 break
     if str(cfg.get("model_type", "")).startswith("falcon_h1"):
-        return tuple((attn, MAMBA) for _ in range(_int(cfg, "num_hidden_layers")))
+        return tuple((attn, MAMBA) for _ in range(config_int(cfg, "num_hidden_layers")))
     if names is None:
-        return tuple((attn,) for _ in range(_int(cfg, "num_hidden_layers", "n_layer", "num_layers")))
+        return tuple((attn,) for _ in range(config_int(cfg, "num_hidden_layers", "n_layer", "num_layers")))
     out: list[tuple[str, ...]] = []
     for n in names:
         if n == "sliding_attention":
@@ -133,22 +123,22 @@ def mamba_state(cfg: Mapping[str, Any], tp: int, conv_bytes: int, ssm_bytes: int
     """State shapes of one Mamba-style layer on one GPU (vLLM's MambaStateShapeCalculator)."""
     mt = str(cfg.get("model_type", ""))
     if mt in _MAMBA1:
-        inner = _int(cfg, "mamba_expand") * _int(cfg, "hidden_size")  # Mamba-1
-        kernel = _int(cfg, "mamba_d_conv", "conv_kernel")
-        state = _int(cfg, "mamba_d_state", "ssm_state_size", "state_size")
+        inner = config_int(cfg, "mamba_expand") * config_int(cfg, "hidden_size")  # Mamba-1
+        kernel = config_int(cfg, "mamba_d_conv", "conv_kernel")
+        state = config_int(cfg, "mamba_d_state", "ssm_state_size", "state_size")
         return MambaState(((kernel - 1, inner // tp), (inner // tp, state)), (conv_bytes, ssm_bytes))
     if "linear_num_value_heads" in cfg:  # Qwen3-Next / Qwen3.5 gated delta net
-        kh, vh = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
-        kd, vd = _int(cfg, "linear_key_head_dim"), _int(cfg, "linear_value_head_dim")
-        kernel = _int(cfg, "linear_conv_kernel_dim")
+        kh, vh = config_int(cfg, "linear_num_key_heads"), config_int(cfg, "linear_num_value_heads")
+        kd, vd = config_int(cfg, "linear_key_head_dim"), config_int(cfg, "linear_value_head_dim")
+        kernel = config_int(cfg, "linear_conv_kernel_dim")
         conv = (kernel - 1, (2 * kh * kd + vh * vd) // tp)
         return MambaState((conv, (vh // tp, vd, kd)), (conv_bytes, ssm_bytes))
-    heads = _int(cfg, "mamba_num_heads", "mamba_n_heads")  # Mamba-2
-    head_dim = _int(cfg, "mamba_head_dim", "mamba_d_head")
-    state = _int(cfg, "ssm_state_size", "mamba_d_state", "state_size")
-    groups = _int(cfg, "n_groups", "mamba_n_groups", default=1)
-    kernel = _int(cfg, "conv_kernel", "mamba_d_conv")
-    inner = _int(cfg, "mamba_d_ssm", default=heads * head_dim)
+    heads = config_int(cfg, "mamba_num_heads", "mamba_n_heads")  # Mamba-2
+    head_dim = config_int(cfg, "mamba_head_dim", "mamba_d_head")
+    state = config_int(cfg, "ssm_state_size", "mamba_d_state", "state_size")
+    groups = config_int(cfg, "n_groups", "mamba_n_groups", default=1)
+    kernel = config_int(cfg, "conv_kernel", "mamba_d_conv")
+    inner = config_int(cfg, "mamba_d_ssm", default=heads * head_dim)
     if groups % tp:  # vLLM replicates groups so each head shard has its group
         groups += tp - groups
     conv = (kernel - 1, (inner + 2 * groups * state) // tp)
@@ -168,11 +158,11 @@ def pp_layers(num_layers: int, pp: int, rank: int) -> range:
 def attention_geometry(cfg: Mapping[str, Any], tp: int) -> tuple[int, int]:
     """(KV heads per GPU, head size) vLLM's ModelConfig.get_num_kv_heads / get_head_size give."""
     if isinstance(cfg.get("kv_lora_rank"), int):
-        return 1, int(cfg["kv_lora_rank"]) + _int(cfg, "qk_rope_head_dim", default=0)
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    kv = _int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
-    hidden = _int(cfg, "hidden_size", "d_model", "n_embd")
-    head = _int(cfg, "head_dim", "attention_head_dim", default=hidden // heads)
+        return 1, int(cfg["kv_lora_rank"]) + config_int(cfg, "qk_rope_head_dim", default=0)
+    heads = config_int(cfg, "num_attention_heads", "n_head")
+    kv = config_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    hidden = config_int(cfg, "hidden_size", "d_model", "n_embd")
+    head = config_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads)
     return max(1, kv // tp), head
 
 
@@ -211,7 +201,7 @@ def layer_specs(
             align = MLA_BLOCK if has_mla else DEFAULT_BLOCK
             needed = align * _cdiv(mamba_page, align * one_token)
             if mamba_mode == "all":  # prefix caching of Mamba state: blocks of whole SSD kernel chunks
-                chunk = math.lcm(_int(cfg, "mamba_chunk_size", "chunk_size", default=256), align)
+                chunk = math.lcm(config_int(cfg, "mamba_chunk_size", "chunk_size", default=256), align)
                 needed = chunk * _cdiv(_cdiv(mamba_page, one_token), chunk)
             if block_size is None or block_size < needed:
                 bs = needed

@@ -47,7 +47,8 @@ class ModelShape(NamedTuple):
     mamba: MambaShape | None = None
 
 
-def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+def config_int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int:
+    """The first of `keys` config.json holds as a number (a bool is not one), else `default`."""
     for k in keys:
         v = cfg.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -87,13 +88,13 @@ def _ssm_dtype(cfg: Mapping[str, Any]) -> str | None:
 
 def model_shape(config: Mapping[str, Any]) -> ModelShape:
     cfg = resolve(config).config
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    hidden = _int(cfg, "hidden_size", "d_model", "n_embd")
+    layers = config_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = config_int(cfg, "num_attention_heads", "n_head")
+    hidden = config_int(cfg, "hidden_size", "d_model", "n_embd")
     attention, mamba_layers, source = _layer_kinds(cfg, layers)
     mla = None
     if isinstance(cfg.get("kv_lora_rank"), int):
-        mla = int(cfg["kv_lora_rank"]) + _int(cfg, "qk_rope_head_dim", default=0)
+        mla = int(cfg["kv_lora_rank"]) + config_int(cfg, "qk_rope_head_dim", default=0)
     mamba = None
     if str(cfg.get("model_type", "")).startswith("falcon_h1"):
         mamba_layers = layers  # every Falcon-H1 layer runs attention and Mamba side by side
@@ -101,13 +102,15 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         # Mamba-1 (Jamba) has no heads; Qwen3-Next's linear attention names its dims differently.
         mamba = MambaShape(
             layers=mamba_layers,
-            num_heads=_int(cfg, "mamba_num_heads", "mamba_n_heads", "linear_num_value_heads", default=0),
-            head_dim=_int(cfg, "mamba_head_dim", "mamba_d_head", "linear_value_head_dim", default=0),
-            state_size=_int(
+            num_heads=config_int(
+                cfg, "mamba_num_heads", "mamba_n_heads", "linear_num_value_heads", default=0
+            ),
+            head_dim=config_int(cfg, "mamba_head_dim", "mamba_d_head", "linear_value_head_dim", default=0),
+            state_size=config_int(
                 cfg, "ssm_state_size", "state_size", "mamba_d_state", "linear_key_head_dim", default=0
             ),
-            n_groups=_int(cfg, "n_groups", "mamba_n_groups", "linear_num_key_heads", default=1),
-            conv_kernel=_int(
+            n_groups=config_int(cfg, "n_groups", "mamba_n_groups", "linear_num_key_heads", default=1),
+            conv_kernel=config_int(
                 cfg, "conv_kernel", "mamba_d_conv", "mamba_conv_kernel", "linear_conv_kernel_dim", default=4
             ),
             ssm_dtype=_ssm_dtype(cfg),
@@ -118,11 +121,11 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         layers=layers,
         attention_layers=attention,
         num_attention_heads=heads,
-        num_kv_heads=_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads),
+        num_kv_heads=config_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads),
         # NemotronH: head_dim 128 while hidden_size / heads = 84; the explicit key wins.
-        head_dim=_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads),
+        head_dim=config_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
-        vocab_size=_int(cfg, "vocab_size", default=0),
+        vocab_size=config_int(cfg, "vocab_size", default=0),
         layer_source=source,
         mla_dim=mla,
         mamba=mamba,
