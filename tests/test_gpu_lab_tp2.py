@@ -228,18 +228,22 @@ def foreign() -> Iterator[subprocess.Popen[str]]:
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # NVML's order
     }
     for uid in (NOBODY, None):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-            env=env,
-            cwd="/",
-            user=uid,
-            group=uid,
-            extra_groups=[] if uid is not None else None,
-        )
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+                env=env,
+                cwd="/",
+                user=uid,
+                group=uid,
+                extra_groups=[] if uid is not None else None,
+            )
+        except OSError as exc:  # nobody may not be allowed to run the image's interpreter
+            FIGURES[f"foreign_as_{uid}_failed"] = str(exc)
+            continue
         assert proc.stdout is not None
         if proc.stdout.readline().startswith("holding"):
             FIGURES["foreign_uid"] = os.geteuid() if uid is None else uid

@@ -28,7 +28,7 @@ from reconcile.identity import MARKER
 from reconcile.ownership.membership import proc_id, read_stat
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.fakes.fake_nvml import GIB, FakeProcess, HeldNvml, h200, lock_holders
-from tests.ownership_support import NOBODY, PATHS, foreign_pids
+from tests.ownership_support import PATHS, as_nobody, foreign_pids
 from tests.test_server_support import alive, children_of, cmdline, wait_for
 
 NVCC = Path(__file__).resolve().parent / "fixtures" / "nvcc"
@@ -159,19 +159,7 @@ def stranger_other_uid(strangers: list[int], marker: str) -> int | None:
     if os.geteuid() != 0:
         return None
     code = "import time; print('ready', flush=True); time.sleep(300)"
-    proc = subprocess.Popen(
-        ["/usr/bin/python3", "-c", code],
-        env={"PATH": "/usr/bin:/bin", MARKER: marker},
-        user=NOBODY,
-        group=NOBODY,
-        extra_groups=[],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-        cwd="/",
-    )
-    strangers.append(proc.pid)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-    return proc.pid
+    return as_nobody(["/usr/bin/python3", "-c", code], {MARKER: marker}, strangers).pid
 
 
 def test_kill_9_at_tp_2_leaves_both_workers_which_the_plan_owns_and_apply_stops_and_frees(
