@@ -65,6 +65,8 @@ def cli(*args: str, timeout: float = 900) -> tuple[int, str, str, float]:
 
 
 def gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
     return out.count("GPU ")
 
@@ -81,6 +83,16 @@ def variant(name: str, replace: dict[str, str]) -> str:
     path = LAB / f"spec-{name}.toml"
     path.write_text(text)
     return str(path)
+
+
+def tp2_variant(name: str, replace: dict[str, str] | None = None) -> str:
+    """The lab spec at tensor-parallel-size 2, NVLink multicast off in the server's environment."""
+    env_lines = "\n".join(f'{k} = "{v}"' for k, v in MULTI_GPU_ENV.items())
+    tp2 = {
+        "args = { max-model-len = 1024,": "args = { tensor-parallel-size = 2, max-model-len = 1024,",
+        'VLLM_USE_FLASHINFER_SAMPLER = "0"': f'VLLM_USE_FLASHINFER_SAMPLER = "0"\n{env_lines}',
+    }
+    return variant(name, {**tp2, **(replace or {})})
 
 
 def key() -> str:
@@ -363,14 +375,7 @@ def test_predicted_kv_cache_capacity_against_vllms_log() -> None:
 def test_tensor_parallel_two_workers_and_the_zombie_scenario() -> None:
     if gpu_count() < 2:
         pytest.skip("needs two GPUs")
-    env_lines = "\n".join(f'{k} = "{v}"' for k, v in MULTI_GPU_ENV.items())
-    spec = variant(
-        "tp2",
-        {
-            "args = { max-model-len = 1024,": "args = { tensor-parallel-size = 2, max-model-len = 1024,",
-            'VLLM_USE_FLASHINFER_SAMPLER = "0"': f'VLLM_USE_FLASHINFER_SAMPLER = "0"\n{env_lines}',
-        },
-    )
+    spec = tp2_variant("tp2")
     code, _out, _err, took = cli("apply", "--spec", spec)
     FIGURES["tp2_apply_s"] = round(took, 1)
     assert code == 2

@@ -3,10 +3,11 @@ the head counts vLLM 0.26 requires tensor parallel to divide. Each with a failin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from reconcile.plan.records import Finding
-from tests.test_preflight import findings, load, of, rtx5090, spec
+from tests.test_preflight import findings, load, of, rtx5090, spec, the
 
 NO_PARSER: dict[str, Any] = {"reasoning-parser": None, "reasoning-parser-plugin": None}
 
@@ -76,3 +77,80 @@ def test_mamba_heads_and_groups_must_divide_by_tp() -> None:
     assert tp_errors(findings(s, gpus=sixteen, model_config=one_group)) == []
     odd = {**config, "mamba_num_heads": 40}
     assert any("40 Mamba heads" in m for m in tp_errors(findings(s, gpus=sixteen, model_config=odd)))
+
+
+# The lab's tiny Llama (shared/gpu-lab/make_tiny_model.py) as the h200-lab spec's patch leaves it.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+    "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+    "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048,
+                        "rope_theta": 10000.0},
+}  # fmt: skip
+TINY_WEIGHTS = 901_120  # model.safetensors
+
+
+def lab_fit(tmp_path: Path, tp: int, gpus: int | None) -> tuple[Finding, list[str]]:
+    """memory.fit and the memory.tp errors for specs/h200-lab.toml at `tp` with [gpu] count 2, on `gpus`
+    fake H200s (None: no NVML, the spec's memory_gib)."""
+    from probes import gpu
+    from reconcile.plan.prober import Observed
+    from reconcile.preflight.gather import inputs_from, run_preflight
+    from reconcile.spec.loader import load_spec
+    from tests.fakes import fake_nvml
+
+    text = (Path(__file__).resolve().parent.parent / "specs" / "h200-lab.toml").read_text()
+    text = text.replace("count = 1", "count = 2").replace(
+        "args = { ", f"args = {{ tensor-parallel-size = {tp}, "
+    )
+    (tmp_path / "lab.toml").write_text(text)
+    s = load_spec(str(tmp_path / "lab.toml")).spec
+    seen = gpu.probe(s, nvml=fake_nvml.h200(gpus)) if gpus else None
+    inputs = inputs_from(s, Observed(seen, None, None, None, None, None, None, None))
+    files = {"model.safetensors": TINY_WEIGHTS, "config.json": 700}
+    found = run_preflight(
+        s,
+        inputs._replace(
+            vllm_version="0.26.0",
+            vllm_version_source="installed",
+            model_config=TINY_LLAMA,
+            model_file_sizes=files,
+            model_files=frozenset(files),
+        ),
+    )
+    return the(list(found), "memory.fit"), tp_errors(list(found))
+
+
+def test_the_lab_spec_at_tp_2_budgets_each_gpu_and_splits_weights_and_kv_heads_as_vllm(
+    tmp_path: Path,
+) -> None:
+    # Per GPU, as vLLM's worker counts it (each rank profiles its own GPU; the engine takes the least):
+    # budget = 0.3 x CUDA's total = 0.3 x (143,771 - 615 reserved) MiB, the same at TP 1 and TP 2;
+    # weights / TP; KV heads max(1, 2 // TP) = 1 (get_num_kv_heads): 2 x 1 x 64 x 2 B x 2 layers = 512 B
+    # a token; NCCL's buffers +0.25 GiB; activations 8,192 x 128 x 36; logits 512 x 1,024 x 4; no
+    # graphs (enforce-eager); RoPE cache 4,096 positions (YaRN 2,048 x 2) x 64 x 2 B.
+    budget = int((143_771 - 615) * 2**20 * 0.3)
+    overhead = 2**29 + 8192 * 128 * 36 + 512 * 1024 * 4 + 4096 * 64 * 2
+    available = budget - TINY_WEIGHTS // 2 - overhead
+    blocks = available // (16 * 512)  # one block: 16 tokens x 512 B, both layers (one KV cache group)
+    two, errors = lab_fit(tmp_path, 2, gpus=2)
+    assert errors == []  # 2 heads and 2 KV heads divide by 2; 2 GPUs probed
+    # One request: 64 blocks x 16 tokens x 512 B = 524,288 B on each GPU.
+    assert two.severity == "info" and two.message == "KV cache 524,288 B/GPU at 1,024 tokens (bfloat16); fits"
+    e = two.evidence
+    assert (e["budget"], e["weights_per_gpu"], e["kv_bytes_per_token_per_gpu"]) == (budget, 450_560, 512)
+    # vLLM logs concurrency x max-model-len: blocks / 64 a request x 1,024 = blocks x 16 tokens.
+    assert e["predicted_kv_cache_tokens"] == blocks * 16 == 86_826_736
+    one = lab_fit(tmp_path, 1, gpus=2)[0].evidence
+    assert (one["budget"], one["weights_per_gpu"], one["kv_bytes_per_token_per_gpu"]) == (
+        budget,
+        901_120,
+        1024,
+    )
+    # No NVML: [gpu] memory_gib 139.8 is the per-GPU total; the division is the same.
+    unprobed = lab_fit(tmp_path, 2, gpus=None)[0].evidence
+    assert (unprobed["budget"], unprobed["kv_bytes_per_token_per_gpu"]) == (
+        int(int(139.8 * 2**30) * 0.3),
+        512,
+    )
+    assert lab_fit(tmp_path, 2, gpus=1)[1] == ["tensor-parallel-size 2 needs 2 GPUs; 1 visible"]

@@ -5,7 +5,8 @@ Dense, MoE, MLA, sliding window, interleaved local/global and a Mamba hybrid, pl
 built offline with transformers, served with --enforce-eager at a small gpu-memory-utilization, and
 its log's "Available KV cache memory" and "GPU KV cache size: N tokens", or its refusal, set beside
 reconcile's figures. Resumable per model (ORACLE_STATE). Writes $OUT/preflight-serve.{json,md}.
-Usage: tools/preflight_oracle.sh --serve [names...]
+Usage: tools/preflight_oracle.sh --serve [--tp N] [names...]; at --tp N > 1 (issue 19: N GPUs, NVLink
+multicast off) the files are preflight-serve-tpN.* and each model is kept apart from its TP 1 run.
 """
 
 from __future__ import annotations
@@ -205,7 +206,15 @@ def build(name: str, out: Path) -> None:
 SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail")
 
 
-def serve(model: Path, port: int, log: Path, timeout: float = 240) -> dict[str, Any]:
+# Issue 19: on the two-GPU lab kind NVLink multicast must stay off (shared/gpu-lab/README.md).
+MULTI_GPU_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def serve(model: Path, port: int, log: Path, timeout: float = 240, tp: int = 1) -> dict[str, Any]:
     """Start `vllm serve`, wait until it is up or has exited, stop it; what its log says."""
     cmd = [
         sys.executable,
@@ -220,8 +229,9 @@ def serve(model: Path, port: int, log: Path, timeout: float = 240) -> dict[str, 
         "--enforce-eager",
         "--gpu-memory-utilization",
         str(UTIL),
+        *(["--tensor-parallel-size", str(tp)] if tp > 1 else []),
     ]
-    env = {**os.environ, **OFFLINE}
+    env = {**os.environ, **OFFLINE, **(MULTI_GPU_ENV if tp > 1 else {})}
     started = time.monotonic()
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -255,7 +265,7 @@ def serve(model: Path, port: int, log: Path, timeout: float = 240) -> dict[str, 
     }
 
 
-def _estimate(model: Path, total: int) -> MemoryEstimate:
+def _estimate(model: Path, total: int, tp: int = 1) -> MemoryEstimate:
     config = json.loads((model / "config.json").read_text())
     files = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
     d = derive_max_model_len(config, "0.26.0")
@@ -263,7 +273,7 @@ def _estimate(model: Path, total: int) -> MemoryEstimate:
         config,
         None,
         files,
-        tp=1,
+        tp=tp,
         total_bytes=total,
         gpu="NVIDIA H200",
         utilization=UTIL,
@@ -272,8 +282,8 @@ def _estimate(model: Path, total: int) -> MemoryEstimate:
     )
 
 
-def predict(model: Path, total: int) -> dict[str, Any]:
-    e = _estimate(model, total)
+def predict(model: Path, total: int, tp: int = 1) -> dict[str, Any]:
+    e = _estimate(model, total, tp)
     return {
         "max_model_len": e.max_model_len,
         "fits": e.fits,
@@ -284,9 +294,9 @@ def predict(model: Path, total: int) -> dict[str, Any]:
     }
 
 
-def layout_tokens(model: Path, total: int, available_gib: float) -> int:
+def layout_tokens(model: Path, total: int, available_gib: float, tp: int = 1) -> int:
     """Reconcile's block math alone, on the memory vLLM logged as available (rounded to 0.01 GiB)."""
-    e = _estimate(model, total)
+    e = _estimate(model, total, tp)
     if e.layout is None:
         return 0
     return e.layout.capacity_tokens(
@@ -304,8 +314,13 @@ def gpu_total() -> int:
 
 
 def main(argv: list[str]) -> int:
+    tp = 1
+    if "--tp" in argv:
+        at = argv.index("--tp")
+        tp, argv = int(argv[at + 1]), argv[:at] + argv[at + 2 :]
+    tag = f"-tp{tp}" if tp > 1 else ""
     out_dir = Path(os.environ.get("OUT") or ".")
-    state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle")) / "serve"
+    state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle")) / f"serve{tag}"
     state.mkdir(parents=True, exist_ok=True)
     total = gpu_total()
     rows = []
@@ -316,12 +331,14 @@ def main(argv: list[str]) -> int:
             build(name, model)
         # Resumable: what vLLM logged is kept per model; reconcile's prediction is made afresh.
         logged = (
-            json.loads(done.read_text()) if done.exists() else serve(model, 8300 + i, state / f"{name}.log")
+            json.loads(done.read_text())
+            if done.exists()
+            else serve(model, 8300 + i, state / f"{name}.log", tp=tp)
         )
-        row: dict[str, Any] = {"name": name, **predict(model, total)}
+        row: dict[str, Any] = {"name": name, "tp": tp, **predict(model, total, tp)}
         row.update({k: logged[k] for k in SERVED_KEYS})
         if row["available_gib"] is not None:
-            row["layout_tokens"] = layout_tokens(model, total, row["available_gib"])
+            row["layout_tokens"] = layout_tokens(model, total, row["available_gib"], tp)
         logged, predicted = row["logged_tokens"], row["predicted_tokens"]
         row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
         row["verdict_agrees"] = row["fits"] == row["started"]
@@ -329,7 +346,7 @@ def main(argv: list[str]) -> int:
         done.write_text(json.dumps(row, indent=1))
         rows.append(row)
     lines = [
-        f"vLLM 0.26.0 serve, --enforce-eager, gpu-memory-utilization {UTIL}, "
+        f"vLLM 0.26.0 serve, --enforce-eager, gpu-memory-utilization {UTIL}, tensor-parallel-size {tp}, "
         f"CUDA total {total / GiB:.2f} GiB",
         "",
         "| model | max_model_len | fits (rec.) | started (vLLM) | KV tokens logged | predicted | error | "
@@ -342,8 +359,10 @@ def main(argv: list[str]) -> int:
             f"{r['predicted_tokens']:,} | {r['capacity_error_pct']}% | {r.get('layout_tokens')} | "
             f"{r['available_gib']} / {r['available_predicted_gib']} |"
         )
-    (out_dir / "preflight-serve.json").write_text(json.dumps({"cuda_total": total, "rows": rows}, indent=1))
-    (out_dir / "preflight-serve.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"preflight-serve{tag}.json").write_text(
+        json.dumps({"cuda_total": total, "rows": rows}, indent=1)
+    )
+    (out_dir / f"preflight-serve{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["verdict_agrees"] for r in rows) else 1
 

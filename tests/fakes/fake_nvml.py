@@ -4,10 +4,13 @@ It raises the real `pynvml.NVMLError` subclasses with the real codes (Uninitiali
 nvmlInit or after the last nvmlShutdown, Invalid Argument for a bad index or a foreign handle),
 keeps nvmlInit/nvmlShutdown reference counted like libnvidia-ml, and returns process objects with
 .pid and .usedGpuMemory. `legacy_bytes=True` mimics nvidia-ml-py < 11.5, which returned bytes.
+`HeldNvml` ties it to the fake vllm: a process holding its "GPU memory" lock is listed on that GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import pynvml
@@ -172,8 +175,73 @@ class FakeNvml:
         return value.encode() if self.legacy_bytes else value
 
 
-def h200(count: int = 1, processes: list[FakeProcess] | None = None) -> FakeNvml:
-    """The lab machine: NVIDIA H200, 143771 MiB, driver 580.159.04, CUDA 13.0."""
+def lock_holders(hold: str) -> dict[int, int]:
+    """GPU index -> pid holding `<hold>/cuda<index>.lock` (the fake vllm's GPU memory), read from
+    /proc/locks, the kernel's own table: taking the lock to test it would race a worker starting.
+    A lock's inode is matched, then the pid's open files (an overlay's device numbers differ)."""
+    files: dict[int, tuple[int, str]] = {}
+    for name in os.listdir(hold) if os.path.isdir(hold) else []:
+        if name.startswith("cuda") and name.endswith(".lock") and name[4:-5].isdigit():
+            path = os.path.realpath(os.path.join(hold, name))
+            files[os.stat(path).st_ino] = (int(name[4:-5]), path)
+    out: dict[int, int] = {}
+    with open("/proc/locks") as f:
+        for line in f:
+            cols = line.split()  # "1: FLOCK  ADVISORY  WRITE 1965 fe:00:2146354 0 EOF"; waiters have "->"
+            if len(cols) < 6 or cols[1] != "FLOCK":
+                continue
+            found = files.get(int(cols[5].rsplit(":", 1)[1]))
+            if found is not None and _has_open(int(cols[4]), found[1]):
+                out[found[0]] = int(cols[4])
+    return out
+
+
+def _has_open(pid: int, path: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class HeldNvml(FakeNvml):
+    """A FakeNvml whose GPU i also lists the process that holds the fake vllm's `cuda<i>.lock` under
+    `hold`, using `per_process` bytes: there while the process lives, released when it exits (the
+    kernel drops the lock), as the driver frees a dead process's memory. Each query reads it afresh."""
+
+    def __init__(self, gpus: list[FakeGpu], hold: str, per_process: int, **kw: object) -> None:
+        super().__init__(gpus, **kw)  # type: ignore[arg-type]
+        self.hold, self.per_process = hold, per_process
+
+    def _with_holders(self, handle: _Handle) -> FakeGpu:
+        gpu = self._gpu(handle)
+        pid = lock_holders(self.hold).get(handle.index)
+        if pid is None:
+            return gpu
+        return dataclasses.replace(
+            gpu,
+            memory_used=gpu.memory_used + self.per_process,
+            processes=[*gpu.processes, FakeProcess(pid, self.per_process)],
+        )
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> _Memory:
+        super().nvmlDeviceGetMemoryInfo(handle, version)  # its errors
+        return _Memory(self._with_holders(handle), version)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[_ProcessInfo]:
+        super().nvmlDeviceGetComputeRunningProcesses(handle)  # its errors
+        return [_ProcessInfo(p) for p in self._with_holders(handle).processes]
+
+
+def h200(count: int = 1, processes: list[FakeProcess] | None = None, hold: str | None = None) -> FakeNvml:
+    """The lab machine: NVIDIA H200, 143771 MiB, driver 580.159.04, CUDA 13.0. With `hold`, a HeldNvml:
+    each fake vllm worker holding a GPU there shows 43.6 GiB on it, as each TP 2 worker did on the lab."""
     gpus = [
         FakeGpu(
             name="NVIDIA H200",
@@ -186,6 +254,8 @@ def h200(count: int = 1, processes: list[FakeProcess] | None = None) -> FakeNvml
         )
         for i in range(count)
     ]
+    if hold is not None:
+        return HeldNvml(gpus, hold, int(43.6 * GIB), driver_version="580.159.04", cuda_driver_version=13000)
     return FakeNvml(gpus, driver_version="580.159.04", cuda_driver_version=13000)
 
 
