@@ -13,13 +13,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from reconcile.engine.attention import DEFAULT_BLOCK
 from reconcile.engine.families import Resolved, resolve
 from reconcile.engine.shape import ShapeError, config_int
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
 ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)
-DEFAULT_BLOCK = 16  # CacheConfig.block_size on CUDA
-MLA_BLOCK = 64  # FlashMLA (the Hopper default MLA backend) needs 64-token blocks
 _ATTN_NAMES = {"*", "attention", "full_attention", "global", "hybrid"}
 _MAMBA1 = {"jamba", "mamba", "falcon_mamba"}  # Mamba-1 mixers: (conv, ssm) of expand x hidden
 _MAMBA_NAMES = {"m", "mamba", "mamba2", "linear_attention", "linear"}
@@ -178,11 +177,14 @@ def layer_specs(
     block_size: int | None = None,
     max_model_len: int = 0,
     mamba_mode: str = "none",
+    backend_block: int | None = None,
 ) -> tuple[LayerSpec, ...]:
     """The KV-cache spec of every cache-holding layer on one GPU, in layer order.
 
-    `pp_rank` None: all layers (PP ranks are projected by engine.kvgroups). `block_size` None: vLLM's
-    default, 16, or 64 for MLA. Hybrid Mamba models get vLLM's attention block size and Mamba padding.
+    `pp_rank` None: all layers (PP ranks are projected by engine.kvgroups). `block_size` is
+    --block-size; else `backend_block`, the block the attention backend prefers (an MLA backend's:
+    engine.attention.mla_backend), else 16. Hybrid Mamba models get vLLM's attention block size and
+    Mamba padding on top of it.
     """
     resolved = config if isinstance(config, Resolved) else resolve(config)
     cfg = resolved.config
@@ -190,7 +192,8 @@ def layer_specs(
     rank_layers = set(range(len(kinds))) if pp_rank is None else set(pp_layers(len(kinds), pp, pp_rank))
     kv_heads, head = attention_geometry(cfg, tp) if any(k != (MAMBA,) and k for k in kinds) else (0, 0)
     has_mla = any(MLA in k for k in kinds)
-    bs = block_size or (MLA_BLOCK if has_mla else DEFAULT_BLOCK)
+    # Platform.update_block_size_for_backend, phase 1: the user's block, else the backend's preferred.
+    bs = block_size or backend_block or DEFAULT_BLOCK
     one_token = kv_heads * head * (1 if has_mla else 2) * kv_dtype_bytes
     mamba: MambaState | None = None
     mamba_page = 0
@@ -198,12 +201,14 @@ def layer_specs(
         mamba = mamba_state(cfg, tp, mamba_conv_bytes, mamba_ssm_bytes)
         mamba_page = sum(math.prod(s) * b for s, b in zip(mamba.shapes, mamba.dtype_bytes, strict=True))
         if one_token:
-            align = MLA_BLOCK if has_mla else DEFAULT_BLOCK
+            # _align_hybrid_block_size: the kernel alignment is max(the backend's smallest block, the
+            # phase-1 block), which is the phase-1 block for every backend vLLM would select.
+            align = bs
             needed = align * _cdiv(mamba_page, align * one_token)
             if mamba_mode == "all":  # prefix caching of Mamba state: blocks of whole SSD kernel chunks
                 chunk = math.lcm(config_int(cfg, "mamba_chunk_size", "chunk_size", default=256), align)
                 needed = chunk * _cdiv(_cdiv(mamba_page, one_token), chunk)
-            if block_size is None or block_size < needed:
+            if bs < needed:
                 bs = needed
             if bs * one_token < mamba_page:
                 bs = _cdiv(mamba_page, one_token)

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from reconcile.engine.attention import Backend, Build, mla_backend
 from reconcile.engine.budget import (
     CUDA_GRAPH_BYTES,
     NVML_RESERVED_FALLBACK,
@@ -113,6 +114,7 @@ class MemoryEstimate(NamedTuple):
     batched_tokens: int = 8192
     mamba_mode: str = "none"
     in_flight_tokens: int = 16384  # vLLM's max_in_flight_tokens (engine.budget.in_flight_tokens)
+    attention_backend: Backend | None = None  # the MLA backend vLLM picks (MLA models only)
 
     @property
     def budget(self) -> int:
@@ -207,11 +209,15 @@ def estimate(
     max_model_len: int | None,
     args: Mapping[str, Any],
     pp: int = 1,
+    capability: int | None = None,
+    build: Build | None = None,
 ) -> MemoryEstimate:
     """The memory table's numbers from config.json, the weight files and the server's flags
     (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
     mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager, block-size, enable-prefix-caching,
-    disable-hybrid-kv-cache-manager). `total_bytes` is CUDA's total (see cuda_total)."""
+    disable-hybrid-kv-cache-manager, attention-backend). `total_bytes` is CUDA's total (see
+    cuda_total). `capability` (9.0 -> 90) and `build` (engine.attention.scan_build of the venv) pick
+    an MLA model's backend and so its block size."""
     resolved = resolve(config)
     shape = model_shape(resolved.config)
     serve = model_dtype(_str(args.get("dtype")), shape)
@@ -227,6 +233,18 @@ def estimate(
     batched_arg = args.get("max-num-batched-tokens")
     batched = int(batched_arg) if isinstance(batched_arg, int) else batched
     block_arg = args.get("block-size")
+    user_block = int(block_arg) if isinstance(block_arg, int) and not isinstance(block_arg, bool) else None
+    backend = None
+    if shape.mla_dim is not None:
+        forced = args.get("attention-backend")
+        backend = mla_backend(
+            capability,
+            resolved.config,
+            kv_cache_dtype=kv_name,
+            block_size=user_block,
+            forced=forced if isinstance(forced, str) else None,
+            build=build,
+        )
     mamba_mode = mamba_cache_mode(resolved.config, shape, args)
     specs = layer_specs(
         resolved,
@@ -234,9 +252,10 @@ def estimate(
         kv_dtype_bytes=kv_bytes,
         mamba_conv_bytes=DTYPE_BYTES.get(conv, 2),
         mamba_ssm_bytes=DTYPE_BYTES.get(ssm, 4),
-        block_size=int(block_arg) if isinstance(block_arg, int) else None,
+        block_size=user_block,
         max_model_len=max_model_len or 0,
         mamba_mode=mamba_mode,
+        backend_block=backend.block_size if backend else None,
     )
     layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
     block = layout.min_block_size if layout else 16
@@ -280,6 +299,7 @@ def estimate(
         in_flight_tokens=in_flight_tokens(
             batched, pp, on(args, "async-scheduling"), v2_runner(config, shape)
         ),
+        attention_backend=backend,
     )
 
 

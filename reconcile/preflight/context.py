@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from reconcile.engine import limits
+from reconcile.engine.attention import Build
 from reconcile.engine.flags import canonical
 from reconcile.plan.records import Finding, Severity
 
@@ -66,6 +67,7 @@ class PreflightInputs(NamedTuple):
     venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
     vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
     venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
+    attention_build: Build | None = None  # vLLM's MLA kernels in the venv; None: no venv (the stock wheel)
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
@@ -140,6 +142,25 @@ def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
         pp=pp,
         dp=dp,
     )
+
+
+def capability(c: RuleContext) -> tuple[int, str] | None:
+    """The lowest compute capability of the GPUs the server uses, as vLLM's int (8.9 -> 89), and
+    where it comes from; None when neither NVML nor the spec's [gpu] tells."""
+    if c.gpus:
+        g = min(c.gpus, key=lambda g: cc_int(g.compute_capability))
+        return cc_int(g.compute_capability), f"{g.name} (compute capability {g.compute_capability})"
+    cc = c.spec.gpu.compute_capability if c.spec.gpu else None
+    return (cc_int(cc), f"[gpu] compute_capability {cc}") if cc else None
+
+
+def cc_int(text: str) -> int:
+    """ "9.0" -> 90, as vLLM's DeviceCapability.to_int (0 for text that is not one)."""
+    major, _, minor = text.partition(".")
+    try:
+        return int(major) * 10 + int(minor or 0)
+    except ValueError:
+        return 0
 
 
 def _number(value: object, default: float) -> float:

@@ -165,10 +165,13 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
     """Every distribution the server's interpreter sees (the venv's site-packages and the dirs its
     .pth files add, as the lab's torch is) and vLLM's declared requirements."""
     from probes.venv import requires, scan_site_packages
+    from reconcile.engine.attention import scan_build
 
     dists = {name: d.version for name, d in venv.distributions.items()}
+    dirs = list(venv.site_packages)
     for entry in venv.pth_paths:
         if entry.exists and entry.path not in venv.site_packages:
+            dirs.append(entry.path)
             found, _, _ = scan_site_packages(entry.path)
             dists.update({name: d.version for name, d in found.items() if name not in dists})
     vllm = venv.distributions.get("vllm")
@@ -176,6 +179,7 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
         "venv_distributions": dists,
         "vllm_requires": requires(vllm) if vllm else None,
         "venv_python": venv.version,
+        "attention_build": scan_build(dirs),
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from reconcile.engine.limits import text_config
 from reconcile.engine.memory import kv_cache_dtype
 from reconcile.plan.records import Finding
-from reconcile.preflight.context import RuleContext, finding, model_config
+from reconcile.preflight.context import RuleContext, capability, finding, model_config
 
 # vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS (checked by _check_valid_dtype): float16 is
 # refused for these model types, "Numerical instability. Please use bfloat16 or float32 instead."
@@ -53,24 +53,6 @@ BF16_ONLY = frozenset({"mxfp4", "gpt_oss_mxfp4", "modelopt_mxfp8", "mxfp8", "fp_
 NATIVE_FP4 = 100
 NATIVE_FP8 = 89  # vllm/platforms/cuda.py CudaPlatform.supports_fp8: has_device_capability(89)
 BF16_CAPABILITY = 80  # vllm/platforms/cuda.py CudaPlatform.check_if_supports_dtype
-
-
-def capability(c: RuleContext) -> tuple[int, str] | None:
-    """The lowest compute capability of the GPUs the server uses, as vLLM's int (8.9 -> 89), and
-    where it comes from; None when neither NVML nor the spec's [gpu] tells."""
-    if c.gpus:
-        g = min(c.gpus, key=lambda g: _cc(g.compute_capability))
-        return _cc(g.compute_capability), f"{g.name} (compute capability {g.compute_capability})"
-    cc = c.spec.gpu.compute_capability if c.spec.gpu else None
-    return (_cc(cc), f"[gpu] compute_capability {cc}") if cc else None
-
-
-def _cc(text: str) -> int:
-    major, _, minor = text.partition(".")
-    try:
-        return int(major) * 10 + int(minor or 0)
-    except ValueError:
-        return 0
 
 
 def _config_dtype(config: Mapping[str, Any]) -> str:

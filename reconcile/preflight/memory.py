@@ -14,7 +14,7 @@ from reconcile.engine.kvspec import MAMBA
 from reconcile.engine.memory import GiB, size
 from reconcile.engine.shape import ShapeError
 from reconcile.plan.records import Finding
-from reconcile.preflight.context import RuleContext, finding, model_config, served_len
+from reconcile.preflight.context import RuleContext, capability, finding, model_config, served_len
 from reconcile.preflight.memory_table import memory_table
 
 
@@ -58,6 +58,8 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
             max_model_len=length,
             args=c.args,
             pp=c.pp,
+            capability=cc[0] if (cc := capability(c)) else None,
+            build=c.inputs.attention_build,
         )
     except ShapeError as exc:
         return str(exc)

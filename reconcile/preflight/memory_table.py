@@ -39,10 +39,12 @@ def memory_table(e: memory.MemoryEstimate, weights: str = "files") -> str:
         # vLLM's startup check counts whole blocks (and sliding layers only their window), so this is
         # not simply KV per token x tokens.
         extra = ", Mamba state" if s.mamba is not None else ""
+        b = e.attention_backend  # MLA: the block size follows the backend vLLM picks on this GPU
+        blocks = f"{b.block_size}-token blocks ({b.name})" if b else "vLLM's blocks"
         rows.append(
             (
                 "KV at max-model-len",
-                f"one request of {e.max_model_len:,} tokens in vLLM's blocks{extra}",
+                f"one request of {e.max_model_len:,} tokens in {blocks}{extra}",
                 size(e.kv_at_max_len),
             )
         )
