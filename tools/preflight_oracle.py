@@ -24,6 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from reconcile.engine.attention import Build, mla_backend, scan_build  # noqa: E402
 from reconcile.engine.kvgroups import kv_layout  # noqa: E402
 from reconcile.engine.kvspec import MAMBA, layer_specs  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
@@ -36,31 +37,83 @@ GiB = 1024**3
 BUDGET = 10 * GiB  # KV cache memory both sides turn into a token count
 VERSION = "0.26.0"
 # Bumped when vllm_side records something new: a cached vLLM row of another version is redone.
-ORACLE_VERSION = 2
+ORACLE_VERSION = 3
+# Corpus configs served another way: name -> (corpus config, the server's flags, a config.json patch).
+# The reference spec (specs/blackwell-2x5090.toml): its model with the spec's yarn patch, fp8 KV, 1M
+# tokens and prefix caching on, which puts NemotronH in vLLM 0.26's "all" Mamba cache mode.
+_YARN_1M = {
+    "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 262144}
+}
+VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "nemotron-3-nano+prefix-caching": ("nemotron-3-nano-30b-a3b", {"enable-prefix-caching": True}, {}),
+    "reference-spec": (
+        "nemotron-3-nano-30b-a3b",
+        {"enable-prefix-caching": True, "kv-cache-dtype": "fp8", "max-model-len": 1048576},
+        _YARN_1M,
+    ),
+}  # fmt: skip
+# The GPU the reconcile side plans for, and the MLA kernels the vLLM on sys.path holds (main sets it).
+HOST: dict[str, Any] = {"capability": None, "build": None}
+
+
+def load_entry(name: str) -> dict[str, Any]:
+    """A corpus entry, or a variant's: the corpus config patched, with the server's flags in "args"."""
+    if name not in VARIANTS:
+        return dict(json.loads((CORPUS / f"{name}.json").read_text()), args={})
+    base, args, patch = VARIANTS[name]
+    entry = json.loads((CORPUS / f"{base}.json").read_text())
+    return dict(entry, config={**entry["config"], **patch}, args=args)
 
 
 def reconcile_side(entry: dict[str, Any], batched: int) -> dict[str, Any]:
-    cfg, tp = entry["config"], entry["tp"]
+    cfg, tp, args = entry["config"], entry["tp"], entry.get("args", {})
     d = derive_max_model_len(cfg, VERSION)
-    out: dict[str, Any] = {"derived": d.value, "max_model_len": d.default}
-    ssm, mode = reconcile_mamba(cfg)
+    length = int(args.get("max-model-len") or d.default)
+    out: dict[str, Any] = {"derived": d.value, "max_model_len": length}
+    ssm, mode = reconcile_mamba(cfg, args)
     out["mamba_cache_mode"] = mode
-    in_flight = in_flight_tokens(batched, 1, True, v2_runner(cfg, model_shape(cfg)))
+    shape = model_shape(cfg)
+    in_flight = in_flight_tokens(batched, 1, True, v2_runner(cfg, shape))
     out["max_in_flight_tokens"] = in_flight
+    kv = str(args.get("kv-cache-dtype", "auto"))
+    backend = None
+    if shape.mla_dim is not None:
+        backend = mla_backend(HOST["capability"], cfg, kv_cache_dtype=kv, build=HOST["build"])
+        out["attention_backend"] = backend.name
     for key, t in (("tp1", 1), ("tp", tp)):
-        specs = layer_specs(cfg, tp=t, max_model_len=d.default, mamba_ssm_bytes=ssm, mamba_mode=mode)
+        specs = layer_specs(
+            cfg,
+            tp=t,
+            max_model_len=length,
+            kv_dtype_bytes=1 if kv.startswith("fp8") else 2,
+            mamba_ssm_bytes=ssm,
+            mamba_mode=mode,
+            backend_block=backend.block_size if backend else None,
+        )
         layout = kv_layout(specs)
         out[key] = {
             "kinds": _count([s.kind for s in specs]),
             "kv_bytes_per_token": layout.kv_bytes_per_token,
             "block_size": layout.min_block_size,
             "groups": len(layout.groups),
-            "one_request_bytes": layout.one_request_bytes(d.default, in_flight, mode),
+            "one_request_bytes": layout.one_request_bytes(length, in_flight, mode),
             "capacity_tokens": layout.capacity_tokens(BUDGET),
-            "logged_tokens": layout.capacity_tokens(BUDGET, d.default, in_flight, mode),
+            "logged_tokens": layout.capacity_tokens(BUDGET, length, in_flight, mode),
             "mamba_page_bytes": max((s.page_bytes for s in specs if s.kind == MAMBA), default=0),
         }
     return out
+
+
+def host_facts() -> tuple[int | None, Build | None]:
+    """The compute capability of GPU 0 (NVML, no CUDA context) and scan_build of sys.path."""
+    cc = None
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0))
+        cc = int(major) * 10 + int(minor)
+    return cc, scan_build([p for p in sys.path if p])
 
 
 def reconcile_mamba(config: dict[str, Any], args: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -104,6 +157,10 @@ def vllm_side(name: str, entry: dict[str, Any], work: Path) -> dict[str, Any]:
     # Weight quantization does not change the KV spec here (bf16 KV) and needs kernels to build.
     cfg.pop("quantization_config", None)
     (model_dir / "config.json").write_text(json.dumps(cfg))
+    flags = entry.get("args", {})
+    extra: dict[str, Any] = {"kv_cache_dtype": flags.get("kv-cache-dtype", "auto")}
+    if "enable-prefix-caching" in flags:
+        extra["enable_prefix_caching"] = bool(flags["enable-prefix-caching"])
 
     def engine_config(max_model_len: int | None) -> Any:
         args = EngineArgs(
@@ -112,13 +169,13 @@ def vllm_side(name: str, entry: dict[str, Any], work: Path) -> dict[str, Any]:
             enforce_eager=True,
             load_format="dummy",
             max_model_len=max_model_len,
-            kv_cache_dtype="auto",
             dtype="bfloat16",
+            **extra,
         )
         return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 
     out: dict[str, Any] = {}
-    vc = engine_config(None)
+    vc = engine_config(flags.get("max-model-len"))
     mc, cc, sc = vc.model_config, vc.cache_config, vc.scheduler_config
     out["max_model_len"] = mc.max_model_len
     out["max_num_batched_tokens"] = sc.max_num_batched_tokens
@@ -144,6 +201,8 @@ def vllm_side(name: str, entry: dict[str, Any], work: Path) -> dict[str, Any]:
         with set_default_torch_dtype(mc.dtype), torch.device("meta"):
             model = _build(vc)
         current_platform.update_block_size_for_backend(vc)
+        with contextlib.suppress(Exception):  # the backend the block size came from (the first non-SSM)
+            out["attention_backend"] = current_platform._find_non_ssm_backend(vc).get_name()
     out["block_size"] = cc.block_size
     out["mamba_cache_mode"] = str(getattr(cc, "mamba_cache_mode", None))
     specs = _layer_specs(vc)
@@ -279,6 +338,10 @@ def compare(v: dict[str, Any], r: dict[str, Any]) -> list[str]:
         diffs.append(
             f"max_in_flight_tokens: vLLM {v['max_in_flight_tokens']} reconcile {r['max_in_flight_tokens']}"
         )
+    if r.get("attention_backend") and v.get("attention_backend") != r["attention_backend"]:
+        diffs.append(
+            f"attention_backend: vLLM {v.get('attention_backend')} reconcile {r['attention_backend']}"
+        )
     if v.get("derived") not in (None, r["derived"]):
         diffs.append(f"derived: vLLM {v.get('derived')} reconcile {r['derived']}")
     for key in ("tp1", "tp"):
@@ -336,7 +399,8 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
         lines.append(
             f"| {row['name']} | {row['tp']} | {v.get('max_model_len', '-')} / {r['max_model_len']} | "
             f"{vt.get('kv_bytes_per_token', '-')} / {rt['kv_bytes_per_token']} | "
-            f"{vt.get('groups', '-')} / {rt['groups']} | {vt.get('block_size', '-')} / {rt['block_size']} | "
+            f"{vt.get('groups', '-')} / {rt['groups']} | "
+            f"{vt.get('block_size', '-')} / {rt['block_size']}{_backends(v, r)} | "
             f"{one_v} / {rt['one_request_bytes'] / mib:,.1f} | "
             f"{vt.get('capacity_tokens', '-')} / {rt['capacity_tokens']} | "
             f"{vt.get('logged_tokens', '-')} / {rt['logged_tokens']} | {agree} |"
@@ -348,17 +412,26 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _backends(v: dict[str, Any], r: dict[str, Any]) -> str:
+    """ " (vLLM's backend / reconcile's)" for MLA rows, where the block size follows the backend."""
+    if not r.get("attention_backend"):
+        return ""
+    return f" ({v.get('attention_backend', '-')} / {r['attention_backend']})"
+
+
 def main(argv: list[str]) -> int:
     out_dir = Path(os.environ.get("OUT") or ".")
     state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle"))
     state.mkdir(parents=True, exist_ok=True)
-    names = argv or sorted(p.stem for p in CORPUS.glob("*.json"))
+    names = argv or [*sorted(p.stem for p in CORPUS.glob("*.json")), *VARIANTS]
     probe = cuda_probe()  # first, before anything in this process has a CUDA context
+    HOST["capability"], HOST["build"] = host_facts()
+    print(f"reconcile plans for sm_{HOST['capability']} with {HOST['build']}", flush=True)
     rows = []
     row: dict[str, Any]
     for name in names:
         done = state / f"{name}.json"
-        entry = json.loads((CORPUS / f"{name}.json").read_text())
+        entry = load_entry(name)
         cached = json.loads(done.read_text()) if done.exists() else {}
         if cached.get("oracle_version") == ORACLE_VERSION and "vllm" in cached:
             # Resumable: vLLM's figures (the slow part) are kept; reconcile's are recomputed, so a
@@ -386,7 +459,8 @@ def main(argv: list[str]) -> int:
         print(f"{name}: {'agree' if row.get('agree') else row.get('diffs') or row.get('error')}", flush=True)
         done.write_text(json.dumps(row, indent=1))
         rows.append(row)
-    totals = {**memory_totals(), **probe}
+    totals = {**memory_totals(), **probe, "capability": HOST["capability"]}
+    totals["build"] = HOST["build"]._asdict() if HOST["build"] else None
     (out_dir / "preflight-oracle.json").write_text(json.dumps({"totals": totals, "rows": rows}, indent=1))
     (out_dir / "preflight-oracle.md").write_text(markdown(rows, totals))
     print(markdown(rows, totals))
