@@ -47,6 +47,9 @@ def test_vllms_config_code_agrees_on_every_corpus_model(tmp_path: Path) -> None:
     assert len(rows) >= 25
     bad = {r["name"]: r.get("diffs") or r.get("error") for r in rows if not r.get("agree")}
     assert not bad, bad
+    # The reference spec's serving (prefix caching on: "all" mode) is in vLLM's own figures too.
+    ref = next(r for r in rows if r["name"] == "reference-spec")
+    assert ref["vllm"]["mamba_cache_mode"] == "all"
 
 
 def test_served_capacity_and_verdicts_agree_with_vllm(tmp_path: Path) -> None:
@@ -54,8 +57,15 @@ def test_served_capacity_and_verdicts_agree_with_vllm(tmp_path: Path) -> None:
     proc = _run("preflight_serve_check.py", out)
     print(proc.stdout[-6000:], proc.stderr[-3000:])
     rows = json.loads((out / "preflight-serve.json").read_text())["rows"]
-    assert len(rows) >= 8
+    assert len(rows) >= 9
     assert all(r["verdict_agrees"] for r in rows), [(r["name"], r["fits"], r["started"]) for r in rows]
+    # The block size (an MLA model's follows its backend) and the Mamba cache mode vLLM logged.
+    assert all(r["layout_agrees"] for r in rows), [
+        (r["name"], r["logged_block_size"], r["block_size"], r["logged_mamba_mode"], r["mamba_mode"])
+        for r in rows
+    ]
+    pc = next(r for r in rows if r["name"] == "mamba-hybrid-pc")  # the reference spec's "all" mode
+    assert pc["logged_mamba_mode"] == "all" == pc["mamba_mode"]
     for r in rows:
         if r["started"]:
             assert abs(r["capacity_error_pct"]) <= 2.0, r

@@ -1,10 +1,12 @@
 """Real `vllm serve` on tiny random models of 6 architectures vs reconcile's prediction (issue 14, b).
 
-Dense, MoE, MLA, sliding window, interleaved local/global and a Mamba hybrid, plus two verdict cases
+Dense, MoE, MLA, sliding window, interleaved local/global and a Mamba hybrid (NemotronH, served with
+prefix caching off and on: vLLM 0.26's "none" and "all" Mamba cache modes), plus two verdict cases
 (a dense model whose derived length does not fit, a sliding-window one that does). Each model is
 built offline with transformers, served with --enforce-eager at a small gpu-memory-utilization, and
-its log's "Available KV cache memory" and "GPU KV cache size: N tokens", or its refusal, set beside
-reconcile's figures. Resumable per model (ORACLE_STATE). Writes $OUT/preflight-serve.{json,md}.
+its log's "Available KV cache memory", "GPU KV cache size: N tokens", attention backend, block size
+and Mamba cache mode, or its refusal, set beside reconcile's figures. Resumable per model
+(ORACLE_STATE). Writes $OUT/preflight-serve.{json,md}.
 Usage: tools/preflight_oracle.sh --serve [--tp N] [names...]; at --tp N > 1 (issue 19: N GPUs, NVLink
 multicast off) the files are preflight-serve-tpN.* and each model is kept apart from its TP 1 run.
 """
@@ -24,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from reconcile.engine.attention import Build, scan_build  # noqa: E402
 from reconcile.engine.limits import derive_max_model_len  # noqa: E402
 from reconcile.engine.memory import MemoryEstimate, cuda_total, estimate  # noqa: E402
 
@@ -147,6 +150,11 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# The same tiny NemotronH with --enable-prefix-caching: vLLM 0.26 keeps its Mamba state per block
+# ("all" mode: attention blocks of whole SSD chunks, as many Mamba blocks as attention blocks), the
+# mode the reference spec's 7.52 GiB/GPU comes from.
+MODELS["mamba-hybrid-pc"] = MODELS["mamba-hybrid"]
+SERVE_ARGS: dict[str, dict[str, Any]] = {"mamba-hybrid-pc": {"enable-prefix-caching": True}}
 ARCH = {
     "LlamaConfig": "LlamaForCausalLM",
     "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
@@ -203,7 +211,8 @@ def build(name: str, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail")
+SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail", "logged_backend",
+               "logged_block_size", "logged_mamba_mode")  # fmt: skip
 
 
 # Issue 19: on the two-GPU lab kind NVLink multicast must stay off (shared/gpu-lab/README.md).
@@ -214,8 +223,11 @@ MULTI_GPU_ENV = {
 }
 
 
-def serve(model: Path, port: int, log: Path, timeout: float = 240, tp: int = 1) -> dict[str, Any]:
+def serve(
+    model: Path, port: int, log: Path, flags: dict[str, Any], timeout: float = 240, tp: int = 1
+) -> dict[str, Any]:
     """Start `vllm serve`, wait until it is up or has exited, stop it; what its log says."""
+    extra = [f"--{k}" if v is True else f"--{k}={v}" for k, v in flags.items()]
     cmd = [
         sys.executable,
         "-m",
@@ -230,6 +242,7 @@ def serve(model: Path, port: int, log: Path, timeout: float = 240, tp: int = 1) 
         "--gpu-memory-utilization",
         str(UTIL),
         *(["--tensor-parallel-size", str(tp)] if tp > 1 else []),
+        *extra,
     ]
     env = {**os.environ, **OFFLINE, **(MULTI_GPU_ENV if tp > 1 else {})}
     started = time.monotonic()
@@ -255,7 +268,14 @@ def serve(model: Path, port: int, log: Path, timeout: float = 240, tp: int = 1) 
     text = log.read_text(errors="replace")
     tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
     avail = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
+    backend = re.findall(r"Using (\w+) attention backend", text)
+    # Platform.update_block_size_for_backend: phase 1 (a backend's own block) and the hybrid alignment
+    block = re.findall(r"Setting (?:kv cache|attention) block size to (\d+)", text)
+    mode = re.findall(r"Mamba cache mode is set to '(\w+)'|Prefix caching in Mamba cache '(\w+)'", text)
     return {
+        "logged_backend": backend[-1] if backend else None,
+        "logged_block_size": int(block[-1]) if block else 16,  # no line: CacheConfig's default 16
+        "logged_mamba_mode": next((a or b for a, b in reversed(mode)), None),
         "started": up,
         "refused_kv": "larger than the available KV cache memory" in text,
         "logged_tokens": int(tokens[-1].replace(",", "")) if tokens else None,
@@ -265,10 +285,15 @@ def serve(model: Path, port: int, log: Path, timeout: float = 240, tp: int = 1) 
     }
 
 
-def _estimate(model: Path, total: int, tp: int = 1) -> MemoryEstimate:
+# The H200's compute capability and the MLA kernels of the vLLM on sys.path (main sets them).
+HOST: dict[str, Any] = {"capability": None, "build": None}
+
+
+def _estimate(model: Path, total: int, name: str, tp: int = 1) -> MemoryEstimate:
     config = json.loads((model / "config.json").read_text())
     files = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
     d = derive_max_model_len(config, "0.26.0")
+    build: Build | None = HOST["build"]
     return estimate(
         config,
         None,
@@ -278,13 +303,18 @@ def _estimate(model: Path, total: int, tp: int = 1) -> MemoryEstimate:
         gpu="NVIDIA H200",
         utilization=UTIL,
         max_model_len=d.default,
-        args={"enforce-eager": True},
+        args={"enforce-eager": True, **SERVE_ARGS.get(name, {})},
+        capability=HOST["capability"],
+        build=build,
     )
 
 
-def predict(model: Path, total: int, tp: int = 1) -> dict[str, Any]:
-    e = _estimate(model, total, tp)
+def predict(model: Path, total: int, name: str, tp: int = 1) -> dict[str, Any]:
+    e = _estimate(model, total, name, tp)
     return {
+        "backend": e.attention_backend.name if e.attention_backend else None,
+        "block_size": e.layout.min_block_size if e.layout else None,
+        "mamba_mode": e.mamba_mode,
         "max_model_len": e.max_model_len,
         "fits": e.fits,
         "predicted_tokens": e.kv_capacity_tokens,
@@ -294,9 +324,9 @@ def predict(model: Path, total: int, tp: int = 1) -> dict[str, Any]:
     }
 
 
-def layout_tokens(model: Path, total: int, available_gib: float, tp: int = 1) -> int:
+def layout_tokens(model: Path, total: int, available_gib: float, name: str, tp: int = 1) -> int:
     """Reconcile's block math alone, on the memory vLLM logged as available (rounded to 0.01 GiB)."""
-    e = _estimate(model, total, tp)
+    e = _estimate(model, total, name, tp)
     if e.layout is None:
         return 0
     return e.layout.capacity_tokens(
@@ -305,11 +335,15 @@ def layout_tokens(model: Path, total: int, available_gib: float, tp: int = 1) ->
 
 
 def gpu_total() -> int:
-    """CUDA's total from NVML (total less the driver's reserve), without a CUDA context here."""
+    """CUDA's total from NVML (total less the driver's reserve), without a CUDA context here; also
+    sets HOST: GPU 0's compute capability and scan_build of sys.path (what the plan would read)."""
     import pynvml
 
     pynvml.nvmlInit()
-    m = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0), version=pynvml.nvmlMemory_v2)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    HOST["capability"], HOST["build"] = int(major) * 10 + int(minor), scan_build([p for p in sys.path if p])
+    m = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
     return cuda_total(int(m.total), int(m.reserved))
 
 
@@ -330,18 +364,23 @@ def main(argv: list[str]) -> int:
         if not (model / "config.json").exists():
             build(name, model)
         # Resumable: what vLLM logged is kept per model; reconcile's prediction is made afresh.
+        flags = SERVE_ARGS.get(name, {})
         logged = (
             json.loads(done.read_text())
             if done.exists()
-            else serve(model, 8300 + i, state / f"{name}.log", tp=tp)
+            else serve(model, 8300 + i, state / f"{name}.log", flags, tp=tp)
         )
-        row: dict[str, Any] = {"name": name, "tp": tp, **predict(model, total, tp)}
-        row.update({k: logged[k] for k in SERVED_KEYS})
+        row: dict[str, Any] = {"name": name, "tp": tp, "flags": flags, **predict(model, total, name, tp)}
+        row.update({k: logged.get(k) for k in SERVED_KEYS})
         if row["available_gib"] is not None:
-            row["layout_tokens"] = layout_tokens(model, total, row["available_gib"], tp)
+            row["layout_tokens"] = layout_tokens(model, total, row["available_gib"], name, tp)
         logged, predicted = row["logged_tokens"], row["predicted_tokens"]
         row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
         row["verdict_agrees"] = row["fits"] == row["started"]
+        # What the capacity rests on: the block size (MLA: the backend's), and a hybrid's Mamba mode.
+        row["layout_agrees"] = row["block_size"] == row["logged_block_size"] and (
+            row["logged_mamba_mode"] is None or row["mamba_mode"] == row["logged_mamba_mode"]
+        )
         print(json.dumps({k: v for k, v in row.items() if k != "tail"}), flush=True)
         done.write_text(json.dumps(row, indent=1))
         rows.append(row)
@@ -350,21 +389,23 @@ def main(argv: list[str]) -> int:
         f"CUDA total {total / GiB:.2f} GiB",
         "",
         "| model | max_model_len | fits (rec.) | started (vLLM) | KV tokens logged | predicted | error | "
-        "from logged memory | available GiB logged / pred. |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "from logged memory | available GiB logged / pred. | block logged / pred. | Mamba mode | backend |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['max_model_len']:,} | {r['fits']} | {r['started']} | {r['logged_tokens']} | "
             f"{r['predicted_tokens']:,} | {r['capacity_error_pct']}% | {r.get('layout_tokens')} | "
-            f"{r['available_gib']} / {r['available_predicted_gib']} |"
+            f"{r['available_gib']} / {r['available_predicted_gib']} | "
+            f"{r['logged_block_size']} / {r['block_size']} | {r['logged_mamba_mode']} / {r['mamba_mode']} | "
+            f"{r['logged_backend']} / {r['backend']} |"
         )
     (out_dir / f"preflight-serve{tag}.json").write_text(
         json.dumps({"cuda_total": total, "rows": rows}, indent=1)
     )
     (out_dir / f"preflight-serve{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if all(r["verdict_agrees"] for r in rows) else 1
+    return 0 if all(r["verdict_agrees"] and r["layout_agrees"] for r in rows) else 1
 
 
 if __name__ == "__main__":
