@@ -73,13 +73,13 @@ def test_deepseek_v3_capacity_is_the_h200_oracles() -> None:
     ten = 10 * GiB
     old = kv_layout(layer_specs(V3, tp=8, backend_block=64))
     assert (old.min_block_size, old.capacity_tokens(ten)) == (64, 152_768)
-    e = estimate(V3, None, {}, tp=8, total_bytes=150_109_880_320, gpu="NVIDIA H200", utilization=0.9,
-                 max_model_len=163840, args={}, capability=90, build=LAB)  # fmt: skip
+    h200: dict[str, Any] = {"tp": 8, "total_bytes": 150_109_880_320, "gpu": "NVIDIA H200", "utilization": 0.9,
+                            "max_model_len": 163840, "capability": 90, "build": LAB}  # fmt: skip
+    e = estimate(V3, None, {}, args={}, **h200)
     assert e.attention_backend is not None and e.attention_backend.name == "FLASH_ATTN_MLA"
     assert e.layout is not None and e.layout.min_block_size == 16
     assert e.layout.capacity_tokens(ten) == 152_784
-    fp8 = estimate(V3, None, {}, tp=8, total_bytes=150_109_880_320, gpu="NVIDIA H200", utilization=0.9,
-                   max_model_len=163840, args={"kv-cache-dtype": "fp8"}, capability=90, build=LAB)  # fmt: skip
+    fp8 = estimate(V3, None, {}, args={"kv-cache-dtype": "fp8"}, **h200)
     assert fp8.layout is not None and fp8.layout.min_block_size == 64  # FlashMLA
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 __all__ = ["STOCK_BUILD", "Backend", "Build", "mla_backend", "scan_build"]
 
-import glob
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -39,6 +38,8 @@ STOCK_BUILD = Build(fa3=True, flashmla=True, flashinfer=True, tokenspeed=True)
 def scan_build(dirs: Sequence[str]) -> Build | None:
     """The Build the interpreter with these sys.path dirs (site-packages, .pth dirs) sees; None when
     no vllm package is in any of them."""
+    import glob  # only here: the plan's start-up path imports this module for DEFAULT_BLOCK
+
     vllm = next(
         (os.path.join(d, "vllm") for d in dirs if os.path.isfile(os.path.join(d, "vllm", "__init__.py"))),
         None,
@@ -105,7 +106,7 @@ def _reasons(
 ) -> list[str]:
     """Why `name` is not valid here (validate_configuration, supports_combination); [] when it is."""
     rule = _RULES[name]
-    out = []
+    out: list[str] = []
     if rule.majors and major not in rule.majors:
         out.append(f"sm_{major}x not supported")
     if kv not in rule.kv_dtypes:
@@ -160,7 +161,7 @@ def mla_backend(
         bad = _reasons(name, major, kv, block_size, config, b)
         why = "--attention-backend" + (f"; vLLM refuses it here: {', '.join(bad)}" if bad else "")
         return Backend(name, block_size or _preferred(_RULES[name]), why)
-    skipped = []
+    skipped: list[str] = []
     for name in _PRIORITY.get(major, _OTHER):
         bad = _reasons(name, major, kv, block_size, config, b)
         if not bad:
