@@ -68,20 +68,20 @@ class Backend(NamedTuple):
 
 
 class _Rule(NamedTuple):
-    sizes: tuple[int, ...]  # get_supported_kernel_block_sizes (MultipleOf(n) written as n)
-    multiple_of: bool  # MultipleOf: any multiple of sizes[0]
+    sizes: tuple[int, ...]  # get_supported_kernel_block_sizes (MultipleOf(n) written as n: both
+    # mean "a multiple of n" to supports_block_size, so that the framework block may be larger)
     majors: tuple[int, ...]  # supports_compute_capability (empty: any)
     kv_dtypes: tuple[str, ...]  # supported_kv_cache_dtypes
 
 
 # vllm/v1/attention/backends/mla/<module>.py, each class's own values (vLLM 0.26.0).
 _RULES: Mapping[str, _Rule] = {
-    "FLASH_ATTN_MLA": _Rule((16,), True, (9,), _16BIT),  # flashattn_mla.py FlashAttnMLABackend
-    "FLASHMLA": _Rule((64,), False, (9, 10), _16BIT + _FP8),  # flashmla.py FlashMLABackend
-    "FLASHINFER_MLA": _Rule((32, 64), False, (10,), _16BIT + _FP8),  # flashinfer_mla.py
-    "TOKENSPEED_MLA": _Rule((32, 64), False, (10,), _FP8),  # tokenspeed_mla.py TokenspeedMLABackend
-    "CUTLASS_MLA": _Rule((128,), False, (10,), _16BIT + _FP8),  # cutlass_mla.py CutlassMLABackend
-    "TRITON_MLA": _Rule((16,), True, (), _16BIT + _FP8),  # triton_mla.py TritonMLABackend
+    "FLASH_ATTN_MLA": _Rule((16,), (9,), _16BIT),  # flashattn_mla.py FlashAttnMLABackend
+    "FLASHMLA": _Rule((64,), (9, 10), _16BIT + _FP8),  # flashmla.py FlashMLABackend
+    "FLASHINFER_MLA": _Rule((32, 64), (10,), _16BIT + _FP8),  # flashinfer_mla.py
+    "TOKENSPEED_MLA": _Rule((32, 64), (10,), _FP8),  # tokenspeed_mla.py TokenspeedMLABackend
+    "CUTLASS_MLA": _Rule((128,), (10,), _16BIT + _FP8),  # cutlass_mla.py CutlassMLABackend
+    "TRITON_MLA": _Rule((16,), (), _16BIT + _FP8),  # triton_mla.py TritonMLABackend
 }
 # vllm/platforms/cuda.py _get_backend_priorities(use_mla=True), dense (the sparse ones need index_topk).
 _PRIORITY = {
@@ -146,8 +146,8 @@ def mla_backend(
     """The MLA backend and block size for a compute capability (vLLM's int: 9.0 -> 90) and the model's
     text config. `block_size` is --block-size (then the block stays the user's, as
     CacheConfig.user_specified_block_size keeps it), `forced` --attention-backend, `build` None: the
-    stock wheel with its requirements (STOCK_BUILD). Capability unknown: TRITON_MLA's 16, the block
-    the H200 (FA3) and every GPU other than sm_100 get."""
+    stock wheel with its requirements (STOCK_BUILD). Capability unknown: "unknown" with 16, the block
+    every GPU gets but sm_100 and Hopper with an fp8 KV cache."""
     kv = kv_cache_dtype.lower()
     kv = "auto" if kv in ("bf16", "fp16", "half") else kv
     b = STOCK_BUILD if build is None else build
