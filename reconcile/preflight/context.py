@@ -11,11 +11,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from reconcile.engine import limits
-from reconcile.engine.attention import Build
 from reconcile.engine.flags import canonical
 from reconcile.plan.records import Finding, Severity
 
 if TYPE_CHECKING:
+    from reconcile.engine.attention import Build
     from reconcile.spec.models import ArgValue, Server, Spec
 
 
