@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -241,9 +242,17 @@ def run_workers(names: list[str], jobs: int, state: Path) -> None:
         log = (state / f"worker-{i}.log").open("w")
         argv = [sys.executable, __file__, *chunk]
         procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
-    for proc, log in procs:
-        proc.wait()
-        log.close()
+    # A TERM to this process (`timeout`) ends the workers too, so none outlives the run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        for proc, _log in procs:
+            proc.wait()
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+            log.close()
 
 
 def main(argv: list[str]) -> int:
