@@ -257,18 +257,22 @@ _DISTRIBUTED: list[bool] = []
 
 
 def _init_distributed() -> None:
-    """A one-rank process group, once, so vLLM's parallel layers can be built (TP 1)."""
-    if _DISTRIBUTED:
-        return
+    """A one-rank process group (once a process) and model-parallel groups made afresh for the model
+    under the current vLLM config: whether an expert-parallel group exists is decided from the config
+    at this call, so groups left from a dense model make the next MoE model fail (TP 1)."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import destroy_model_parallel
 
-    _DISTRIBUTED.append(True)
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        # one port a worker process (run_workers): their process groups must not meet
-        distributed_init_method=f"tcp://127.0.0.1:{29517 + int(os.environ.get('ORACLE_WORKER', '0'))}",
-        backend="gloo",
-    )
+    if not _DISTRIBUTED:
+        _DISTRIBUTED.append(True)
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            # one port a worker process (run_workers): their process groups must not meet
+            distributed_init_method=f"tcp://127.0.0.1:{29517 + int(os.environ.get('ORACLE_WORKER', '0'))}",
+            backend="gloo",
+        )
+    else:
+        destroy_model_parallel()
     initialize_model_parallel(1, 1)

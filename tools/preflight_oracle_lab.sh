@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 14's oracle re-run on one H200 lab machine in two device calls of < 10 minutes, after the
+# wheelhouse parts were staged in /tmp/stage (one call per part: shared/gpu-lab/stage.sh add).
+#   call 1: the config oracle (29 rows, 8 jobs) and the serve cases mla, mamba-hybrid-pc (~5.5 min)
+#   call 2: the other 7 serve cases (~8 min); both share ORACLE_STATE, so a timed-out call resumes.
+# usage: OUT=dir tools/preflight_oracle_lab.sh 1|2      results: $OUT/preflight-{oracle,serve}.{json,md}
+set -u
+cd "$(dirname "$0")/.."
+: "${OUT:?OUT must name the results dir}"
+export ORACLE_STATE=${ORACLE_STATE:-/tmp/preflight-oracle-lab} ORACLE_JOBS=${ORACLE_JOBS:-8}
+if [ ! -d /tmp/wheelhouse ]; then  # as stage.sh unpack does
+  cp -n .wh/wheelhouse.* /tmp/stage/ 2>/dev/null
+  cat /tmp/stage/wheelhouse.part.* > /tmp/wheelhouse.tar || exit 3
+  (cd /tmp && sed 's/ .*/  wheelhouse.tar/' /tmp/stage/wheelhouse.sha256 | sha256sum -c -) || exit 3
+  mkdir -p /tmp/wheelhouse && tar xf /tmp/wheelhouse.tar -C /tmp/wheelhouse || exit 3
+fi
+case "${1:-}" in
+  1) timeout 330 tools/preflight_oracle.sh > "$OUT/oracle.log" 2>&1; echo "oracle rc=$?"
+     timeout 240 tools/preflight_oracle.sh --serve mla mamba-hybrid-pc > "$OUT/serve.log" 2>&1 ;;
+  2) timeout 540 tools/preflight_oracle.sh --serve dense moe sliding interleaved mamba-hybrid dense-nofit \
+       sliding-fits > "$OUT/serve.log" 2>&1 ;;
+  *) echo "usage: OUT=dir tools/preflight_oracle_lab.sh 1|2" >&2; exit 2 ;;
+esac
+echo "serve rc=$?"
+cat "$OUT"/preflight-oracle.md "$OUT"/preflight-serve.md 2>/dev/null
