@@ -47,18 +47,16 @@ def plan_items(spec: Spec, obs: Observed) -> list[Item]:
 
 
 def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
-    from concurrent.futures import ThreadPoolExecutor
-
     from reconcile.preflight.gather import findings_for
     from reconcile.spec.origin import git_info
+    from reconcile.threads import Background
 
     spec = loaded.spec
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        git_future = pool.submit(git_info, loaded.files)
-        obs = observed if observed is not None else probe_all(spec)
-        items = plan_items(spec, obs)
-        findings = findings_for(spec, obs)
-        git = git_future.result()
+    git_job = Background(lambda: git_info(loaded.files), "git")
+    obs = observed if observed is not None else probe_all(spec)
+    items = plan_items(spec, obs)
+    findings = findings_for(spec, obs)
+    git = git_job.result()
     notes = []
     host = socket.gethostname()
     if spec.machine.hostname and spec.machine.hostname != host:

@@ -62,9 +62,11 @@ def _vllm_version(spec: Spec, obs: Observed) -> tuple[str | None, str]:
 def _gpus(
     obs: Observed, own: set[int]
 ) -> tuple[tuple[GpuFact, ...] | None, list[GpuProcess], list[GpuProcess]]:
+    inv = obs.gpu
+    if inv is None:  # not probed: probes.gpu (with ctypes) is not imported for an isinstance
+        return None, [], []
     from probes.gpu import GpuInventory
 
-    inv = obs.gpu
     if not isinstance(inv, GpuInventory):
         return None, [], []
     facts: list[GpuFact] = []
@@ -180,7 +182,6 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
 
 
 def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
-    from probes.cuda import CudaToolkit, Nvcc
     from probes.server import ServerObservation
     from probes.venv import VenvObservation
 
@@ -198,12 +199,8 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
     unknown: tuple[str, ...] | None = getattr(obs.apt, "unknown", None)
     if unknown:
         kw["apt_unknown"] = frozenset(unknown)
-    if isinstance(obs.cuda, CudaToolkit):
-        kw["headers_missing"] = tuple(h.name for h in obs.cuda.headers if not h.paths)
-        if isinstance(obs.cuda.nvcc, Nvcc):
-            kw["nvcc_path"] = obs.cuda.nvcc.path
-            kw["nvcc_version"] = obs.cuda.nvcc.release
-            kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
+    if obs.cuda is not None:  # probed (else probes.cuda is not imported for an isinstance)
+        kw.update(_cuda_facts(obs.cuda))
     kw["ninja_on_path"] = _ninja_on_path(spec)
     if isinstance(obs.venv, VenvObservation):
         kw["venv_has_ninja"] = obs.venv.has_ninja
@@ -218,6 +215,19 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
             cmd = one_line(listener.cmdline, 80) or listener.name or "?"
             kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}")
     return PreflightInputs(**kw)
+
+
+def _cuda_facts(toolkit: object) -> dict[str, Any]:
+    from probes.cuda import CudaToolkit, Nvcc
+
+    if not isinstance(toolkit, CudaToolkit):
+        return {}
+    kw: dict[str, Any] = {"headers_missing": tuple(h.name for h in toolkit.headers if not h.paths)}
+    if isinstance(toolkit.nvcc, Nvcc):
+        kw["nvcc_path"] = toolkit.nvcc.path
+        kw["nvcc_version"] = toolkit.nvcc.release
+        kw["nvcc_arch_list"] = toolkit.nvcc.gpu_archs
+    return kw
 
 
 def _ninja_on_path(spec: Spec) -> str | None:
