@@ -194,7 +194,7 @@ def _dpkg_answer(names: list[str]) -> tuple[str, str] | Unavailable | ProbeFailu
     """dpkg-query's (stdout, stderr) for `names`: read from dpkg's status file where that gives the same
     answer (no process: probes.dpkg_status), else from dpkg-query itself."""
     if dpkg_status.usable():
-        read = dpkg_status.query(names)
+        read = dpkg_status.remembered(names)
         if read is not None:
             return read
     argv = ["dpkg-query", "-W", f"-f={DPKG_FORMAT}", *names]

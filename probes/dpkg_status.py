@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import zlib
 from collections.abc import Sequence
+
+from reconcile import private_cache
 
 ADMINDIR = "/var/lib/dpkg"
 SYSTEM_DPKG_QUERY = "/usr/bin/dpkg-query"
@@ -61,6 +64,38 @@ def query(names: Sequence[str], admindir: str = ADMINDIR) -> tuple[str, str] | N
             err.append(f"dpkg-query: no packages found matching {requested}\n")
         out += [f"{base}\t{status}\t{version}\n" for _, status, version in rows]
     return "".join(out), "".join(err)
+
+
+def remembered(names: Sequence[str], admindir: str = ADMINDIR) -> tuple[str, str] | None:
+    """query()'s answer, remembered while the status file is the same file: dpkg replaces it by a
+    rename on every change, and any write changes its ctime, so (inode, size, mtime, ctime) tell.
+    Reading and matching the whole file costs ~5-7 ms (630 kB); the remembered answer ~0.1 ms."""
+    path = os.path.join(admindir, "status")
+    stamp = _stamp(path)
+    if stamp is None:
+        return None
+    key = (1, path, *stamp, tuple(names))
+    joined = "\0".join((path, *names)).encode("utf-8", "surrogateescape")
+    entry = os.path.join(
+        private_cache.cache_root(), "dpkg", f"{zlib.crc32(joined):08x}-{len(joined)}.marshal"
+    )
+    data = private_cache.read(entry)
+    if isinstance(data, tuple) and len(data) == 2 and data[0] == key:
+        kept = data[1]
+        if isinstance(kept, tuple) and len(kept) == 2 and all(type(a) is str for a in kept):
+            return str(kept[0]), str(kept[1])
+    answer = query(names, admindir)
+    if answer is not None and _stamp(path) == key[2:7]:  # read while dpkg rewrote the file: not kept
+        private_cache.write(entry, (key, answer))
+    return answer
+
+
+def _stamp(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 # dpkg writes every stanza as Package, (Essential, Protected,) Status, then the rest: a file that

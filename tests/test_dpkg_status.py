@@ -191,3 +191,32 @@ def test_the_apt_probe_of_installed_packages_starts_no_process(tmp_path: Path) -
     assert done.stdout.strip() == "[('bash', 'installed'), ('coreutils', 'installed')]"
     execs = [ln for ln in trace.read_text().splitlines() if "execve(" in ln]
     assert len(execs) == 1, execs  # the interpreter itself, and nothing it started
+
+
+def test_the_remembered_answer_is_dpkg_query_s_until_the_status_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    admindir = _admindir(tmp_path, STATES)
+    first = dpkg_status.remembered(ASKED, admindir)
+    assert first == dpkg_status.query(ASKED, admindir)
+    (entry,) = (tmp_path / "cache" / "reconcile" / "dpkg").iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o600
+    assert dpkg_status.remembered(ASKED, admindir) == first
+    # dpkg installs a package: a new status file by rename, as dpkg writes it.
+    status = Path(admindir, "status")
+    new = Path(admindir, "status-new")
+    new.write_text(status.read_text() + "\n" + _stanza("late", "install ok installed"))
+    new.replace(status)
+    later = dpkg_status.remembered([*ASKED, "late"], admindir)
+    assert later is not None and parse_dpkg_query(*later, [*ASKED, "late"]) == _real(
+        [*ASKED, "late"], admindir
+    )
+    # The same names again, after an in-place edit that keeps size and mtime: ctime tells.
+    st = status.stat()
+    text = status.read_text()
+    status.write_text(text.replace("install ok installed", "deinstall ok installed", 1))
+    os.utime(status, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert dpkg_status.remembered(ASKED, admindir) == dpkg_status.query(ASKED, admindir) != first
+    entry.write_bytes(b"\x00damaged")
+    assert dpkg_status.remembered(ASKED, admindir) == dpkg_status.query(ASKED, admindir)
