@@ -7,7 +7,6 @@ writes the lock.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -91,6 +90,8 @@ def apply_lock_pins(loaded: LoadedSpec) -> LoadedSpec:
         return loaded
     spec = loaded.spec
     pins, commit = _usable(lock, spec)
+    import copy  # with weakref: only when a lock applies
+
     resolved = copy.deepcopy(loaded.resolved)
     update: dict[str, Any] = {}
     if pins and spec.venv is not None:
