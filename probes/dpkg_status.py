@@ -19,8 +19,9 @@ from reconcile import private_cache
 
 ADMINDIR = "/var/lib/dpkg"
 SYSTEM_DPKG_QUERY = "/usr/bin/dpkg-query"
-_PATTERN = re.compile(r"[*?\[\]\\\s]")  # dpkg-query matches these as fnmatch patterns
-_STATUS = re.compile(
+# Patterns as text: re compiles each on first use (and keeps it); a remembered answer needs none.
+_PATTERN = r"[*?\[\]\\\s]"  # dpkg-query matches these as fnmatch patterns
+_STATUS = (
     r"(?:unknown|install|hold|deinstall|purge) (?:ok|reinstreq) "
     r"(?:not-installed|config-files|half-installed|unpacked|half-configured|triggers-awaited|"
     r"triggers-pending|installed)"
@@ -43,7 +44,7 @@ def usable(admindir: str = ADMINDIR) -> bool:
 
 def query(names: Sequence[str], admindir: str = ADMINDIR) -> tuple[str, str] | None:
     """(stdout, stderr) of `dpkg-query -W -f='${Package}\t${Status}\t${Version}\n' names`, or None."""
-    if any(_PATTERN.search(n) or not n or n.endswith(":") for n in names):
+    if any(re.search(_PATTERN, n) or not n or n.endswith(":") for n in names):
         return None
     try:
         with open(os.path.join(admindir, "status"), "rb") as f:
@@ -102,12 +103,12 @@ def _stamp(path: str) -> tuple[int, ...] | None:
 # differs is a surprise.
 # "\nPackage: " starts every stanza (a field line, never a continuation): a literal the regex
 # engine searches fast (with `(?:\A|\n\n)` first, the same search took 40x as long).
-_HEAD = re.compile(rb"\nPackage: ([^\n]*)\n(?:[A-Z][A-Za-z-]*: [^\n]*\n){0,3}?Status: ([^\n]*)\n")
+_HEAD = rb"\nPackage: ([^\n]*)\n(?:[A-Z][A-Za-z-]*: [^\n]*\n){0,3}?Status: ([^\n]*)\n"
 
-_NOT_INSTALLED = re.compile(rb"\nStatus: [^\n]* not-installed\n")
+_NOT_INSTALLED = rb"\nStatus: [^\n]* not-installed\n"
 # dpkg checks a trigger state against its Triggers-* fields and refuses the file when they disagree;
 # those states last only while apt runs, so any of them is left to dpkg-query.
-_TRIGGERS = re.compile(rb"\nStatus: [^\n]* triggers-|\nTriggers-")
+_TRIGGERS = rb"\nStatus: [^\n]* triggers-|\nTriggers-"
 
 
 def _packages(raw: bytes, wanted: set[str]) -> dict[str, list[tuple[str, str, str]]] | None:
@@ -115,11 +116,11 @@ def _packages(raw: bytes, wanted: set[str]) -> dict[str, list[tuple[str, str, st
     is not as dpkg writes it. One regex over the file and counts: a Python loop over every stanza's
     fields costs more than the dpkg-query process this replaces."""
     stanzas = raw.count(b"\nPackage: ")
-    heads = list(_HEAD.finditer(raw))
-    if len(heads) != stanzas or raw.count(b"\nStatus: ") != stanzas or _TRIGGERS.search(raw):
+    heads = list(re.finditer(_HEAD, raw))
+    if len(heads) != stanzas or raw.count(b"\nStatus: ") != stanzas or re.search(_TRIGGERS, raw):
         return None
     # Every stanza but a not-installed one has one Maintainer and one Description, or dpkg warns.
-    settled = stanzas - len(_NOT_INSTALLED.findall(raw))
+    settled = stanzas - len(re.findall(_NOT_INSTALLED, raw))
     if raw.count(b"\nMaintainer: ") != settled or raw.count(b"\nDescription: ") != settled:
         return None
     names = [m.group(1) for m in heads]
@@ -161,7 +162,7 @@ def _field(raw: bytes, start: int, end: int, name: bytes) -> str | None:
 def _row(raw: bytes, start: int, end: int, status: str) -> tuple[str, str, str] | None:
     """(architecture, status, version) of the stanza raw[start:end] as dpkg-query prints them;
     None: not as dpkg writes it."""
-    if not _STATUS.fullmatch(status):
+    if not re.fullmatch(_STATUS, status):
         return None
     want, flag, state = status.split(" ")
     arch = _field(raw, start, end, b"Architecture") or ""

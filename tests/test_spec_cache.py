@@ -139,10 +139,10 @@ def test_a_cache_of_another_format_is_a_miss(specs: Path) -> None:
     path = str(specs / "cpu-demo.toml")
     spec_cache.load(path)
     entry = _entry()
-    head, keys, body, encoded = marshal.loads(entry.read_bytes())
-    entry.write_bytes(marshal.dumps(((0, *head[1:]), keys, body, encoded)))
+    head, keys, body, encoded, stamps = marshal.loads(entry.read_bytes())
+    entry.write_bytes(marshal.dumps(((0, *head[1:]), keys, body, encoded, stamps)))
     assert spec_cache.lookup(path) is None
-    entry.write_bytes(marshal.dumps((head, keys, ("not", "the", "shape"), encoded)))
+    entry.write_bytes(marshal.dumps((head, keys, ("not", "the", "shape"), encoded, stamps)))
     assert spec_cache.lookup(path) is None
 
 
@@ -167,3 +167,19 @@ def test_a_converged_plan_from_the_cache_imports_neither_pydantic_nor_tomlkit(sp
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_an_untouched_file_is_not_lexed_and_an_edit_that_keeps_size_and_mtime_still_misses(
+    specs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = specs / "blackwell-2x5090.toml"
+    spec_cache.load(str(path))
+    with monkeypatch.context() as m:
+        m.setattr(spec_cache, "_key", lambda text: pytest.fail("an untouched file was lexed"))
+        assert spec_cache.lookup(str(path)) is not None
+    base = specs / "base.toml"
+    st = base.stat()
+    base.write_text(base.read_text().replace('stop_timeout = "30s"', 'stop_timeout = "31s"'))
+    os.utime(base, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only ctime tells
+    assert base.stat().st_size == st.st_size
+    assert spec_cache.lookup(str(path)) is None

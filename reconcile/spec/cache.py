@@ -5,7 +5,8 @@ instant; parsing TOML and validating with pydantic cost more than everything els
 a spec rarely changes between two timer ticks. A hit needs the same absolute path, the same TOML
 content (reconcile.spec.key: comments and layout aside) of the spec and of every base it extends,
 and the same reconcile and Python version; anything else is a miss and a full load. So a touch, a
-checkout or a comment edit is a hit.
+checkout or a comment edit is a hit. A file whose (inode, size, mtime, ctime) are still those it had
+when it was keyed is not lexed again (any write changes its ctime).
 
 The entries are `marshal` data (reconcile.private_cache: loading one runs no code, unlike pickle),
 read only from a regular file that this user owns with mode 0600, in a directory this user owns with
@@ -23,8 +24,8 @@ from reconcile.spec.key import content_key
 from reconcile.spec.loaded import LoadedSpec
 
 # 2: spec_view data, not pydantic objects. 3: validated again after new checks. 4: marshal, keyed
-# on content (3 and before: pickle, keyed on (mtime, size, inode, ctime)).
-_FORMAT = 4
+# on content (3 and before: pickle, keyed on (mtime, size, inode, ctime)). 5: + each file's stamp.
+_FORMAT = 5
 
 
 def cache_dir() -> str:
@@ -52,15 +53,27 @@ def _read_text(path: str) -> str | None:
         return None
 
 
+def _stamp(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def lookup(path: str) -> LoadedSpec | None:
     abspath = os.path.abspath(path)
     data = private_cache.read(_entry(abspath))
     try:
-        head, keys, (sha256, files, resolved), encoded = data
+        head, keys, (sha256, files, resolved), encoded, stamps = data
         if head != (_FORMAT, __version__, sys.version, abspath) or len(keys) != len(files) or not files:
             return None
         texts = [_read_text(f) for f in files]
-        if any(t is None or _key(t) != tuple(k) for t, k in zip(texts, keys, strict=True)):
+        # The same file untouched since it was keyed (any write changes its ctime) needs no lexing.
+        if any(
+            t is None or ((stamp is None or _stamp(f) != tuple(stamp)) and _key(t) != tuple(k))
+            for t, k, f, stamp in zip(texts, keys, files, stamps, strict=True)
+        ):
             return None
         if not isinstance(sha256, str) or not isinstance(resolved, dict) or not isinstance(files, tuple):
             return None
@@ -82,10 +95,17 @@ def store(loaded: LoadedSpec, texts: tuple[str, ...]) -> None:
 
     head = (_FORMAT, __version__, sys.version, loaded.files[0])
     body = (loaded.sha256, tuple(loaded.files), loaded.resolved)
+    keys = tuple(_key(t) for t in texts)
+    stamps = tuple(_held_stamp(f, t) for f, t in zip(loaded.files, texts, strict=True))
     # A value marshal cannot hold (a TOML date in a free-form table) leaves the spec uncached.
-    private_cache.write(
-        _entry(loaded.files[0]), (head, tuple(_key(t) for t in texts), body, encode(loaded.spec))
-    )
+    private_cache.write(_entry(loaded.files[0]), (head, keys, body, encode(loaded.spec), stamps))
+
+
+def _held_stamp(path: str, text: str) -> tuple[int, int, int, int] | None:
+    """The file's stamp if it holds `text` (the text validated) now, else None: its content key
+    decides then. Stamped before and after the read: any write between changes the ctime."""
+    before = _stamp(path)
+    return before if _read_text(path) == text and _stamp(path) == before else None
 
 
 def load(path: str) -> LoadedSpec:
