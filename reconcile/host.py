@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -362,4 +361,6 @@ def checkpoint(label: str) -> None:
     """A named point where the crash-safety tests kill us: SIGKILL to ourselves when the environment
     variable RECONCILE_TEST_KILL_AT equals `label`; a no-op otherwise (one dict lookup)."""
     if os.environ.get(KILL_AT) == label:
+        import signal
+
         os.kill(os.getpid(), signal.SIGKILL)
