@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import zlib
 from collections.abc import Sequence
 
-from reconcile import private_cache
+from reconcile import host, private_cache
 
 ADMINDIR = "/var/lib/dpkg"
 SYSTEM_DPKG_QUERY = "/usr/bin/dpkg-query"
@@ -32,7 +31,7 @@ def usable(admindir: str = ADMINDIR) -> bool:
     """Whether the system's dpkg-query would read `admindir` as this module does."""
     if os.environ.get("DPKG_ADMINDIR") not in (None, admindir):
         return False
-    found = shutil.which("dpkg-query")
+    found = host.which("dpkg-query")
     if found is None or os.path.realpath(found) != os.path.realpath(SYSTEM_DPKG_QUERY):
         return False  # no dpkg (the probe says so), or a wrapper first on PATH: ask it
     try:

@@ -13,11 +13,11 @@ changes what git reads (GIT_DIR, GIT_INDEX_FILE, GIT_CONFIG_*, ...): no caching.
 from __future__ import annotations
 
 import os
-import shutil
 import zlib
 from collections.abc import Callable
 
 from reconcile import private_cache
+from reconcile.host import which
 
 _FORMAT = 1
 # GIT_* variables that change neither which repository git finds nor what status says.
@@ -54,7 +54,7 @@ def key(paths: tuple[str, ...]) -> tuple[object, ...] | None:
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     watched = [
         *files,
-        shutil.which("git") or "(no git)",
+        which("git") or "(no git)",
         "/etc/gitconfig",
         os.path.join(home, ".gitconfig"),
         os.path.join(xdg, "git", "config"),
