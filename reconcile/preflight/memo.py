@@ -100,17 +100,14 @@ def _stamps() -> tuple[tuple[str, int, int, int], ...]:
         for directory, dirs, names in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             paths += [os.path.join(directory, n) for n in sorted(names)]
-    for entry in sys.path:  # the requirement markers' evaluator (features rule), without importing it
-        if os.path.isfile(os.path.join(entry, "packaging", "markers.py")):
-            paths += [os.path.join(entry, "packaging", n) for n in ("markers.py", "requirements.py")]
-            break
     for path in paths:
         try:
             st = os.stat(path)
         except OSError:
             continue
         out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(out)
+    # The requirement markers' evaluator (the features rule), without importing it.
+    return (*out, *private_cache.package_stamps("packaging", ("markers.py", "requirements.py")))
 
 
 def _key(spec: Spec, inputs: PreflightInputs) -> bytes:
