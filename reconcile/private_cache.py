@@ -97,3 +97,12 @@ def package_stamps(package: str, names: tuple[str, ...]) -> tuple[tuple[str, int
                     out.append((os.path.join(directory, name), st.st_size, st.st_mtime_ns, st.st_ino))
             return tuple(out)
     return ()
+
+
+def stamp(path: str) -> tuple[int, int, int, int] | None:
+    """(inode, size, mtime, ctime) of a file, or None: any write changes the ctime."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

@@ -53,14 +53,6 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _stamp(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def lookup(path: str) -> LoadedSpec | None:
     abspath = os.path.abspath(path)
     data = private_cache.read(_entry(abspath))
@@ -71,7 +63,7 @@ def lookup(path: str) -> LoadedSpec | None:
         texts = [_read_text(f) for f in files]
         # The same file untouched since it was keyed (any write changes its ctime) needs no lexing.
         if any(
-            t is None or ((stamp is None or _stamp(f) != tuple(stamp)) and _key(t) != tuple(k))
+            t is None or ((stamp is None or private_cache.stamp(f) != tuple(stamp)) and _key(t) != tuple(k))
             for t, k, f, stamp in zip(texts, keys, files, stamps, strict=True)
         ):
             return None
@@ -104,8 +96,8 @@ def store(loaded: LoadedSpec, texts: tuple[str, ...]) -> None:
 def _held_stamp(path: str, text: str) -> tuple[int, int, int, int] | None:
     """The file's stamp if it holds `text` (the text validated) now, else None: its content key
     decides then. Stamped before and after the read: any write between changes the ctime."""
-    before = _stamp(path)
-    return before if _read_text(path) == text and _stamp(path) == before else None
+    before = private_cache.stamp(path)
+    return before if _read_text(path) == text and private_cache.stamp(path) == before else None
 
 
 def load(path: str) -> LoadedSpec:

@@ -28,14 +28,6 @@ _HARMLESS = (
 Answer = tuple[str | None, bool | None]
 
 
-def _stamp(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
@@ -68,7 +60,7 @@ def key(paths: tuple[str, ...]) -> tuple[object, ...] | None:
             break
         parent = os.path.dirname(directory)
         if parent == directory:  # not in git; where the walk stops moves when a .git appears
-            return (_FORMAT, env, tuple(map(_stamp, watched)), None, tuple(watched))
+            return (_FORMAT, env, tuple(map(private_cache.stamp, watched)), None, tuple(watched))
         directory = parent
     gitdir = dotgit
     if not os.path.isdir(dotgit):  # a worktree's or submodule's `gitdir: PATH` file
@@ -92,7 +84,7 @@ def key(paths: tuple[str, ...]) -> tuple[object, ...] | None:
     watched += [os.path.join(gitdir, "config.worktree"), os.path.join(common, "info", "exclude")]
     if head is not None and head.startswith("ref: "):
         watched.append(os.path.join(common, head[len("ref: ") :]))
-    return (_FORMAT, env, tuple(map(_stamp, watched)), head, tuple(watched))
+    return (_FORMAT, env, tuple(map(private_cache.stamp, watched)), head, tuple(watched))
 
 
 def _entry(files: tuple[str, ...]) -> str:
