@@ -98,9 +98,12 @@ def write_allowlist(path: Path, modules: set[str], spec: Path) -> None:
 
 
 def check(python: str, spec: Path, allowlist: Path, update: bool, env: dict[str, str], cwd: str) -> int:
-    """One priming run, then one -X importtime run of a warm plan: exit 1 on a module not allowed."""
+    """Priming runs, then one run of a warm plan reading sys.modules: exit 1 on a module not allowed."""
     argv = ["plan", "--spec", str(spec)]
-    subprocess.run([python, "-c", ENTRY, *argv], env=env, cwd=cwd, capture_output=True, check=False)
+    # Two priming runs: right after a checkout the first `git status` refreshes the index, which the
+    # spec's git cache waits out before it keeps an answer.
+    for _ in range(2):
+        subprocess.run([python, "-c", ENTRY, *argv], env=env, cwd=cwd, capture_output=True, check=False)
     plan = loaded(python, argv, env, cwd) - loaded(python, [], env, cwd)
     if update:
         write_allowlist(allowlist, plan, spec)
