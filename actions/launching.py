@@ -14,7 +14,6 @@ from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from actions.supervising import ProgressFn, ReadinessProgress
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
@@ -22,6 +21,7 @@ from reconcile.plan.records import ActionResult
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 
 if TYPE_CHECKING:
+    from actions.supervising import ProgressFn
     from reconcile.spec.models import ArgValue, Server, Spec
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -287,6 +287,8 @@ def wait_ready(
             break
         if progress is not None:
             tail = read_log(log_path, log_offset, mask=mask, limit=16384)
+            from actions.supervising import ReadinessProgress  # select, signal: only while a server starts
+
             progress(ReadinessProgress(elapsed, tail[-1] if tail else "", tuple(tail)))
         time.sleep(poll)
     lines = read_log(log_path, log_offset, mask=mask)

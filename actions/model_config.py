@@ -8,7 +8,6 @@ the backed-up original value comes back. (A Python caller's None is written as J
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -154,6 +153,8 @@ def original_path(model_dir: str, name: str) -> str:
 
 def git_blob_sha1(path: str) -> str:
     """The git object id of a file: what the hub lists as a regular file's blobId and ETag."""
+    import hashlib  # SHA-1 of a whole file: only after a download, never on a converged plan
+
     digest = hashlib.sha1(b"blob %d\x00" % os.stat(path).st_size)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

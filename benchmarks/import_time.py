@@ -1,25 +1,32 @@
-"""What the `reconcile` CLI imports, and what that costs: `--help` must import nothing heavy.
+"""What the `reconcile` CLI imports, and what that costs; exit 1 when that grows past what is allowed.
 
-Run: python3 benchmarks/import_time.py [--runs 10]
-Uses the non-editable install in benchmarks/.venvs/reconcile, from a directory outside the checkout (so
-`-m reconcile` cannot pick up the source tree). For `--help`, `plan --help` and a warm `plan` of the CPU
-demo: the median wall time of the console script, the modules `-X importtime` lists (their sum of
-top-level cumulative times) and the heaviest of them. Exit 1 when `--help` imports a module of HEAVY.
+Run: python3 benchmarks/import_time.py [--rounds 10] [--spec PATH] [--python PY] [--check] [--update]
+Two checks, each from one run of the CLI's entry point (reconcile.cli:main, as the console script
+calls it) from a directory outside the checkout, reading sys.modules when it exits:
+  * `--help`, `plan --help` and `--version` import nothing of HEAVY;
+  * a warm, converged `reconcile plan --spec PATH` (default: the CPU demo, applied) imports only
+    modules named in benchmarks/import_allowlist.txt, the interpreter's own start-up modules
+    (`python -c pass`) aside. A new module fails the check, by name; `--update` rewrites the list
+    from this run (do that only for an import that a converged plan truly needs).
+Without --check it also times each command, interleaved with the floor (`python -c pass`).
+--python: the interpreter to run (default: the non-editable install in benchmarks/.venvs/reconcile).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_plan import timed
-from benchenv import DEMO_SPEC, clean_env, machine, reconcile_venv
+from benchenv import DEMO_SPEC, HERE, clean_env, machine, reconcile_venv
+from interleave import Case, floor_case, interleave, loadavg, table
 
+ALLOWLIST = HERE / "import_allowlist.txt"
+ENTRY = "import sys; from reconcile.cli import main; sys.exit(main(sys.argv[1:]))"  # the console script
 # Never for --help: the spec models, the TOML parser, the probes' and actions' third-party libraries.
 HEAVY = (
     "pydantic",
@@ -35,77 +42,147 @@ HEAVY = (
     "ssl",
     "requests",
     "reconcile.spec.models",
+    "reconcile.spec.loader",
     "reconcile.commands",
     "probes",
     "actions",
 )
 
 
-def importtime(python: str, args: list[str], env: dict[str, str], cwd: str) -> list[tuple[int, int, str]]:
-    """(cumulative us, self us, name with its nesting indent) per imported module."""
+def imported(python: str, argv: list[str], env: dict[str, str], cwd: str) -> list[tuple[int, int, str]]:
+    """(cumulative us, self us, name with its nesting indent) per module `-X importtime` lists, for
+    the CLI with `argv` (empty: `python -c pass`, the floor)."""
+    code = ["-c", ENTRY, *argv] if argv else ["-c", "pass"]
     proc = subprocess.run(
-        [python, "-X", "importtime", "-m", "reconcile", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
+        [python, "-X", "importtime", *code], env=env, cwd=cwd, capture_output=True, text=True
     )
     out = []
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and "self [us]" not in line:
             self_us, cumulative, name = line[len("import time:") :].split("|")
             out.append((int(cumulative), int(self_us), name.rstrip()))
+    if proc.returncode not in (0, 2):
+        sys.exit(f"import_time: {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return out
+
+
+def names(modules: list[tuple[int, int, str]]) -> set[str]:
+    return {n.strip() for _, _, n in modules}
+
+
+def loaded(python: str, argv: list[str], env: dict[str, str], cwd: str) -> set[str]:
+    """sys.modules when the CLI with `argv` exits (empty: `python -c pass`). Not -X importtime's list:
+    that misses a module imported by importlib.import_module (probes.server, probes.health)."""
+    with tempfile.NamedTemporaryFile("r", prefix="modules-", dir=cwd) as out:
+        write = f"open({out.name!r}, 'w').write(' '.join(sys.modules))"
+        dump = f"import atexit, sys; atexit.register(lambda: {write})"
+        code = f"{dump}; {ENTRY}" if argv else dump
+        proc = subprocess.run([python, "-c", code, *argv], env=env, cwd=cwd, capture_output=True, text=True)
+        if proc.returncode not in (0, 2):
+            sys.exit(f"import_time: {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        return set(out.read().split()) - {"atexit"}
+
+
+def read_allowlist(path: Path) -> set[str]:
+    return {ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()} - {""}
+
+
+def write_allowlist(path: Path, modules: set[str], spec: Path) -> None:
+    head = (
+        "# Modules a warm, converged `reconcile plan` may import (beyond `python -c pass`'s own).\n"
+        "# benchmarks/import_time.py fails when a plan imports one that is not here. Written by\n"
+        f"# `python3 benchmarks/import_time.py --update` ({spec.name}, {time.strftime('%Y-%m-%d')}):\n"
+        "# add a module only when a converged plan truly needs it.\n"
+    )
+    path.write_text(head + "".join(f"{m}\n" for m in sorted(modules)))
+
+
+def check(python: str, spec: Path, allowlist: Path, update: bool, env: dict[str, str], cwd: str) -> int:
+    """Priming runs, then one run of a warm plan reading sys.modules: exit 1 on a module not allowed."""
+    argv = ["plan", "--spec", str(spec)]
+    # Two priming runs: right after a checkout the first `git status` refreshes the index, which the
+    # spec's git cache waits out before it keeps an answer.
+    for _ in range(2):
+        subprocess.run([python, "-c", ENTRY, *argv], env=env, cwd=cwd, capture_output=True, check=False)
+    plan = loaded(python, argv, env, cwd) - loaded(python, [], env, cwd)
+    if update:
+        write_allowlist(allowlist, plan, spec)
+        print(f"import_time: wrote {len(plan)} modules to {allowlist}")
+        return 0
+    new = sorted(plan - read_allowlist(allowlist))
+    if new:
+        print(
+            f"import_time: a warm, converged `reconcile plan --spec {spec}` now imports {len(new)} module(s) "
+            f"that {allowlist.name} does not allow: {', '.join(new)}. Import them lazily (only where "
+            f"they are used), or, if a converged plan truly needs them, run `python3 "
+            f"benchmarks/import_time.py --update` and commit the list.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"import_time: the warm plan imports {len(plan)} modules, all in {allowlist.name}")
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--rounds", "--runs", type=int, default=10)
+    parser.add_argument("--spec", type=Path, default=DEMO_SPEC, help="a converged spec (default: the demo)")
+    parser.add_argument("--python", help="interpreter with reconcile installed (default: the benchmark venv)")
+    parser.add_argument("--allowlist", type=Path, default=ALLOWLIST)
+    parser.add_argument("--check", action="store_true", help="only the import checks: no timing")
+    parser.add_argument("--update", action="store_true", help="rewrite the allow-list from this run")
     args = parser.parse_args()
-    reconcile = reconcile_venv()
-    python = str(reconcile.parent / "python")
-    print(f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M %Z')}\n")
-    print(
-        "| command | median wall ms | modules imported | of them ours | top-level import ms (sum) "
-        "| heaviest |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
-    heavy_for_help: set[str] = set()
-    with tempfile.TemporaryDirectory(prefix="import-time-") as home:
-        env = clean_env(XDG_CACHE_HOME=home)
-        baseline = statistics.median(timed([python, "-c", "pass"], env).wall for _ in range(args.runs))
-        print(f"| `python -c pass` (the floor) | {baseline * 1000:.0f} | | | | |")
-        for label, argv in (
-            ("--help", ["--help"]),
-            ("plan --help", ["plan", "--help"]),
-            ("--version", ["--version"]),
-            ("plan (cpu demo, cache warm)", ["plan", "--spec", str(DEMO_SPEC)]),
-        ):
-            timed([str(reconcile), *argv], env)
-            wall = statistics.median(
-                timed([str(reconcile), *argv], env, cwd=Path(home)).wall for _ in range(args.runs)
-            )
-            modules = importtime(python, argv, env, home)
-            names = [n.strip() for _, _, n in modules]
-            ours = [n for n in names if n.split(".")[0] in ("reconcile", "probes", "actions")]
-            top = sum(c for c, _, n in modules if not n.startswith("  "))
-            heaviest = sorted(
-                (
-                    (c, n.strip())
-                    for c, _, n in modules
-                    if n.strip().split(".")[0] not in ("reconcile", "probes", "actions")
-                ),
-                reverse=True,
-            )[:4]
-            shown = ", ".join(f"{n} {c / 1000:.0f} ms" for c, n in heaviest)
+    python = args.python or str(reconcile_venv().parent / "python")
+    spec = args.spec.resolve()
+    with tempfile.TemporaryDirectory(prefix="import-time-") as tmp:
+        # The cache apart from the cwd: `-c` puts the cwd on sys.path, and the cache's reconcile/
+        # directory would shadow an editable install as a namespace package.
+        env = clean_env(XDG_CACHE_HOME=os.path.join(tmp, "cache"))
+        cwd = os.path.join(tmp, "run")
+        os.mkdir(cwd)
+        heavy: set[str] = set()
+        for argv in (["--help"], ["plan", "--help"], ["--version"]):
+            heavy |= {n for n in loaded(python, argv, env, cwd) if n.split(".")[0] in HEAVY or n in HEAVY}
+        if heavy:
             print(
-                f"| `reconcile {label}` | {wall * 1000:.0f} | {len(names)} | {len(ours)} | {top / 1000:.0f} "
-                f"| {shown} |"
+                f"import_time: --help / --version import heavy modules: {', '.join(sorted(heavy))}",
+                file=sys.stderr,
             )
-            if "help" in label or "version" in label:
-                heavy_for_help |= {n for n in names if n in HEAVY or n.split(".")[0] in HEAVY}
-    print("\nheavy modules imported for --help / --version: " + (", ".join(sorted(heavy_for_help)) or "none"))
-    return 1 if heavy_for_help else 0
+        code = check(python, spec, args.allowlist, args.update, env, cwd)
+        if not args.check:
+            timing(python, spec, env, cwd, args.rounds)
+    return 1 if heavy or code else 0
+
+
+def timing(python: str, spec: Path, env: dict[str, str], home: str, rounds: int) -> None:
+    print(f"\nmachine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M %Z')}; load average {loadavg()}\n")
+    commands = {
+        "reconcile --help": ["--help"],
+        "reconcile plan --help": ["plan", "--help"],
+        "reconcile --version": ["--version"],
+        f"reconcile plan --spec {spec.name} (cache warm)": ["plan", "--spec", str(spec)],
+    }
+    cases = [
+        Case(label, [python, "-c", ENTRY, *argv], lambda: env, Path(home)) for label, argv in commands.items()
+    ]
+    results = interleave(floor_case(python, env, Path(home)), cases, rounds)
+    print(table(results))
+    floor = names(imported(python, [], env, home))
+    print("\n| command | modules beyond the floor | of them ours | heaviest (cumulative ms) |")
+    print("| --- | ---: | ---: | --- |")
+    for label, argv in commands.items():
+        modules = [m for m in imported(python, argv, env, home) if m[2].strip() not in floor]
+        ours = [n for n in names(modules) if n.split(".")[0] in ("reconcile", "probes", "actions")]
+        heaviest = sorted(
+            (
+                (c, n.strip())
+                for c, _, n in modules
+                if n.strip().split(".")[0] not in ("reconcile", "probes", "actions")
+            ),
+            reverse=True,
+        )[:4]
+        shown = ", ".join(f"{n} {c / 1000:.0f}" for c, n in heaviest)
+        print(f"| `{label}` | {len(names(modules))} | {len(ours)} | {shown} |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""apt probe: the state of every named package (one dpkg-query), the configured sources, their keyrings.
+"""apt probe: the state of every named package (dpkg's status file, or one dpkg-query), the configured
+sources, their keyrings.
 
 Called by reconcile.plan.prober. Reads /etc/apt/sources.list, sources.list.d/*.list (one-line format)
 and sources.list.d/*.sources (deb822); never changes anything.
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from probes import dpkg_status
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 
@@ -98,18 +100,11 @@ def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
     packages: Mapping[str, PackageStatus] = {}
     warnings: tuple[str, ...] = ()
     if names:
-        argv = ["dpkg-query", "-W", f"-f={DPKG_FORMAT}", *names]
+        answer = _dpkg_answer(names)
+        if isinstance(answer, (Unavailable, ProbeFailure)):  # records are tuples too: test the type
+            return answer
         try:
-            # C locale: the "no packages found" message is parsed, and it is translated elsewhere.
-            done = host.run(argv, env={**os.environ, "LC_ALL": "C"}, timeout=60.0)
-        except host.ToolMissing as exc:
-            return Unavailable(f"{exc}: not a Debian/Ubuntu system, so apt packages cannot be checked")
-        except host.CommandTimeout as exc:
-            return ProbeFailure(str(exc))
-        if done.returncode not in (0, 1):  # 1 means "some names are unknown", which is an answer
-            return ProbeFailure(f"dpkg-query exited {done.returncode}", raw=done.stdout + done.stderr)
-        try:
-            packages, warnings = parse_dpkg_query(done.stdout, done.stderr, names)
+            packages, warnings = parse_dpkg_query(*answer, names)
         except ParseError as exc:
             return exc.as_failure("dpkg-query")
     apt_dir = os.path.dirname(spec.apt.sources_dir.rstrip("/"))
@@ -193,6 +188,26 @@ def _ask_apt_cache(names: list[str]) -> tuple[str, ...] | None:
     if table is None:
         return None
     return tuple(n for n in names if table.get(n, (None, ()))[0] is None)
+
+
+def _dpkg_answer(names: list[str]) -> tuple[str, str] | Unavailable | ProbeFailure:
+    """dpkg-query's (stdout, stderr) for `names`: read from dpkg's status file where that gives the same
+    answer (no process: probes.dpkg_status), else from dpkg-query itself."""
+    if dpkg_status.usable():
+        read = dpkg_status.remembered(names)
+        if read is not None:
+            return read
+    argv = ["dpkg-query", "-W", f"-f={DPKG_FORMAT}", *names]
+    try:
+        # C locale: the "no packages found" message is parsed, and it is translated elsewhere.
+        done = host.run(argv, env={**os.environ, "LC_ALL": "C"}, timeout=60.0)
+    except host.ToolMissing as exc:
+        return Unavailable(f"{exc}: not a Debian/Ubuntu system, so apt packages cannot be checked")
+    except host.CommandTimeout as exc:
+        return ProbeFailure(str(exc))
+    if done.returncode not in (0, 1):  # 1 means "some names are unknown", which is an answer
+        return ProbeFailure(f"dpkg-query exited {done.returncode}", raw=done.stdout + done.stderr)
+    return done.stdout, done.stderr
 
 
 def parse_dpkg_query(

@@ -12,11 +12,11 @@ import json
 import os
 import re
 import stat
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
+from reconcile.threads import run_all
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -116,13 +116,17 @@ def query_nvcc(path: str) -> tuple[str, str, bool] | ProbeFailure:
     hit = _cache_lookup(key)
     if hit is not None:
         return hit[0], hit[1], True
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nvcc") as pool:
-        version_f = pool.submit(host.run, [path, "--version"], timeout=NVCC_TIMEOUT)
-        arch_f = pool.submit(host.run, [path, "--list-gpu-arch"], timeout=NVCC_TIMEOUT)
-        try:
-            version, arch = version_f.result(), arch_f.result()
-        except (host.ToolMissing, host.CommandTimeout) as exc:
-            return ProbeFailure(f"{path}: {exc}")
+    try:
+        answers = run_all(
+            {
+                "version": lambda: host.run([path, "--version"], timeout=NVCC_TIMEOUT),
+                "arch": lambda: host.run([path, "--list-gpu-arch"], timeout=NVCC_TIMEOUT),
+            },
+            "nvcc",
+        )
+    except (host.ToolMissing, host.CommandTimeout) as exc:
+        return ProbeFailure(f"{path}: {exc}")
+    version, arch = answers["version"], answers["arch"]
     for done in (version, arch):
         if not done.ok:
             return ProbeFailure(

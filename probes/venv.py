@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -143,19 +144,74 @@ def scan_site_packages(
         entries = list(os.scandir(site))
     except OSError:
         return dists, pth, bad
+    headers = _Headers(site)
     for entry in entries:
         if entry.name.endswith((".dist-info", ".egg-info")):
             meta = os.path.join(entry.path, "METADATA" if entry.name.endswith(".dist-info") else "PKG-INFO")
-            if not os.path.isfile(meta):
+            found = headers.read(meta)
+            if found is None:
                 continue  # a flat .egg-info file or an unfinished install: nothing to read yet
-            found = read_metadata_header(meta)
             if isinstance(found, Invalid):
                 bad.append(found)
             else:
                 dists[normalize(found[0])] = Distribution(found[0], found[1], entry.path)
         elif entry.name.endswith(".pth") and entry.is_file():
             pth += _pth_paths(entry.path, site)
+    headers.keep()
     return dists, pth, bad
+
+
+class _Headers:
+    """Each metadata file's (Name, Version) header, remembered per site-packages directory in the
+    user's cache while the file's (inode, size, mtime, ctime) are the same (any write changes its
+    ctime): a 500-package venv is then 500 stats, not 500 reads (~10 ms a plan). A private marshal
+    file (reconcile.private_cache); damaged or foreign is a miss."""
+
+    def __init__(self, site: str) -> None:
+        import zlib
+
+        from reconcile import private_cache
+
+        self._site = os.path.abspath(site)
+        key = self._site.encode("utf-8", "surrogateescape")
+        self._entry = os.path.join(
+            private_cache.cache_root(), "venv", f"{zlib.crc32(key):08x}-{len(key)}.marshal"
+        )
+        data = private_cache.read(self._entry)
+        valid = isinstance(data, tuple) and len(data) == 3 and data[:2] == (1, self._site)
+        self._seen: dict[str, tuple[object, ...]] = data[2] if valid and isinstance(data[2], dict) else {}
+        self._now: dict[str, tuple[object, ...]] = {}
+
+    def read(self, meta: str) -> tuple[str, str] | Invalid | None:
+        """As read_metadata_header, or None when `meta` is not a regular file (os.path.isfile)."""
+        try:
+            st = os.stat(meta)
+        except (OSError, ValueError):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        kept = self._seen.get(meta)
+        if isinstance(kept, tuple) and len(kept) == 3 and kept[0] == stamp:
+            answer = kept[2]
+            if kept[1] == "ok" and isinstance(answer, tuple) and all(type(a) is str for a in answer):
+                self._now[meta] = kept
+                return str(answer[0]), str(answer[1])
+            if kept[1] == "invalid" and isinstance(answer, tuple) and all(type(a) is str for a in answer):
+                self._now[meta] = kept
+                return Invalid(*answer)
+        found = read_metadata_header(meta)
+        if isinstance(found, Invalid):
+            self._now[meta] = (stamp, "invalid", tuple(found))
+        else:
+            self._now[meta] = (stamp, "ok", found)
+        return found
+
+    def keep(self) -> None:
+        if self._now != self._seen:  # only what this scan saw: removed packages drop out
+            from reconcile import private_cache
+
+            private_cache.write(self._entry, (1, self._site, self._now))
 
 
 def read_metadata_header(path: str) -> tuple[str, str] | Invalid:

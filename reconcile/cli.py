@@ -7,6 +7,7 @@ command's parser is built. Every user-facing error, a usage error included, is o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -25,6 +26,34 @@ EXIT_DOC = """exit codes (Puppet's --detailed-exitcodes):
 run `reconcile COMMAND --help` for a command's options and examples"""
 
 Builder = Callable[[argparse.ArgumentParser], None]
+
+
+def _columns() -> int:
+    """shutil.get_terminal_size().columns, without importing shutil (with bz2 and lzma: ~3-5 ms,
+    which argparse's formatter pays on every run to validate each argument)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            stdout = sys.__stdout__  # None without one: 80, as shutil falls back
+            columns = os.get_terminal_size(stdout.fileno()).columns if stdout is not None else 0
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+        columns = columns or 80
+    return columns
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's RawDescriptionHelpFormatter at the width it would pick itself (columns - 2)."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(
+            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
+        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -272,7 +301,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="reconcile",
         description="Keep a vLLM GPU machine in the state its TOML spec describes.",
         epilog=EXIT_DOC,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"reconcile {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -284,7 +313,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help=text,
             description=text,
             epilog="examples:\n" + "\n".join(f"  {line}" for line in examples.splitlines()),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_Formatter,
         )
         if name == command:
             build(p)
@@ -303,8 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 1
     try:
-        import os
-
         from reconcile import commands
         from reconcile.safety.filesafety import STATE_UMASK
 
@@ -324,7 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:
-        import os
         import traceback
 
         if os.environ.get("RECONCILE_DEBUG"):

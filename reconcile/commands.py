@@ -17,14 +17,18 @@ from reconcile.spec.loaded import LoadedSpec
 
 
 def _load(args: argparse.Namespace) -> LoadedSpec:
-    from reconcile.apply.realizing import realize
     from reconcile.spec.cache import load
     from reconcile.spec.loaded import find_spec
     from reconcile.spec.pins import apply_lock_pins
 
     # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read; with
     # [venv] store, the venv is its realization's content-addressed path.
-    return realize(apply_lock_pins(load(find_spec(getattr(args, "spec", None)))))
+    loaded = apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
+    if getattr(loaded.spec.venv, "store", None) is None:  # realizing's hashlib and shutil: stores only
+        return loaded
+    from reconcile.apply.realizing import realize
+
+    return realize(loaded)
 
 
 def _held(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:

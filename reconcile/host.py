@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import _socket
 
 
 class ToolMissing(Exception):
@@ -45,6 +44,8 @@ def run(
     cwd: str | None = None,
 ) -> Completed:
     """Run a command to completion and capture its output (text, errors replaced)."""
+    import subprocess  # ~2 ms with its selectors and signals: a warm converged plan runs no command
+
     try:
         proc = subprocess.run(
             list(argv),
@@ -76,6 +77,7 @@ def run_lines(
 ) -> Completed:
     """Run a command, handing each line of its output (stdout and stderr merged, `\\r` ends a line
     too: progress bars) to `on_line` as it comes; the whole output is in `stdout` at the end."""
+    import subprocess
     import threading
 
     try:
@@ -117,7 +119,32 @@ def run_lines(
 
 
 def which(name: str, path: str | None = None) -> str | None:
-    return shutil.which(name, path=path)
+    """shutil.which, as it is on POSIX, without importing shutil (with bz2 and lzma, ~3-5 ms a plan):
+    a name with a directory part as it is, else the first executable non-directory on `path`
+    (default $PATH, else the system's default; an empty PATH finds nothing)."""
+    if os.path.dirname(name):
+        return name if _runnable(name) else None
+    if path is None:
+        path = os.environ.get("PATH")
+        if path is None:
+            try:
+                path = os.confstr("CS_PATH")
+            except (AttributeError, ValueError):
+                path = os.defpath
+    if not path:
+        return None
+    seen: set[str] = set()
+    for directory in os.fsdecode(path).split(os.pathsep):
+        if directory not in seen:  # (os.path.normcase is the identity on POSIX)
+            seen.add(directory)
+            candidate = os.path.join(directory, name)
+            if _runnable(candidate):
+                return candidate
+    return None
+
+
+def _runnable(path: str) -> bool:
+    return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
 
 
 class HttpResponse(NamedTuple):
@@ -152,8 +179,6 @@ def http_request(
     Not http.client: it imports the email package (~20-30 ms), a tenth of a converged plan, for
     the three loopback GETs the health probe makes.
     """
-    import socket
-
     shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets
     url = f"http://{shown}:{port}{path}"
     lines = [
@@ -167,13 +192,18 @@ def http_request(
         lines.append(f"Content-Length: {len(body)}")
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
     chunks: list[bytes] = []
+    # An ASCII host as bytes: given a str, getaddrinfo imports the idna codec (~2-4 ms) to encode it.
+    address = host.encode("ascii") if host.isascii() else host
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock = _connect(address, port, timeout)
+        try:
             if before_send is not None:
                 before_send()
             sock.sendall(request)
             while data := sock.recv(65536):
                 chunks.append(data)
+        finally:
+            sock.close()
     except OSError as exc:
         raise HttpUnreachable(f"{url}: {exc}") from exc
     head, sep, rest = b"".join(chunks).partition(b"\r\n\r\n")
@@ -190,6 +220,26 @@ def http_request(
     elif found.get("content-length", "").isdigit():
         rest = rest[: int(found["content-length"])]
     return HttpResponse(int(parts[1]), rest, found)
+
+
+def _connect(host: str | bytes, port: int, timeout: float) -> _socket.socket:
+    """socket.create_connection, on the C module itself: socket.py (with selectors, array and its
+    enums) costs ~3-4 ms to import. Each address in turn; the last one's error when none connects."""
+    import _socket
+
+    error: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = None
+        try:
+            sock = _socket.socket(family, kind, proto)
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            error = exc
+            if sock is not None:
+                sock.close()
+    raise error if error is not None else OSError("getaddrinfo returns an empty list")
 
 
 def _dechunk(data: bytes) -> bytes:
@@ -225,6 +275,8 @@ def atomic_write(
     Temp file in the same directory, mode and owner set before any byte is written (a secret is
     never readable by others, even half-written), fsync, rename, fsync the directory.
     """
+    import tempfile  # with random: only when something is written
+
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=directory)
     try:
@@ -333,4 +385,6 @@ def checkpoint(label: str) -> None:
     """A named point where the crash-safety tests kill us: SIGKILL to ourselves when the environment
     variable RECONCILE_TEST_KILL_AT equals `label`; a no-op otherwise (one dict lookup)."""
     if os.environ.get(KILL_AT) == label:
+        import signal
+
         os.kill(os.getpid(), signal.SIGKILL)

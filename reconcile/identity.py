@@ -6,12 +6,12 @@ and records the components; the planner compares them and explain_change() words
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from reconcile.digest import sha256_hex
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class Identity(NamedTuple):
 
 
 def _hash(data: str | bytes) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+    return sha256_hex(data)[:16]
 
 
 def _canonical_package(name: str) -> str:
@@ -93,7 +93,7 @@ def launch_identity(
         "packages.shown": json.dumps(dict(sorted(pkgs.items()))),
         "model_revision.shown": model_revision or "",
     }
-    digest = hashlib.sha256(json.dumps([hashes[k] for k in INPUTS]).encode()).hexdigest()[:32]
+    digest = sha256_hex(json.dumps([hashes[k] for k in INPUTS]))[:32]
     return Identity(digest=digest, components={**hashes, **shown})
 
 

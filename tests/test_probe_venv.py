@@ -192,3 +192,49 @@ def test_this_projects_own_venv_matches_importlib_metadata() -> None:
 )
 def test_pyvenv_cfg_version_from_each_tool(text: str, version: str | None) -> None:
     assert venv.pyvenv_version(venv.parse_pyvenv_cfg(text)) == version
+
+
+def _site(tmp_path: Path, dists: dict[str, str]) -> Path:
+    site = tmp_path / "site-packages"
+    for name, body in dists.items():
+        (site / f"{name}.dist-info").mkdir(parents=True)
+        (site / f"{name}.dist-info" / "METADATA").write_text(body)
+    return site
+
+
+def test_remembered_headers_give_what_a_fresh_read_gives_until_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = _site(
+        tmp_path,
+        {
+            "alpha-1.0": "Metadata-Version: 2.1\nName: alpha\nVersion: 1.0\n\nbody\n",
+            "beta-2.0": "Metadata-Version: 2.1\nName: Beta_Pkg\nVersion: 2.0\n",
+            "broken-0": "Metadata-Version: 2.1\nName: broken\n\n",
+        },
+    )
+
+    def fresh() -> object:
+        with monkeypatch.context() as m:
+            m.setenv("XDG_CACHE_HOME", str(tmp_path / "elsewhere"))  # nothing remembered there
+            return venv.scan_site_packages(str(site))
+
+    first = venv.scan_site_packages(str(site))
+    assert first == fresh() and "alpha" in first[0] and len(first[2]) == 1
+    (entry,) = (tmp_path / "cache" / "reconcile" / "venv").iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o600
+    with monkeypatch.context() as m:  # remembered: no file is read again
+        m.setattr(venv, "read_metadata_header", lambda path: pytest.fail(f"{path} was read"))
+        assert venv.scan_site_packages(str(site)) == first
+    # An in-place edit that keeps the size and the mtime: the ctime tells.
+    meta = site / "alpha-1.0.dist-info" / "METADATA"
+    st = meta.stat()
+    meta.write_text(meta.read_text().replace("1.0", "1.1"))
+    os.utime(meta, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = venv.scan_site_packages(str(site))
+    assert again == fresh() and again[0]["alpha"].version == "1.1"
+    shutil.rmtree(site / "beta-2.0.dist-info")
+    assert venv.scan_site_packages(str(site)) == fresh()
+    entry.write_bytes(b"\x00damaged")
+    assert venv.scan_site_packages(str(site)) == fresh()

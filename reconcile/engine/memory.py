@@ -7,7 +7,6 @@ the budget is gpu-memory-utilization x CUDA's total memory, as vLLM's. Called by
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -32,6 +31,7 @@ from reconcile.engine.kvgroups import KVLayout, kv_layout
 from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
 from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, on, v2_runner
 from reconcile.engine.shape import ModelShape, model_shape
+from reconcile.engine.weightfiles import weight_files
 
 __all__ = [
     "CUDA_GRAPH_BYTES",
@@ -49,8 +49,6 @@ __all__ = [
     "size",
     "weight_files",
 ]  # fmt: skip
-
-_WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)$")
 
 
 def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
@@ -73,17 +71,6 @@ def mamba_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int, ssm_bytes: 
     conv = (m.conv_kernel - 1) * ((inner + 2 * m.n_groups * m.state_size) // tp)
     ssm = (m.num_heads // tp) * m.head_dim * m.state_size
     return (conv * conv_bytes + ssm * ssm_bytes) * m.layers
-
-
-def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
-    """The files vLLM loads weights from: safetensors when any, else .bin/.pt; Mistral's duplicate
-    consolidated.safetensors is left out when sharded model-*.safetensors are there."""
-    found = {n: s for n, s in file_sizes.items() if _WEIGHTS.search(n)}
-    st = {n: s for n, s in found.items() if n.endswith(".safetensors")}
-    if st:
-        sharded = {n: s for n, s in st.items() if not n.rsplit("/", 1)[-1].startswith("consolidated")}
-        return sharded or st
-    return {n: s for n, s in found.items() if not n.endswith(("training_args.bin", "optimizer.pt"))}
 
 
 class MemoryEstimate(NamedTuple):

@@ -6,12 +6,12 @@ removes it) and `reconcile status` (which ownership path is in use, and why).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
 from typing import TYPE_CHECKING
 
+from reconcile.digest import sha256_hex
 from reconcile.identity import deployment_id
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def cgroup_name(spec: Spec) -> str:
     """The deployment's directory name: its server name and a hash of its marker (name@state_dir),
     so two specs with one server name never share a cgroup."""
     assert spec.server is not None
-    digest = hashlib.sha256(deployment_id(spec).encode()).hexdigest()[:12]
+    digest = sha256_hex(deployment_id(spec))[:12]
     return f"{spec.server.name}-{digest}"
 
 

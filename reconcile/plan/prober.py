@@ -8,11 +8,11 @@ it never hides the other probes' results.
 from __future__ import annotations
 
 import importlib
-import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
+from reconcile.threads import run_all
 
 if TYPE_CHECKING:
     from probes import apt, cuda, files, gpu, model, venv
@@ -81,7 +81,13 @@ def run_guarded(name: str, fn: ProbeFn, spec: Spec) -> object:
     try:
         return fn(spec)
     except Exception as exc:
+        import traceback  # linecache, tokenize: only when a probe crashed
+
         return ProbeFailure(f"{name} probe crashed: {type(exc).__name__}: {exc}", raw=traceback.format_exc())
+
+
+def _call(name: str, fn: ProbeFn, spec: Spec) -> Callable[[], object]:
+    return lambda: run_guarded(name, fn, spec)
 
 
 def _resolve(names: list[str], probes: Mapping[str, ProbeFn] | None) -> dict[str, ProbeFn]:
@@ -98,11 +104,7 @@ def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> 
     if len(names) == 1:
         results[names[0]] = run_guarded(names[0], table[names[0]], spec)
     elif names:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="probe") as pool:
-            futures = {n: pool.submit(run_guarded, n, table[n], spec) for n in names}
-            results.update({n: f.result() for n, f in futures.items()})
+        results.update(run_all({n: _call(n, table[n], spec) for n in names}, "probe"))
     return Observed(**results)  # type: ignore[arg-type]
 
 

@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from reconcile.engine import limits
-from reconcile.engine.flags import canonical
 from reconcile.plan.records import Finding, Severity
 
 if TYPE_CHECKING:
@@ -114,6 +112,8 @@ def finding(rule: str, severity: Severity, message: str, fix: str = "", /, **evi
 
 
 def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
+    from reconcile.engine.flags import canonical  # the engine only when rules run (gather's memo)
+
     args: dict[str, ArgValue] = {}
     written: dict[str, str] = {}
     for key, value in server.args.items():
@@ -182,12 +182,16 @@ def _pin_is_exact(spec: Spec) -> bool:
 
 def model_config(c: RuleContext) -> Mapping[str, Any] | None:
     """config.json as vLLM will read it: the patched file plus args.hf-overrides."""
+    from reconcile.engine import limits
+
     config = c.inputs.model_config
     return None if config is None else limits.apply_hf_overrides(config, c.args.get("hf-overrides"))
 
 
 def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
     """(max-model-len as vLLM parses it, an error text); (None, None) for auto or unset."""
+    from reconcile.engine import limits
+
     raw = c.args.get("max-model-len")
     try:
         return (None if raw is None else limits.parse_max_model_len(raw)), None
@@ -198,6 +202,8 @@ def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
 def served_len(c: RuleContext) -> tuple[int | None, str]:
     """The max-model-len vLLM will serve and how it was set: the explicit value, else (unset) the
     length it derives from the config; (None, "auto") when it fits the length to memory."""
+    from reconcile.engine import limits
+
     requested, error = requested_len(c)
     if requested is not None or error or c.args.get("max-model-len") is not None:
         return requested, "max-model-len" if requested is not None else "auto"

@@ -13,23 +13,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Unavailable
-from reconcile.engine.catalogue import known_model
 from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
-from reconcile.preflight import (
-    arguments,
-    batching,
-    features,
-    hardware,
-    length,
-    memory,
-    parallel,
-    serving,
-    toolchain,
-)
-from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact, context
-from reconcile.preflight.memory_table import memory_table as table
+from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
 
 if TYPE_CHECKING:
     from probes.venv import VenvObservation
@@ -62,9 +49,11 @@ def _vllm_version(spec: Spec, obs: Observed) -> tuple[str | None, str]:
 def _gpus(
     obs: Observed, own: set[int]
 ) -> tuple[tuple[GpuFact, ...] | None, list[GpuProcess], list[GpuProcess]]:
+    inv = obs.gpu
+    if inv is None:  # not probed: probes.gpu (with ctypes) is not imported for an isinstance
+        return None, [], []
     from probes.gpu import GpuInventory
 
-    inv = obs.gpu
     if not isinstance(inv, GpuInventory):
         return None, [], []
     facts: list[GpuFact] = []
@@ -104,7 +93,7 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         base = _read_json(os.path.join(root, "config.json"))
         quant = _read_json(os.path.join(root, "hf_quant_config.json"))
         files = _sizes(root)
-    elif (known := known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
+    elif (known := _known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
         out["model_files_from"] = "catalogue"
@@ -118,16 +107,25 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
     return out
 
 
+def _known_model(repo: str | None) -> dict[str, Any] | None:
+    from reconcile.engine.catalogue import known_model
+
+    return known_model(repo)
+
+
 def _weights_before_download(spec: Spec, root: str, files: Mapping[str, int]) -> WeightsFact | None:
     """The weights' size while no weight file is there: the safetensors index's total_size (model dir
     or local source), else the hub's listing (one cached metadata call; never when offline)."""
-    from reconcile.engine.memory import weight_files
-    from reconcile.engine.weights import index_total
+    from reconcile.engine.weightfiles import weight_files
 
     if weight_files(files):
         return None  # on disk: the memory rule counts the files themselves
     index = _read_json(os.path.join(root, "model.safetensors.index.json"))
-    total = index_total(index) if index else None
+    total = None
+    if index:
+        from reconcile.engine.weights import index_total  # the model's shape tables: only for an index
+
+        total = index_total(index)
     if total:
         return WeightsFact(total, 0, f"model.safetensors.index.json in {root}")
     m = spec.model
@@ -184,7 +182,6 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
 
 
 def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
-    from probes.cuda import CudaToolkit, Nvcc
     from probes.server import ServerObservation
     from probes.venv import VenvObservation
 
@@ -202,12 +199,8 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
     unknown: tuple[str, ...] | None = getattr(obs.apt, "unknown", None)
     if unknown:
         kw["apt_unknown"] = frozenset(unknown)
-    if isinstance(obs.cuda, CudaToolkit):
-        kw["headers_missing"] = tuple(h.name for h in obs.cuda.headers if not h.paths)
-        if isinstance(obs.cuda.nvcc, Nvcc):
-            kw["nvcc_path"] = obs.cuda.nvcc.path
-            kw["nvcc_version"] = obs.cuda.nvcc.release
-            kw["nvcc_arch_list"] = obs.cuda.nvcc.gpu_archs
+    if obs.cuda is not None:  # probed (else probes.cuda is not imported for an isinstance)
+        kw.update(_cuda_facts(obs.cuda))
     kw["ninja_on_path"] = _ninja_on_path(spec)
     if isinstance(obs.venv, VenvObservation):
         kw["venv_has_ninja"] = obs.venv.has_ninja
@@ -224,20 +217,43 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
     return PreflightInputs(**kw)
 
 
+def _cuda_facts(toolkit: object) -> dict[str, Any]:
+    from probes.cuda import CudaToolkit, Nvcc
+
+    if not isinstance(toolkit, CudaToolkit):
+        return {}
+    kw: dict[str, Any] = {"headers_missing": tuple(h.name for h in toolkit.headers if not h.paths)}
+    if isinstance(toolkit.nvcc, Nvcc):
+        kw["nvcc_path"] = toolkit.nvcc.path
+        kw["nvcc_version"] = toolkit.nvcc.release
+        kw["nvcc_arch_list"] = toolkit.nvcc.gpu_archs
+    return kw
+
+
 def _ninja_on_path(spec: Spec) -> str | None:
     """The ninja a JIT build in the server would find on its PATH: [server] env PATH, else ours (which
     the server inherits after the venv's bin); None when there is none or the spec has no server."""
     if spec.server is None:
         return None
-    import shutil
+    from reconcile.host import which
 
     ours = os.environ.get("PATH", "")
     path = spec.server.env.get("PATH", ours).replace("$PATH", ours)
-    return shutil.which("ninja", path=path)
+    return which("ninja", path=path)
 
 
 def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:
-    return run_preflight(spec, inputs_from(spec, obs))
+    """run_preflight's findings; the rules' part remembered (reconcile.preflight.memo) while the spec,
+    the inputs and the rules' code are the same, so a converged plan imports no rule and no engine."""
+    from reconcile.preflight.paths import path_findings
+
+    inputs = inputs_from(spec, obs)
+    found = path_findings(spec)  # reads the paths' owners and modes now: never remembered
+    if spec.server is None:
+        return found
+    from reconcile.preflight.memo import remembered
+
+    return found + remembered(spec, inputs, lambda: rule_findings(spec, inputs))
 
 
 def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
@@ -247,6 +263,25 @@ def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
     found = path_findings(spec)
     if spec.server is None:
         return found
+    return found + rule_findings(spec, inputs)
+
+
+def rule_findings(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
+    """Every rule but the path rule, for a spec with a [server]: pure in the spec and the inputs."""
+    from reconcile.preflight import (
+        arguments,
+        batching,
+        features,
+        hardware,
+        length,
+        memory,
+        parallel,
+        serving,
+        toolchain,
+    )
+    from reconcile.preflight.context import context
+
+    assert spec.server is not None
     c = context(spec, spec.server, inputs)
     by_topic: tuple[ModuleType, ...] = (
         arguments,
@@ -262,11 +297,15 @@ def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
         # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.
         by_topic = tuple(m for m in by_topic if m is not toolchain)
-    return found + tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
+    return tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
 
 
 def memory_table(spec: Spec, inputs: PreflightInputs) -> str:
     """The article-style memory table for a spec's server (or one line saying why there is none)."""
+    from reconcile.preflight import memory
+    from reconcile.preflight.context import context
+    from reconcile.preflight.memory_table import memory_table as table
+
     if spec.server is None:
         return "no [server]: nothing to size"
     s = memory.sizing(context(spec, spec.server, inputs))

@@ -7,7 +7,6 @@ Run by `reconcile.preflight.gather`; same context, same Findings. Ids and failur
 from __future__ import annotations
 
 from fnmatch import fnmatch
-from ipaddress import ip_address
 
 from reconcile.engine.memory import GiB
 from reconcile.plan.records import Finding, Severity
@@ -215,8 +214,10 @@ def _port(c: RuleContext) -> list[Finding]:
 
 
 def _loopback(host: str) -> bool:
-    if host == "localhost":
+    if host in ("localhost", "127.0.0.1", "::1"):  # the usual answers, without ipaddress's import
         return True
+    from ipaddress import ip_address
+
     try:
         return ip_address(host).is_loopback
     except ValueError:

@@ -6,11 +6,12 @@ installer (index credentials), the generation writer and the commands that show 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
+
+from reconcile.digest import sha256_hex
 
 SENSITIVE = "(sensitive)"
 # A word of the name (split at anything not a letter or digit): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
@@ -34,7 +35,7 @@ def is_secret_name(name: str, marked: Collection[str] = ()) -> bool:
 
 def digest(value: str) -> str:
     """The hash a secret is kept as: enough to tell a rotation, useless to recover a random token."""
-    return hashlib.sha256(b"reconcile-sensitive\0" + value.encode()).hexdigest()[:16]
+    return sha256_hex(b"reconcile-sensitive\0" + value.encode())[:16]
 
 
 def has_credentials(url: str) -> bool:

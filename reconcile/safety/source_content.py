@@ -7,7 +7,6 @@ probes.model_source (the planner's drift). A changed stamp means "hash it again"
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
@@ -23,6 +22,8 @@ def selected(name: str, patterns: Iterable[str]) -> bool:
 
 
 def sha256_file(path: str) -> str:
+    import hashlib  # OpenSSL, faster per byte for a whole file; ~3-5 ms to import, so not at the top
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

@@ -1,103 +1,112 @@
-"""A per-user cache of validated specs, keyed by the identity of every file a spec reads.
+"""A per-user cache of validated specs, keyed on the content of every file a spec reads.
 
-Called by the CLI commands instead of `loading.load_spec`. A converged `reconcile plan` must feel
-instant; parsing TOML (tomlkit is pure Python) and validating with pydantic cost more than
-everything else a plan does, and a spec rarely changes between two timer ticks. A hit needs the
-same absolute path, the same (mtime, size, inode, ctime) of the spec and every base it extends,
-and the same reconcile and Python version; anything else is a miss and a full load.
+Called by the CLI commands instead of `loader.load_spec`. A converged `reconcile plan` must feel
+instant; parsing TOML and validating with pydantic cost more than everything else a plan does, and
+a spec rarely changes between two timer ticks. A hit needs the same absolute path, the same TOML
+content (reconcile.spec.key: comments and layout aside) of the spec and of every base it extends,
+and the same reconcile and Python version; anything else is a miss and a full load. So a touch, a
+checkout or a comment edit is a hit. A file whose (inode, size, mtime, ctime) are still those it had
+when it was keyed is not lexed again (any write changes its ctime).
+
+The entries are `marshal` data (reconcile.private_cache: loading one runs no code, unlike pickle),
+read only from a regular file that this user owns with mode 0600, in a directory this user owns with
+mode 0700. A damaged or foreign entry is a miss, never an error.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
 import sys
-from typing import Any
+import zlib
 
-from reconcile import __version__
+from reconcile import __version__, private_cache
+from reconcile.spec.key import content_key
 from reconcile.spec.loaded import LoadedSpec
 
-# 2: the spec is stored as spec_view data, not as pydantic objects. 3: specs validated before the
-# control-character, env-name, number and system-directory checks must be validated again.
-_FORMAT = 3
+# 2: spec_view data, not pydantic objects. 3: validated again after new checks. 4: marshal, keyed
+# on content (3 and before: pickle, keyed on (mtime, size, inode, ctime)). 5: + each file's stamp.
+_FORMAT = 5
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "reconcile", "specs")
-
-
-def _stamp(path: str) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
+    return os.path.join(private_cache.cache_root(), "specs")
 
 
 def _entry(abspath: str) -> str:
-    key = f"{_FORMAT}\0{__version__}\0{sys.version}\0{abspath}".encode()
-    return os.path.join(cache_dir(), hashlib.sha256(key).hexdigest()[:32] + ".pickle")
+    # Only an index: the entry itself names its spec's path and is checked against it. crc32 keeps
+    # hashlib (~3-5 ms to import, for OpenSSL) off the warm path; a clash only shares a slot.
+    name = f"{zlib.crc32(abspath.encode('utf-8', 'surrogateescape')):08x}-{len(abspath)}.marshal"
+    return os.path.join(cache_dir(), name)
 
 
-def _trusted(path: str) -> bool:
-    """Only unpickle a file we own that nobody else can write (pickle runs code)."""
+def _key(text: str) -> tuple[int, str]:
+    """(1, the content key) or, when the text does not lex, (0, the whole text)."""
+    key = content_key(text)
+    return (0, text) if key is None else (1, key)
+
+
+def _read_text(path: str) -> str | None:
     try:
-        st = os.stat(path)
-        parent = os.stat(os.path.dirname(path))
-    except OSError:
-        return False
-    uid = os.getuid()
-    return st.st_uid == uid and parent.st_uid == uid and not (st.st_mode | parent.st_mode) & 0o022
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def lookup(path: str) -> LoadedSpec | None:
-    entry = _entry(os.path.abspath(path))
-    if not _trusted(entry):
-        return None
+    abspath = os.path.abspath(path)
+    data = private_cache.read(_entry(abspath))
     try:
-        with open(entry, "rb") as f:
-            stamps, loaded, encoded = pickle.load(f)
-    except Exception:
-        return None
-    if not isinstance(loaded, LoadedSpec) or not isinstance(stamps, dict):
-        return None
-    from reconcile.spec.view import decode
+        head, keys, (sha256, files, resolved), encoded, stamps = data
+        if head != (_FORMAT, __version__, sys.version, abspath) or len(keys) != len(files) or not files:
+            return None
+        texts = [_read_text(f) for f in files]
+        # The same file untouched since it was keyed (any write changes its ctime) needs no lexing.
+        if any(
+            t is None or ((stamp is None or private_cache.stamp(f) != tuple(stamp)) and _key(t) != tuple(k))
+            for t, k, f, stamp in zip(texts, keys, files, stamps, strict=True)
+        ):
+            return None
+        if not isinstance(sha256, str) or not isinstance(resolved, dict) or not isinstance(files, tuple):
+            return None
+        from reconcile.spec.view import decode
 
-    loaded = loaded._replace(spec=decode(encoded))
-    if any(_stamp(f) != stamp for f, stamp in stamps.items()):
+        spec = decode(encoded)
+    except Exception:  # not the shape we write: a miss
         return None
-    if loaded.path != path:  # messages name the path as the user typed it
-        loaded = loaded._replace(path=path)
-    return loaded
+    # The path as the user typed it (messages name it), and the main file's text as it is now
+    # (generations record it: a comment edit shows there).
+    return LoadedSpec(spec, path, texts[0] or "", sha256, files, resolved)
 
 
-def store(loaded: LoadedSpec) -> None:
-    stamps: dict[str, Any] = {f: _stamp(f) for f in loaded.files}
-    if any(s is None for s in stamps.values()):
+def store(loaded: LoadedSpec, texts: tuple[str, ...]) -> None:
+    """Remember `loaded`; `texts` are the texts it was loaded from, the spec's first, then its bases'."""
+    if len(texts) != len(loaded.files):
         return
-    directory = cache_dir()
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        from reconcile.host import atomic_write
-        from reconcile.spec.view import encode
+    from reconcile.spec.view import encode
 
-        # The LoadedSpec without its pydantic Spec, which is stored as plain data beside it.
-        bare = loaded._replace(spec=None)  # type: ignore[arg-type]
-        body = pickle.dumps((stamps, bare, encode(loaded.spec)), protocol=4)
-        atomic_write(_entry(loaded.files[0]), body, mode=0o600)
-    except OSError:
-        pass  # a read-only home only costs speed
+    head = (_FORMAT, __version__, sys.version, loaded.files[0])
+    body = (loaded.sha256, tuple(loaded.files), loaded.resolved)
+    keys = tuple(_key(t) for t in texts)
+    stamps = tuple(_held_stamp(f, t) for f, t in zip(loaded.files, texts, strict=True))
+    # A value marshal cannot hold (a TOML date in a free-form table) leaves the spec uncached.
+    private_cache.write(_entry(loaded.files[0]), (head, keys, body, encode(loaded.spec), stamps))
+
+
+def _held_stamp(path: str, text: str) -> tuple[int, int, int, int] | None:
+    """The file's stamp if it holds `text` (the text validated) now, else None: its content key
+    decides then. Stamped before and after the read: any write between changes the ctime."""
+    before = private_cache.stamp(path)
+    return before if _read_text(path) == text and private_cache.stamp(path) == before else None
 
 
 def load(path: str) -> LoadedSpec:
-    """The spec at `path`, from the cache when no file it reads has changed."""
+    """The spec at `path`, from the cache when no file it reads has changed its content."""
     hit = lookup(path)
     if hit is not None:
         return hit
-    from reconcile.spec.loader import load_spec
+    from reconcile.spec.loader import load_spec_and_texts
 
-    loaded = load_spec(path)
-    store(loaded)
+    loaded, texts = load_spec_and_texts(path)
+    store(loaded, texts)
     return loaded

@@ -5,14 +5,15 @@ Called by the CLI commands and the executor (`find_spec`, `load_spec`), and by `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
+import sys
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
+from reconcile.digest import sha256_hex
 from reconcile.errors import SpecError
 from reconcile.safety.names import control_char
 from reconcile.spec.errors import describe, schema_text, show, unwrap
@@ -21,7 +22,15 @@ from reconcile.spec.lines import Scan as _Scan  # tests reach the scanner here t
 from reconcile.spec.loaded import LoadedSpec, find_spec
 from reconcile.spec.models import Spec
 
-__all__ = ["LoadedSpec", "dotted", "find_spec", "load_spec", "schema_text", "spec_from_resolved"]
+__all__ = [
+    "LoadedSpec",
+    "dotted",
+    "find_spec",
+    "load_spec",
+    "load_spec_and_texts",
+    "schema_text",
+    "spec_from_resolved",
+]
 
 _PATH = r"[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*"
 _REF = re.compile(rf"\{{\{{({_PATH})\}}\}}|\{{({_PATH})\}}")  # {{escaped.path}} | {section.key}
@@ -51,15 +60,33 @@ def _read(display: str, abspath: str) -> _File:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise SpecError(display, line, "", "not UTF-8 text (a TOML file is UTF-8)") from None
-    # tomlkit is pure Python and slow to import: only a spec-cache miss pays for it.
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
+    doc = _standard_toml(text)
+    if doc is None:
+        # tomlkit is pure Python and slow to import (~50 ms, and ~10-20 ms a parse): only a spec that
+        # tomllib refuses pays for it (a TOML 1.1 multi-line inline table), and every syntax error
+        # is worded from tomlkit's.
+        import tomlkit
+        from tomlkit.exceptions import TOMLKitError
 
-    try:
-        doc = tomlkit.parse(text).unwrap()
-    except (TOMLKitError, ValueError) as e:
-        raise syntax_error(display, text, e) from None
+        try:
+            doc = tomlkit.parse(text).unwrap()
+        except (TOMLKitError, ValueError) as e:
+            raise syntax_error(display, text, e) from None
     return _File(display, abspath, text, doc, _Scan(text).lines)
+
+
+def _standard_toml(text: str) -> dict[str, Any] | None:
+    """The document by the standard library's TOML 1.0 parser (3.11+), or None: ask tomlkit. What
+    tomllib accepts, tomlkit reads the same (tests/test_loading_toml.py)."""
+    if sys.version_info >= (3, 11):  # 3.10 has no tomllib
+        import tomllib
+
+        try:
+            doc: dict[str, Any] = tomllib.loads(text)
+            return doc
+        except Exception:  # refused, or deeper than it recurses: tomlkit decides and words the error
+            return None
+    return None
 
 
 def _read_chain(path: str) -> list[_File]:
@@ -237,18 +264,24 @@ def _finish(
     if found:
         raise _first(chain, origin, found)
     canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    digest = sha256_hex(canonical)
     return LoadedSpec(spec, path, chain[0].text, digest, tuple(f.abspath for f in chain), resolved)
 
 
 def load_spec(path: str) -> LoadedSpec:
     """Read, merge bases, resolve references, validate. Raises one `SpecError` (FILE:LINE: key: ...)."""
+    return load_spec_and_texts(path)[0]
+
+
+def load_spec_and_texts(path: str) -> tuple[LoadedSpec, tuple[str, ...]]:
+    """`load_spec`, and the text of each file it read (the spec's, then its bases'): the spec cache
+    keys on exactly what was validated, never on a later read that a concurrent edit could change."""
     chain = _read_chain(path)
     merged: dict[str, Any] = {}
     origin: dict[str, int] = {}
     for rank in reversed(range(len(chain))):
         _merge(merged, chain[rank].doc, rank, origin, [])
-    return _finish(chain, merged, origin, path)
+    return _finish(chain, merged, origin, path), tuple(f.text for f in chain)
 
 
 def spec_from_resolved(resolved: dict[str, Any], text: str, path: str) -> LoadedSpec:

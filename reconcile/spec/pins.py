@@ -7,13 +7,12 @@ writes the lock.
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
 import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 
 if TYPE_CHECKING:
@@ -67,7 +66,7 @@ def read_lock(path: str) -> dict[str, Any] | None:
 def _canonical_sha(resolved: dict[str, Any]) -> str:
     # As reconcile.spec.loader hashes the resolved document, so a pinned spec has its own sha256.
     text = json.dumps(resolved, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return sha256_hex(text)
 
 
 def _usable(lock: dict[str, Any], spec: Spec) -> tuple[dict[str, str], str | None]:
@@ -91,6 +90,8 @@ def apply_lock_pins(loaded: LoadedSpec) -> LoadedSpec:
         return loaded
     spec = loaded.spec
     pins, commit = _usable(lock, spec)
+    import copy  # with weakref: only when a lock applies
+
     resolved = copy.deepcopy(loaded.resolved)
     update: dict[str, Any] = {}
     if pins and spec.venv is not None:

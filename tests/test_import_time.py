@@ -1,0 +1,61 @@
+"""benchmarks/import_time.py: a warm, converged plan imports only what import_allowlist.txt allows.
+
+Runs the script's own check (one priming run, one run reading sys.modules at exit) with this test
+venv's interpreter on a small converged spec: the apt packages this machine has and a key file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "import_time.py"
+
+
+@pytest.fixture
+def converged(tmp_path: Path) -> Path:
+    key = tmp_path / "api.key"
+    key.write_text("k" * 32)
+    key.chmod(0o600)
+    spec = tmp_path / "converged.toml"
+    owner = "root" if os.geteuid() == 0 else os.environ.get("USER", "")
+    spec.write_text(
+        f'[machine]\nstate_dir = "{tmp_path}/state"\n\n[apt]\npackages = ["bash", "coreutils"]\n\n'
+        f'[api_key]\nfile = "{key}"\nowner = "{owner}"\n'
+    )
+    plan = subprocess.run(
+        [sys.executable, "-m", "reconcile", "plan", "--spec", str(spec)], capture_output=True, text=True
+    )
+    assert plan.returncode == 0, plan.stdout + plan.stderr  # converged, or the check would not apply
+    return spec
+
+
+def _check(spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--python", sys.executable, "--spec", str(spec), *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def test_a_warm_converged_plan_imports_only_allowed_modules(converged: Path) -> None:
+    done = _check(converged)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all in import_allowlist.txt" in done.stdout
+
+
+def test_a_module_the_list_does_not_allow_fails_the_check_by_name(converged: Path, tmp_path: Path) -> None:
+    allowed = (REPO / "benchmarks" / "import_allowlist.txt").read_text().splitlines()
+    short = tmp_path / "allow.txt"
+    short.write_text(
+        "\n".join(m for m in allowed if m not in ("probes.dpkg_status", "reconcile.spec.key")) + "\n"
+    )
+    done = _check(converged, "--allowlist", str(short))
+    assert done.returncode == 1
+    assert "does not allow: probes.dpkg_status, reconcile.spec.key." in done.stderr
