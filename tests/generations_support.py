@@ -75,9 +75,8 @@ def stored_spec(demo: Demo, wheels: Path, version: str = "1.0", **server: Any) -
             merged.update({**dict(doc["server"][table]), **server.get(table, {})})
             doc["server"][table] = merged
         if "config" in server:
-            config = tomlkit.inline_table()
-            config.update({**dict(doc["model"]["config"]), **server["config"]})
-            doc["model"]["config"] = config
+            for key, value in server["config"].items():  # [model.config] may hold sub-tables
+                doc["model"]["config"][key] = value
         if "server" in server:
             for key, value in server["server"].items():
                 doc["server"][key] = value
