@@ -1,0 +1,92 @@
+"""Attacks on the per-user caches root reads on every timer tick (review of issue 18b): a cache root in a
+tree another user can change (sudo -E keeps XDG_CACHE_HOME), a symlink on the way to it, a corrupt entry."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from probes import venv
+from reconcile import private_cache
+from reconcile.spec import cache as spec_cache
+
+ROOT = Path(__file__).resolve().parent.parent
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's tree needs root to chown")
+
+
+def _users_tree(tmp_path: Path) -> Path:
+    """A home's .cache that user `nobody` owns (made for it by root, as useradd would)."""
+    home = tmp_path / "home"
+    (home / ".cache").mkdir(parents=True)
+    os.chown(home, NOBODY, NOBODY)
+    os.chown(home / ".cache", NOBODY, NOBODY)
+    return home / ".cache"
+
+
+def _site(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    (site / "tiny-1.0.dist-info").mkdir(parents=True)
+    (site / "tiny-1.0.dist-info" / "METADATA").write_text("Name: tiny\nVersion: 1.0\n\n")
+    return site
+
+
+@as_root
+def test_root_follows_no_symlink_another_user_put_on_the_way_to_its_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sudo -E reconcile plan`: the user's XDG_CACHE_HOME reaches root. The user points
+    $XDG_CACHE_HOME/reconcile at a system directory; root must not make dirs, write files or chmod
+    there (before the fix it turned the root-owned 0755 `victim/venv` into 0700 and wrote into it)."""
+    cache = _users_tree(tmp_path)
+    victim = tmp_path / "victim"
+    (victim / "venv").mkdir(parents=True)  # e.g. /opt/vllm/venv, served by a non-root user
+    os.chmod(victim, 0o755)
+    os.chmod(victim / "venv", 0o755)
+    (cache / "reconcile").symlink_to(victim)
+    os.chown(cache / "reconcile", NOBODY, NOBODY, follow_symlinks=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+
+    venv.scan_site_packages(str(_site(tmp_path)))  # remembers the METADATA headers in <root>/venv
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    spec_cache.load(str(tmp_path / "specs" / "cpu-demo.toml"))  # <root>/specs
+
+    assert stat.S_IMODE(os.stat(victim / "venv").st_mode) == 0o755
+    assert sorted(p.name for p in victim.iterdir()) == ["venv"]
+    assert list((victim / "venv").iterdir()) == []
+
+
+@as_root
+def test_root_keeps_no_cache_in_a_tree_another_user_can_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root-owned 0700 dir inside a directory the user owns is still the user's to rename and
+    replace between root's check and root's use (and chmod follows a symlink put there): root must
+    not cache under another user's directory at all."""
+    cache = _users_tree(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    spec_cache.load(str(tmp_path / "specs" / "cpu-demo.toml"))
+    venv.scan_site_packages(str(_site(tmp_path)))
+    assert list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 5, 17, -9, -2, -1])
+def test_a_truncated_entry_of_every_cache_is_a_clean_miss_and_is_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: int
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    path = str(tmp_path / "specs" / "cpu-demo.toml")
+    first = spec_cache.load(path)
+    (entry,) = Path(spec_cache.cache_dir()).iterdir()
+    body = entry.read_bytes()
+    entry.write_bytes(body[:cut] if cut >= 0 else body[:cut] + b"\xff")
+    assert private_cache.read(str(entry)) is None or spec_cache.lookup(path) is None or cut < 0
+    again = spec_cache.load(path)  # no traceback, and the next run is a hit again
+    assert again.sha256 == first.sha256
+    assert spec_cache.lookup(path) is not None
