@@ -90,3 +90,20 @@ def test_a_truncated_entry_of_every_cache_is_a_clean_miss_and_is_rewritten(
     again = spec_cache.load(path)  # no traceback, and the next run is a hit again
     assert again.sha256 == first.sha256
     assert spec_cache.lookup(path) is not None
+
+
+def test_every_level_root_makes_for_its_cache_is_0700_whatever_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """makedirs gives only the last level its mode: under umask 0 $XDG_CACHE_HOME/reconcile was 0777,
+    so any user could rename root's specs/ in it and put a symlink there for root's next chmod."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    old = os.umask(0)
+    try:
+        spec_cache.load(str(tmp_path / "specs" / "cpu-demo.toml"))
+    finally:
+        os.umask(old)
+    for level in (tmp_path / "cache", tmp_path / "cache" / "reconcile", Path(spec_cache.cache_dir())):
+        assert stat.S_IMODE(level.stat().st_mode) == 0o700, level
+    assert spec_cache.lookup(str(tmp_path / "specs" / "cpu-demo.toml")) is not None
