@@ -177,6 +177,22 @@ def package_stamps(package: str, names: tuple[str, ...]) -> tuple[tuple[str, int
     return ()
 
 
+def tree_stamps(tops: tuple[str, ...]) -> tuple[tuple[str, int, int, int], ...]:
+    """(path, size, mtime, inode) of every file under `tops` (no __pycache__), in one order: a key part
+    that changes when reconcile's own code or data is edited or upgraded in place."""
+    out: list[tuple[str, int, int, int]] = []
+    for top in tops:
+        paths = [top] if not os.path.isdir(top) else []
+        for directory, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            paths += [os.path.join(directory, n) for n in sorted(names)]
+        for path in paths:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
+
+
 def stamp(path: str) -> tuple[int, int, int, int] | None:
     """(inode, size, mtime, ctime) of a file, or None: any write changes the ctime."""
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,35 @@ def test_every_level_root_makes_for_its_cache_is_0700_whatever_the_umask(
     for level in (tmp_path / "cache", tmp_path / "cache" / "reconcile", Path(spec_cache.cache_dir())):
         assert stat.S_IMODE(level.stat().st_mode) == 0o700, level
     assert spec_cache.lookup(str(tmp_path / "specs" / "cpu-demo.toml")) is not None
+
+
+def test_a_spec_cached_by_an_older_reconcile_is_validated_by_the_new_one(tmp_path: Path) -> None:
+    """An upgrade in place (git pull + pip install: __version__ stays 0.1.0) that adds a check must
+    apply it to the spec the timer loads from the cache; the hit skipped validation altogether. Here
+    the new release allows only ports up to 1023 (a stand-in for any new safety check)."""
+    code = tmp_path / "code"
+    shutil.copytree(ROOT / "reconcile", code / "reconcile", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    run = [sys.executable, "-c", "import sys; from reconcile.spec import cache; cache.load(sys.argv[1])"]
+    run.append(str(tmp_path / "specs" / "cpu-demo.toml"))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert subprocess.run(run, cwd=code, env=env, capture_output=True, text=True).returncode == 0
+    models = code / "reconcile" / "spec" / "models.py"
+    text = models.read_text()
+    assert "Field(ge=1, le=65535)" in text
+    models.write_text(text.replace("Field(ge=1, le=65535)", "Field(ge=1, le=1023)"))
+    done = subprocess.run(run, cwd=code, env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "SpecError" in done.stderr, done.stderr
+
+
+def test_digest_is_hashlib_s_sha256_for_every_length_around_the_block_edges() -> None:
+    import hashlib
+    import random
+
+    from reconcile.digest import sha256_hex
+
+    rng = random.Random(18)
+    for n in [*range(0, 260), 4095, 4096, 65537]:
+        data = bytes(rng.getrandbits(8) for _ in range(n))
+        assert sha256_hex(data) == hashlib.sha256(data).hexdigest(), n
+    assert sha256_hex("ünïcode") == hashlib.sha256("ünïcode".encode()).hexdigest()

@@ -94,18 +94,7 @@ def _unspell(data: Any) -> Any:
 def _stamps() -> tuple[tuple[str, int, int, int], ...]:
     """(path, size, mtime, inode) of every file the rules' results can depend on: an edit, an
     upgrade or a checkout of any of them is a miss."""
-    out: list[tuple[str, int, int, int]] = []
-    paths = [_RECORDS]
-    for top in _CODE:
-        for directory, dirs, names in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            paths += [os.path.join(directory, n) for n in sorted(names)]
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    out = private_cache.tree_stamps((_RECORDS, *_CODE))
     # The requirement markers' evaluator (the features rule), without importing it.
     return (*out, *private_cache.package_stamps("packaging", ("markers.py", "requirements.py")))
 
