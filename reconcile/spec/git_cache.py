@@ -5,8 +5,8 @@ Called by reconcile.spec.origin.git_info. A converged plan would otherwise start
 with where the walk up from the spec's directory found a .git (a new one anywhere on the way moves
 it), and the identity (inode, size, mtime, ctime) of everything those two commands read: a
 worktree's gitdir file, HEAD, the ref HEAD names and packed-refs, the index, the spec files, every
-.gitignore on the way up from each spec file (there or not), info/exclude, the repository's, the user's and the
-system's git config and global ignore file, the git binary, and the GIT_* variables; one that
+.gitignore on the way up from each spec file (there or not), info/exclude, the repository's, the
+user's and the system's git config and global ignore file, the git binary, and the GIT_* variables; one that
 changes what git reads (GIT_DIR, GIT_INDEX_FILE, GIT_CONFIG_*, ...), or a config that includes
 another or names its own excludes file: no caching.
 """
