@@ -141,3 +141,27 @@ def test_digest_is_hashlib_s_sha256_for_every_length_around_the_block_edges() ->
         data = bytes(rng.getrandbits(8) for _ in range(n))
         assert sha256_hex(data) == hashlib.sha256(data).hexdigest(), n
     assert sha256_hex("ünïcode") == hashlib.sha256("ünïcode".encode()).hexdigest()
+
+
+def test_no_cache_keeps_a_secret_the_spec_holds_inline(tmp_path: Path) -> None:
+    """A sensitive [server] env value is kept only as a hash at rest (generations, launch records);
+    the spec cache (its resolved document) and the preflight memo (its key spells the spec) kept it in
+    clear, and kept it after the operator moved it to secret_files."""
+    specs = tmp_path / "specs"
+    shutil.copytree(ROOT / "specs", specs)
+    demo = specs / "cpu-demo.toml"
+    text = demo.read_text()
+    assert 'env = { HF_HUB_OFFLINE = "1"' in text
+    demo.write_text(
+        text.replace(
+            'env = { HF_HUB_OFFLINE = "1"', 'env = { HF_TOKEN = "hf_TopSecret42", HF_HUB_OFFLINE = "1"'
+        )
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    reconcile = [sys.executable, "-m", "reconcile", "plan", "--spec", str(demo)]
+    for _ in range(2):
+        done = subprocess.run(reconcile, env=env, capture_output=True, text=True)
+        assert done.returncode in (0, 2), done.stderr
+        assert "hf_TopSecret42" not in done.stdout
+    kept = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and b"hf_TopSecret42" in p.read_bytes()]
+    assert kept == []

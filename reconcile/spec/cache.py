@@ -10,7 +10,8 @@ when it was keyed is not lexed again (any write changes its ctime).
 
 The entries are `marshal` data (reconcile.private_cache: loading one runs no code, unlike pickle),
 read only from a regular file that this user owns with mode 0600, in a directory this user owns with
-mode 0700. A damaged or foreign entry is a miss, never an error.
+mode 0700. A damaged or foreign entry is a miss, never an error. A spec holding a secret inline
+(safety.sensitive.secret_paths) is never stored: better, keep it in [server] secret_files.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ def store(loaded: LoadedSpec, texts: tuple[str, ...]) -> None:
     """Remember `loaded`; `texts` are the texts it was loaded from, the spec's first, then its bases'."""
     if len(texts) != len(loaded.files):
         return
+    from reconcile.safety.sensitive import secret_paths
+
+    if secret_paths(loaded.resolved):
+        return  # a secret is kept only as a hash at rest: such a spec is loaded in full every time
     from reconcile.spec.view import encode
 
     head = _head(loaded.files[0])
