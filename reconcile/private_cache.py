@@ -2,7 +2,8 @@
 
 Called by reconcile.spec.cache (and reconcile.spec.git_cache). A file is read only when it is a regular
 file (never through a symlink) this user owns that nobody else can read or write, in a directory
-this user owns that nobody else can enter; anything else, or data that does not load, is a miss.
+this user owns that nobody else can enter, reached by a way only root and this user can change (root
+with another user's XDG_CACHE_HOME, as sudo -E gives, caches nothing); anything else is a miss.
 marshal holds plain containers and scalars only: loading it runs no code, unlike pickle.
 """
 
@@ -26,13 +27,72 @@ def _private(st: os.stat_result) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
-def read(path: str) -> Any:
-    """The entry's data, or None: only a regular file of ours, 0600, in a 0700 directory of ours."""
+def _trusted(path: str, depth: int = 0) -> str | None:
+    """`path` with its symlinks resolved, when nobody but root and this user can change the way to it:
+    every directory on it is theirs and writable by nobody else (or sticky), every symlink theirs;
+    None otherwise. The part not made yet is kept as it is (`_private_dir` checks again once made).
+    Root run with another user's XDG_CACHE_HOME (sudo -E) must not follow what that user put there."""
+    if depth > 16:
+        return None
+    uid = os.getuid()
+    at = "/"
+    names = os.path.join(os.getcwd(), path).split("/")
+    for n, name in enumerate(names):
+        if name in ("", "."):
+            continue
+        if name == "..":
+            at = os.path.dirname(at)
+            continue
+        try:
+            st = os.lstat(at)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
+            return None
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return None  # another user may rename what is in it
+        step = os.path.join(at, name)
+        try:
+            link = os.lstat(step)
+        except FileNotFoundError:
+            return os.path.join(step, *[m for m in names[n + 1 :] if m not in ("", ".")])
+        except OSError:
+            return None
+        if stat.S_ISLNK(link.st_mode):
+            if link.st_uid not in (0, uid):
+                return None
+            try:
+                target = os.readlink(step)
+            except OSError:
+                return None
+            resolved = _trusted(os.path.join(at, target), depth + 1)
+            if resolved is None:
+                return None
+            step = resolved
+        at = step
     try:
-        parent = os.lstat(os.path.dirname(path))
+        st = os.lstat(at)
+    except FileNotFoundError:
+        return at
+    except OSError:
+        return None
+    # Its own mode is the caller's to check (read) or to close (_private_dir).
+    return at if st.st_uid in (0, uid) else None
+
+
+def read(path: str) -> Any:
+    """The entry's data, or None: only a regular file of ours, 0600, in a 0700 directory of ours, on a
+    way nobody else can change (_trusted)."""
+    directory = _trusted(os.path.dirname(path))
+    if directory is None:
+        return None
+    try:
+        parent = os.lstat(directory)
         if not stat.S_ISDIR(parent.st_mode) or not _private(parent):
             return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(
+            os.path.join(directory, os.path.basename(path)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
     except OSError:
         return None
     try:
@@ -49,26 +109,44 @@ def read(path: str) -> Any:
             os.close(fd)
 
 
-def _private_dir(directory: str) -> bool:
-    """Make `directory` (0700, ours) or make sure the one there is ours, then close it to others."""
+def _private_dir(directory: str) -> str | None:
+    """`directory`'s real path, made (each new level 0700, whatever the umask) or checked to be ours and
+    closed to others; None when it is not ours or the way to it is not only ours and root's."""
+    real = _trusted(directory)
+    if real is None:
+        return None
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            return False
-        if st.st_mode & 0o077:
-            os.chmod(directory, 0o700)  # an older or hand-made dir; the umask may have widened it
-        return True
+        made: list[str] = []
+        at = real
+        while not os.path.lexists(at):
+            made.append(at)
+            at = os.path.dirname(at)
+        for level in reversed(made):
+            os.mkdir(level, 0o700)
+        if _trusted(real) != real:  # a level made meanwhile by someone else, or a symlink
+            return None
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid():
+                return None
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)  # an older or hand-made dir; the umask may have widened it
+        finally:
+            os.close(fd)
+        return real
     except OSError:
-        return False
+        return None
 
 
 def write(path: str, data: Any) -> None:
     """Store `data` at `path` (0600, by rename: a reader sees the old file or the new one); a foreign
     or read-only cache dir only costs speed. Data marshal cannot hold is not stored. No fsync: a
     file a crash left short or empty does not load, which is a miss, and a plan is not slowed."""
-    if not _private_dir(os.path.dirname(path)):
+    directory = _private_dir(os.path.dirname(path))
+    if directory is None:
         return
+    path = os.path.join(directory, os.path.basename(path))
     tmp = f"{path}.{os.getpid()}.tmp"
     with contextlib.suppress(OSError, ValueError):
         body = marshal.dumps(data)
@@ -97,6 +175,22 @@ def package_stamps(package: str, names: tuple[str, ...]) -> tuple[tuple[str, int
                     out.append((os.path.join(directory, name), st.st_size, st.st_mtime_ns, st.st_ino))
             return tuple(out)
     return ()
+
+
+def tree_stamps(tops: tuple[str, ...]) -> tuple[tuple[str, int, int, int], ...]:
+    """(path, size, mtime, inode) of every file under `tops` (no __pycache__), in one order: a key part
+    that changes when reconcile's own code or data is edited or upgraded in place."""
+    out: list[tuple[str, int, int, int]] = []
+    for top in tops:
+        paths = [top] if not os.path.isdir(top) else []
+        for directory, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            paths += [os.path.join(directory, n) for n in sorted(names)]
+        for path in paths:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
 
 
 def stamp(path: str) -> tuple[int, int, int, int] | None:

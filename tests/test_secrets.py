@@ -233,13 +233,14 @@ def test_the_key_appears_nowhere_but_its_file_and_the_servers_environment(
 
     stored = [p for root in (demo.root, cache) for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert metrics in stored and planfile in stored and any(p.parent.name == "generations" for p in stored)
-    assert any(p.suffix == ".marshal" and p.parent.name == "specs" for p in stored)  # the spec cache, scanned
+    # A spec holding a secret inline is never cached (the spec cache, the preflight memo): scanned.
+    assert not any(p.suffix == ".marshal" and p.parent.name in ("specs", "preflight") for p in stored)
     names = {os.path.basename(e.argv[0]) for e in execs if e.argv}
     assert "git" in names, names  # (dpkg-query no more: apt reads dpkg's status file)
     assert any("serve" in e.argv for e in execs), "the server's start was not seen"
     assert any("pip" in " ".join(e.argv) for e in execs), "pip's run was not seen"
-    # The spec (and the per-user cache of it) holds what its author wrote into it; nothing else may.
-    spec_copies = {demo.spec_path, *(p for p in stored if p.suffix == ".marshal")}
+    # The spec holds what its author wrote into it; nothing else may.
+    spec_copies = {demo.spec_path}
     scan(demo, stored, execs, traces, key, own={demo.key_file}, server_env=True)
     scan(demo, stored, execs, traces, INLINE_TOKEN, own=spec_copies, server_env=True)
     scan(demo, stored, execs, traces, FILE_TOKEN, own={demo.root / "hf.token"}, server_env=True)

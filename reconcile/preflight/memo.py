@@ -8,6 +8,7 @@ requirement markers judge the platform), and the stat of every file of reconcile
 reconcile/engine, reconcile/data and the `packaging` they call. A hit needs the key byte for byte;
 a value the key cannot spell (an object of no known kind) is never remembered. The entry is a
 private marshal file (reconcile.private_cache: 0600 in 0700, ours, or a miss); damaged is a miss.
+A spec that holds a secret inline is never remembered (the key would keep it in clear).
 """
 
 from __future__ import annotations
@@ -94,18 +95,7 @@ def _unspell(data: Any) -> Any:
 def _stamps() -> tuple[tuple[str, int, int, int], ...]:
     """(path, size, mtime, inode) of every file the rules' results can depend on: an edit, an
     upgrade or a checkout of any of them is a miss."""
-    out: list[tuple[str, int, int, int]] = []
-    paths = [_RECORDS]
-    for top in _CODE:
-        for directory, dirs, names in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            paths += [os.path.join(directory, n) for n in sorted(names)]
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+    out = private_cache.tree_stamps((_RECORDS, *_CODE))
     # The requirement markers' evaluator (the features rule), without importing it.
     return (*out, *private_cache.package_stamps("packaging", ("markers.py", "requirements.py")))
 
@@ -128,10 +118,23 @@ def _spell_findings(found: tuple[Finding, ...]) -> tuple[Any, ...]:
     return tuple(_spell(tuple(f), records=False) for f in found)
 
 
+def _holds_secrets(spec: Spec) -> bool:
+    """Whether the spec holds a secret inline, as safety.sensitive.secret_paths finds in its document."""
+    from reconcile.safety.sensitive import has_credentials, is_secret_name
+
+    server, venv = spec.server, spec.venv
+    if server is not None and any(is_secret_name(name, server.secret_env) for name in server.env):
+        return True
+    urls = [venv.index_url, *venv.extra_index_urls] if venv is not None else []
+    return any(url is not None and has_credentials(url) for url in urls)
+
+
 def remembered(
     spec: Spec, inputs: PreflightInputs, compute: Callable[[], tuple[Finding, ...]]
 ) -> tuple[Finding, ...]:
     """`compute()`'s findings, from the memo when the spec, the inputs and the rules' code are the same."""
+    if _holds_secrets(spec):
+        return compute()  # the key spells the spec, and a secret is kept only as a hash at rest
     try:
         key = _key(spec, inputs)
     except (_Unspellable, ValueError):

@@ -10,7 +10,8 @@ when it was keyed is not lexed again (any write changes its ctime).
 
 The entries are `marshal` data (reconcile.private_cache: loading one runs no code, unlike pickle),
 read only from a regular file that this user owns with mode 0600, in a directory this user owns with
-mode 0700. A damaged or foreign entry is a miss, never an error.
+mode 0700. A damaged or foreign entry is a miss, never an error. A spec holding a secret inline
+(safety.sensitive.secret_paths) is never stored: better, keep it in [server] secret_files.
 """
 
 from __future__ import annotations
@@ -25,7 +26,17 @@ from reconcile.spec.loaded import LoadedSpec
 
 # 2: spec_view data, not pydantic objects. 3: validated again after new checks. 4: marshal, keyed
 # on content (3 and before: pickle, keyed on (mtime, size, inode, ctime)). 5: + each file's stamp.
-_FORMAT = 5
+# 6: + the stamps of the code that validates (an upgrade in place keeps __version__).
+_FORMAT = 6
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CODE = tuple(os.path.join(_PACKAGE, p) for p in ("spec", "safety", "errors.py", "__init__.py"))
+
+
+def _head(abspath: str) -> tuple[object, ...]:
+    """What a hit needs besides the files' content: the same reconcile (its validating code, stat by
+    stat: a new check must see the spec), pydantic, Python, and the same absolute path."""
+    code = private_cache.tree_stamps(_CODE) + private_cache.package_stamps("pydantic", ("version.py",))
+    return (_FORMAT, __version__, sys.version, code, abspath)
 
 
 def cache_dir() -> str:
@@ -58,7 +69,7 @@ def lookup(path: str) -> LoadedSpec | None:
     data = private_cache.read(_entry(abspath))
     try:
         head, keys, (sha256, files, resolved), encoded, stamps = data
-        if head != (_FORMAT, __version__, sys.version, abspath) or len(keys) != len(files) or not files:
+        if head != _head(abspath) or len(keys) != len(files) or not files:
             return None
         texts = [_read_text(f) for f in files]
         # The same file untouched since it was keyed (any write changes its ctime) needs no lexing.
@@ -83,9 +94,13 @@ def store(loaded: LoadedSpec, texts: tuple[str, ...]) -> None:
     """Remember `loaded`; `texts` are the texts it was loaded from, the spec's first, then its bases'."""
     if len(texts) != len(loaded.files):
         return
+    from reconcile.safety.sensitive import secret_paths
+
+    if secret_paths(loaded.resolved):
+        return  # a secret is kept only as a hash at rest: such a spec is loaded in full every time
     from reconcile.spec.view import encode
 
-    head = (_FORMAT, __version__, sys.version, loaded.files[0])
+    head = _head(loaded.files[0])
     body = (loaded.sha256, tuple(loaded.files), loaded.resolved)
     keys = tuple(_key(t) for t in texts)
     stamps = tuple(_held_stamp(f, t) for f, t in zip(loaded.files, texts, strict=True))

@@ -5,9 +5,10 @@ Called by reconcile.spec.origin.git_info. A converged plan would otherwise start
 with where the walk up from the spec's directory found a .git (a new one anywhere on the way moves
 it), and the identity (inode, size, mtime, ctime) of everything those two commands read: a
 worktree's gitdir file, HEAD, the ref HEAD names and packed-refs, the index, the spec files, every
-.gitignore on the way up (there or not), info/exclude, the repository's, the user's and the
-system's git config and global ignore file, the git binary, and the GIT_* variables; one that
-changes what git reads (GIT_DIR, GIT_INDEX_FILE, GIT_CONFIG_*, ...): no caching.
+.gitignore on the way up from each spec file (there or not), info/exclude, the repository's, the
+user's and the system's git config and global ignore file, the git binary, and the GIT_* variables; one that
+changes what git reads (GIT_DIR, GIT_INDEX_FILE, GIT_CONFIG_*, ...), or a config that includes
+another or names its own excludes file: no caching.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _names_other_files(config: str) -> bool:
+    """Whether a git config file (there or not) includes another or sets core.excludesFile."""
+    try:
+        with open(config, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read().lower()
+    except OSError:
+        return False
+    return "excludesfile" in text or "include" in text
+
+
 def key(paths: tuple[str, ...]) -> tuple[object, ...] | None:
     """What the answer for `paths` depends on; None when that cannot be told without git."""
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("GIT_")))
@@ -44,14 +55,19 @@ def key(paths: tuple[str, ...]) -> tuple[object, ...] | None:
     files = [os.path.abspath(p) for p in paths]
     home = os.path.expanduser("~")
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    watched = [
-        *files,
-        which("git") or "(no git)",
+    configs: tuple[str, ...] = (
         "/etc/gitconfig",
         os.path.join(home, ".gitconfig"),
         os.path.join(xdg, "git", "config"),
-        os.path.join(xdg, "git", "ignore"),
-    ]
+    )
+    watched = [*files, which("git") or "(no git)", *configs, os.path.join(xdg, "git", "ignore")]
+    # Every .gitignore above every spec file (a base may sit in another directory), there or not.
+    for other in sorted({os.path.dirname(f) for f in files[1:]} - {os.path.dirname(files[0])}):
+        while (parent := os.path.dirname(other)) != other and not os.path.lexists(
+            os.path.join(other, ".git")
+        ):
+            watched.append(os.path.join(other, ".gitignore"))
+            other = parent
     directory = os.path.dirname(files[0])
     while True:
         watched.append(os.path.join(directory, ".gitignore"))  # not the dir: its mtime churns (/tmp)
@@ -84,6 +100,9 @@ def key(paths: tuple[str, ...]) -> tuple[object, ...] | None:
     watched += [os.path.join(gitdir, "config.worktree"), os.path.join(common, "info", "exclude")]
     if head is not None and head.startswith("ref: "):
         watched.append(os.path.join(common, head[len("ref: ") :]))
+    configs += (os.path.join(common, "config"), os.path.join(gitdir, "config.worktree"))
+    if any(map(_names_other_files, configs)):
+        return None  # a config that includes another, or names its own excludes file: unwatched files
     return (_FORMAT, env, tuple(map(private_cache.stamp, watched)), head, tuple(watched))
 
 
