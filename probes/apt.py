@@ -5,8 +5,6 @@ Called by reconcile.plan.prober. Reads /etc/apt/sources.list, sources.list.d/*.l
 and sources.list.d/*.sources (deb822); never changes anything.
 """
 
-from __future__ import annotations
-
 import contextlib
 import glob
 import json
@@ -45,7 +43,8 @@ _DPKG_STATES: Mapping[str, PackageState] = {
     "triggers-pending": "triggers-pending",
 }
 DPKG_FORMAT = "${Package}\\t${Status}\\t${Version}\\n"
-_NOT_FOUND = re.compile(r"^dpkg-query: no packages found matching (\S+)$")
+# Patterns as strings: re compiles (and caches) one on first use, not on every plan's import.
+_NOT_FOUND = r"^dpkg-query: no packages found matching (\S+)$"
 
 
 class PackageStatus(NamedTuple):
@@ -93,7 +92,7 @@ class AptObservation(NamedTuple):
     unknown: tuple[str, ...] | None = None
 
 
-def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
+def probe(spec: "Spec") -> AptObservation | Unavailable | ProbeFailure | None:
     if spec.apt is None:
         return None
     names = [p.partition("=")[0] for p in spec.apt.packages]
@@ -230,7 +229,7 @@ def parse_dpkg_query(
             seen[name] = new
     warnings = []
     for line in stderr.splitlines():
-        m = _NOT_FOUND.match(line.strip())
+        m = re.match(_NOT_FOUND, line.strip())
         if m:
             name = m.group(1).partition(":")[0]
             seen.setdefault(name, PackageStatus(name, "absent", None))
@@ -268,7 +267,7 @@ def read_sources(apt_dir: str, sources_dir: str) -> tuple[tuple[AptSource, ...],
     return tuple(sources), tuple(unparsed)
 
 
-_ONE_LINE = re.compile(r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s*)?(\S+)\s+(\S+)(?:\s+(.*))?$")
+_ONE_LINE = r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s*)?(\S+)\s+(\S+)(?:\s+(.*))?$"
 
 
 def parse_one_line_sources(text: str, path: str) -> Iterator[AptSource | Unparsed]:
@@ -277,7 +276,7 @@ def parse_one_line_sources(text: str, path: str) -> Iterator[AptSource | Unparse
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        m = _ONE_LINE.match(line)
+        m = re.match(_ONE_LINE, line)
         if m is None:
             yield Unparsed(path, number, raw, "expected 'deb [options] uri suite [components]'")
             continue

@@ -4,8 +4,6 @@ Called by reconcile.plan.prober. Distributions come from one scan of site-packag
 `*.dist-info/METADATA` header (no `pip list`: starting the venv's interpreter costs seconds).
 """
 
-from __future__ import annotations
-
 import glob
 import os
 import re
@@ -65,7 +63,7 @@ class VenvObservation(NamedTuple):
         return self.version_of("vllm")
 
 
-def probe(spec: Spec) -> VenvObservation | Absent | Invalid | None:
+def probe(spec: "Spec") -> VenvObservation | Absent | Invalid | None:
     if spec.venv is None:
         return None
     return read_venv(spec.venv.path)

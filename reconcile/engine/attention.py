@@ -6,8 +6,6 @@ backend's phase 1 (AttentionBackend.get_preferred_block_size). What the build ho
 `scan_build`: file existence in the venv, no import. Used by engine.memory.estimate and the oracle.
 """
 
-from __future__ import annotations
-
 __all__ = ["STOCK_BUILD", "Backend", "Build", "mla_backend", "scan_build"]
 
 import os

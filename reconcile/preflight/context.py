@@ -4,8 +4,6 @@
 Imported by each rule module and by `reconcile.preflight.gather`, which runs them; it imports no rule.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -65,7 +63,7 @@ class PreflightInputs(NamedTuple):
     venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
     vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
     venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
-    attention_build: Build | None = None  # vLLM's MLA kernels in the venv; None: no venv (the stock wheel)
+    attention_build: "Build | None" = None  # vLLM's MLA kernels in the venv; None: no venv (the stock wheel)
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
@@ -79,10 +77,10 @@ class PreflightInputs(NamedTuple):
 
 
 class RuleContext(NamedTuple):
-    spec: Spec
-    server: Server
+    spec: "Spec"
+    server: "Server"
     inputs: PreflightInputs
-    args: Mapping[str, ArgValue]  # canonical flag names without "--"
+    args: "Mapping[str, ArgValue]"  # canonical flag names without "--"
     written: Mapping[str, str]  # canonical name -> the key as the spec writes it
     tp: int
     utilization: float
@@ -111,7 +109,7 @@ def finding(rule: str, severity: Severity, message: str, fix: str = "", /, **evi
     return Finding(rule=rule, severity=severity, message=message, fix=fix, evidence=evidence)
 
 
-def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
+def context(spec: "Spec", server: "Server", inputs: PreflightInputs) -> RuleContext:
     from reconcile.engine.flags import canonical  # the engine only when rules run (gather's memo)
 
     args: dict[str, ArgValue] = {}
@@ -172,11 +170,11 @@ def _number(value: object, default: float) -> float:
         return default
 
 
-def _pin(spec: Spec) -> str:
+def _pin(spec: "Spec") -> str:
     return spec.venv.packages.get("vllm", "") if spec.venv else ""
 
 
-def _pin_is_exact(spec: Spec) -> bool:
+def _pin_is_exact(spec: "Spec") -> bool:
     return _pin(spec).strip().startswith("==")
 
 

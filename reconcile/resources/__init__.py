@@ -5,8 +5,6 @@ action. The prober, the planner, the executor's ordering and the re-plans around
 read this table; nothing else knows the list of resources. Adding one: docs/architecture.md.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -30,22 +28,22 @@ class Resource(NamedTuple):
 
     name: str
     probes: tuple[str, ...]
-    depends_on: Callable[[Spec], tuple[str, ...]]
+    depends_on: "Callable[[Spec], tuple[str, ...]]"
     plan: Planner
     perform: Action | None  # None: apply reports the drift, it never acts (GPUs, headers)
     identity_input: bool = False
     revise: Revise | None = None
 
 
-def _always(*names: str) -> Callable[[Spec], tuple[str, ...]]:
+def _always(*names: str) -> "Callable[[Spec], tuple[str, ...]]":
     return lambda spec: names
 
 
-def _apt_deps(spec: Spec) -> tuple[str, ...]:
+def _apt_deps(spec: "Spec") -> tuple[str, ...]:
     return ("apt.repositories",) if spec.apt is not None and spec.apt.repositories else ()
 
 
-def _cuda_home_deps(spec: Spec) -> tuple[str, ...]:
+def _cuda_home_deps(spec: "Spec") -> tuple[str, ...]:
     return ("apt",) if spec.apt is not None else ()
 
 

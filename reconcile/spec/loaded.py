@@ -4,8 +4,6 @@ Built by reconcile.spec.loader (or reconcile.spec.cache); kept apart from reconc
 holding one needs no pydantic at import time.
 """
 
-from __future__ import annotations
-
 import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -16,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class LoadedSpec(NamedTuple):
-    spec: Spec  # a pydantic Spec, or its plain read-only twin from the spec cache (spec_view)
+    spec: "Spec"  # a pydantic Spec, or its plain read-only twin from the spec cache (spec_view)
     path: str  # as the user gave it
     text: str  # the main file's own text
     sha256: str  # of `resolved` as canonical JSON: a change in a base file changes it
