@@ -13,8 +13,16 @@ from probes.common import Absent, Invalid, ProbeFailure, Unavailable
 from reconcile.threads import run_all
 
 if TYPE_CHECKING:
-    from probes import apt, cuda, files, gpu, model, venv
+    from probes.apt import AptObservation
+    from probes.cuda import CudaToolkit
+    from probes.files import FileFacts
+    from probes.gpu import GpuInventory
+    from probes.model import ModelObservation
+    from probes.venv import VenvObservation
     from reconcile.spec.models import Spec
+else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
+    # costs a compile() (the first ~1.5 ms); the real class would import a probe the spec may not need
+    AptObservation = CudaToolkit = FileFacts = GpuInventory = ModelObservation = VenvObservation = object
 
 ProbeFn = Callable[["Spec"], object]
 
@@ -46,12 +54,12 @@ _BY_NAME = {p.name: p for p in PROBES}
 class Observed(NamedTuple):
     """What the probes saw. None where the spec has no such section (so nothing was probed)."""
 
-    gpu: "gpu.GpuInventory | Unavailable | ProbeFailure | None"
-    cuda: "cuda.CudaToolkit | ProbeFailure | None"
-    apt: "apt.AptObservation | Unavailable | ProbeFailure | None"
-    venv: "venv.VenvObservation | Absent | Invalid | ProbeFailure | None"
-    model: "model.ModelObservation | Absent | Invalid | ProbeFailure | None"
-    api_key: "files.FileFacts | Absent | ProbeFailure | None"
+    gpu: GpuInventory | Unavailable | ProbeFailure | None
+    cuda: CudaToolkit | ProbeFailure | None
+    apt: AptObservation | Unavailable | ProbeFailure | None
+    venv: VenvObservation | Absent | Invalid | ProbeFailure | None
+    model: ModelObservation | Absent | Invalid | ProbeFailure | None
+    api_key: FileFacts | Absent | ProbeFailure | None
     # probes.server.ServerObservation / probes.health.HealthObservation, or Unavailable/ProbeFailure.
     server: Any
     health: Any

@@ -13,6 +13,9 @@ from reconcile.plan.records import Finding, Severity
 if TYPE_CHECKING:
     from reconcile.engine.attention import Build
     from reconcile.spec.models import ArgValue, Server, Spec
+else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
+    # costs a compile() (the first ~1.5 ms); the real class would import pydantic or the engine
+    ArgValue = Build = Server = Spec = object
 
 
 class GpuFact(NamedTuple):
@@ -63,7 +66,7 @@ class PreflightInputs(NamedTuple):
     venv_distributions: Mapping[str, str] | None = None  # PEP 503 name -> version; None: no venv yet
     vllm_requires: tuple[str, ...] | None = None  # vLLM's Requires-Dist lines (its METADATA in the venv)
     venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
-    attention_build: "Build | None" = None  # vLLM's MLA kernels in the venv; None: no venv (the stock wheel)
+    attention_build: Build | None = None  # vLLM's MLA kernels in the venv; None: no venv (the stock wheel)
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
@@ -77,10 +80,10 @@ class PreflightInputs(NamedTuple):
 
 
 class RuleContext(NamedTuple):
-    spec: "Spec"
-    server: "Server"
+    spec: Spec
+    server: Server
     inputs: PreflightInputs
-    args: "Mapping[str, ArgValue]"  # canonical flag names without "--"
+    args: Mapping[str, ArgValue]  # canonical flag names without "--"
     written: Mapping[str, str]  # canonical name -> the key as the spec writes it
     tp: int
     utilization: float

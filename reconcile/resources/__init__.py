@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from reconcile.plan.records import ActionResult, Change, Item
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
+else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
+    # costs a compile() (the first ~1.5 ms); the real class would import pydantic
+    Spec = object
 
 Planner = Callable[["Spec", "Observed"], "Item | None"]
 Action = Callable[["LoadedSpec", "Change", Callable[[str], None]], "ActionResult"]
@@ -28,7 +31,7 @@ class Resource(NamedTuple):
 
     name: str
     probes: tuple[str, ...]
-    depends_on: "Callable[[Spec], tuple[str, ...]]"
+    depends_on: Callable[[Spec], tuple[str, ...]]
     plan: Planner
     perform: Action | None  # None: apply reports the drift, it never acts (GPUs, headers)
     identity_input: bool = False

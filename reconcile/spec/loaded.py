@@ -11,10 +11,13 @@ from reconcile.errors import ReconcileError
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
+else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
+    # costs a compile() (the first ~1.5 ms); the real class would import pydantic
+    Spec = object
 
 
 class LoadedSpec(NamedTuple):
-    spec: "Spec"  # a pydantic Spec, or its plain read-only twin from the spec cache (spec_view)
+    spec: Spec  # a pydantic Spec, or its plain read-only twin from the spec cache (spec_view)
     path: str  # as the user gave it
     text: str  # the main file's own text
     sha256: str  # of `resolved` as canonical JSON: a change in a base file changes it
