@@ -6,7 +6,6 @@ and sources.list.d/*.sources (deb822); never changes anything.
 """
 
 import contextlib
-import glob
 import json
 import os
 import re
@@ -246,10 +245,19 @@ def parse_dpkg_query(
     return result, tuple(warnings)
 
 
+def _ending(directory: str, suffix: str) -> list[str]:
+    """What glob's DIR/*SUFFIX lists (hidden names left out), sorted; without glob and fnmatch, whose
+    import and patterns cost a plan ~2 ms."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if n.endswith(suffix) and not n.startswith("."))
+
+
 def read_sources(apt_dir: str, sources_dir: str) -> tuple[tuple[AptSource, ...], tuple[Unparsed, ...]]:
-    files = [os.path.join(apt_dir, "sources.list")]
-    files += sorted(glob.glob(os.path.join(glob.escape(sources_dir), "*.list")))
-    files += sorted(glob.glob(os.path.join(glob.escape(sources_dir), "*.sources")))
+    files = [os.path.join(apt_dir, "sources.list"), *_ending(sources_dir, ".list")]
+    files += _ending(sources_dir, ".sources")
     sources: list[AptSource] = []
     unparsed: list[Unparsed] = []
     for path in files:
