@@ -6,8 +6,6 @@ replaces. There is no delete: TOML has no null, so a key leaves the patch by bei
 the backed-up original value comes back. (A Python caller's None is written as JSON null, like any value.)
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re

@@ -5,10 +5,7 @@ Called by reconcile.plan.prober. Reads /etc/apt/sources.list, sources.list.d/*.l
 and sources.list.d/*.sources (deb822); never changes anything.
 """
 
-from __future__ import annotations
-
 import contextlib
-import glob
 import json
 import os
 import re
@@ -45,7 +42,8 @@ _DPKG_STATES: Mapping[str, PackageState] = {
     "triggers-pending": "triggers-pending",
 }
 DPKG_FORMAT = "${Package}\\t${Status}\\t${Version}\\n"
-_NOT_FOUND = re.compile(r"^dpkg-query: no packages found matching (\S+)$")
+# Patterns as strings: re compiles (and caches) one on first use, not on every plan's import.
+_NOT_FOUND = r"^dpkg-query: no packages found matching (\S+)$"
 
 
 class PackageStatus(NamedTuple):
@@ -93,7 +91,7 @@ class AptObservation(NamedTuple):
     unknown: tuple[str, ...] | None = None
 
 
-def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
+def probe(spec: "Spec") -> AptObservation | Unavailable | ProbeFailure | None:
     if spec.apt is None:
         return None
     names = [p.partition("=")[0] for p in spec.apt.packages]
@@ -230,7 +228,7 @@ def parse_dpkg_query(
             seen[name] = new
     warnings = []
     for line in stderr.splitlines():
-        m = _NOT_FOUND.match(line.strip())
+        m = re.match(_NOT_FOUND, line.strip())
         if m:
             name = m.group(1).partition(":")[0]
             seen.setdefault(name, PackageStatus(name, "absent", None))
@@ -247,10 +245,19 @@ def parse_dpkg_query(
     return result, tuple(warnings)
 
 
+def _ending(directory: str, suffix: str) -> list[str]:
+    """What glob's DIR/*SUFFIX lists (hidden names left out), sorted; without glob and fnmatch, whose
+    import and patterns cost a plan ~2 ms."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(os.path.join(directory, n) for n in names if n.endswith(suffix) and not n.startswith("."))
+
+
 def read_sources(apt_dir: str, sources_dir: str) -> tuple[tuple[AptSource, ...], tuple[Unparsed, ...]]:
-    files = [os.path.join(apt_dir, "sources.list")]
-    files += sorted(glob.glob(os.path.join(glob.escape(sources_dir), "*.list")))
-    files += sorted(glob.glob(os.path.join(glob.escape(sources_dir), "*.sources")))
+    files = [os.path.join(apt_dir, "sources.list"), *_ending(sources_dir, ".list")]
+    files += _ending(sources_dir, ".sources")
     sources: list[AptSource] = []
     unparsed: list[Unparsed] = []
     for path in files:
@@ -268,7 +275,7 @@ def read_sources(apt_dir: str, sources_dir: str) -> tuple[tuple[AptSource, ...],
     return tuple(sources), tuple(unparsed)
 
 
-_ONE_LINE = re.compile(r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s*)?(\S+)\s+(\S+)(?:\s+(.*))?$")
+_ONE_LINE = r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s*)?(\S+)\s+(\S+)(?:\s+(.*))?$"
 
 
 def parse_one_line_sources(text: str, path: str) -> Iterator[AptSource | Unparsed]:
@@ -277,7 +284,7 @@ def parse_one_line_sources(text: str, path: str) -> Iterator[AptSource | Unparse
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        m = _ONE_LINE.match(line)
+        m = re.match(_ONE_LINE, line)
         if m is None:
             yield Unparsed(path, number, raw, "expected 'deb [options] uri suite [components]'")
             continue

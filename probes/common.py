@@ -4,8 +4,6 @@ Probes return these instead of None or an exception, so the planner can tell "no
 "could not look" from "looked and did not understand". Imported by probes/* and reconcile.plan.prober.
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 

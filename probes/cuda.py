@@ -7,7 +7,6 @@ keyed by the binary's (realpath, size, mtime_ns, inode): starting nvcc costs mor
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import re
@@ -208,6 +207,8 @@ def parse_gpu_arch_list(text: str) -> tuple[str, ...]:
 
 
 def include_dirs(resolved_home: str) -> list[str]:
+    import glob  # only here: when headers are looked for, not on every import of the probe
+
     dirs = [os.path.join(resolved_home, "include")]
     dirs += sorted(glob.glob(os.path.join(glob.escape(resolved_home), "targets", "*", "include")))
     return [d for d in dirs if os.path.isdir(d)]

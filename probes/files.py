@@ -3,8 +3,6 @@
 Called by reconcile.plan.prober; only `os.lstat` touches the file, so the secret is never read.
 """
 
-from __future__ import annotations
-
 import grp
 import os
 import pwd
@@ -34,7 +32,7 @@ class FileFacts(NamedTuple):
         return self.size > 0
 
 
-def probe(spec: Spec) -> FileFacts | Absent | None:
+def probe(spec: "Spec") -> FileFacts | Absent | None:
     if spec.api_key is None:
         return None
     return read_file_facts(spec.api_key.file)

@@ -5,8 +5,6 @@ is read from its file for the requests, never kept in a result, and sent only on
 the port is found to be a member of the deployment (reconcile.ownership.sockets.key_holder_check).
 """
 
-from __future__ import annotations
-
 import json
 import time
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -60,7 +58,7 @@ class CheckResult(NamedTuple):
     seconds: float
 
 
-def _target(spec: Spec) -> tuple[str, int]:
+def _target(spec: "Spec") -> tuple[str, int]:
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")
@@ -68,7 +66,7 @@ def _target(spec: Spec) -> tuple[str, int]:
     return host, server.port
 
 
-def _headers(spec: Spec) -> dict[str, str]:
+def _headers(spec: "Spec") -> dict[str, str]:
     if spec.api_key is None:
         return {}
     try:
@@ -79,7 +77,7 @@ def _headers(spec: Spec) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _guard(spec: Spec) -> Callable[[], None]:
+def _guard(spec: "Spec") -> "Callable[[], None]":
     """Run after the connect, before the keyed request is sent: refuses unless the port's listeners are
     all the deployment's own processes (a local user listening there would otherwise get the key)."""
     from reconcile.ownership.membership import scope_of
@@ -97,7 +95,7 @@ def _json(resp: HttpResponse) -> Any:
         return None
 
 
-def probe(spec: Spec) -> HealthObservation:
+def probe(spec: "Spec") -> HealthObservation:
     host, port = _target(spec)
     url, timeout = f"http://{host}:{port}", spec.health.timeout
     try:
@@ -165,7 +163,7 @@ def answer(status: int, body: bytes, limit: int = 300) -> str:
     return f"HTTP {status}: {shown or '(empty body)'}"
 
 
-def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
+def _chat(spec: "Spec", body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
     host, port = _target(spec)
     keyed = _headers(spec)
     resp = http_request(
@@ -189,7 +187,7 @@ def _message(data: Any) -> dict[str, Any]:
         return {}
 
 
-def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
+def chat_check(spec: "Spec", *, timeout: float | None = None) -> CheckResult:
     """One chat completion; its reasoning text when a reasoning parser is set; a forced tool call when
     the server enables auto tool choice."""
     server = spec.server
@@ -246,7 +244,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
 
 
-def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) -> CheckStep:
+def _tool_step(spec: "Spec", model: str, timeout: float, max_tokens: int = 256) -> CheckStep:
     status, data, raw = _chat(
         spec,
         {

@@ -4,8 +4,6 @@ Called by reconcile.plan.prober. The download record `.reconcile-model.json` is 
 actions/model.py ({"repo", "revision", "commit", "files": {name: size}}); this only reads it.
 """
 
-from __future__ import annotations
-
 import json
 import os
 from collections.abc import Mapping
@@ -53,7 +51,7 @@ class ModelObservation(NamedTuple):
         return tuple(name for name, present in self.required.items() if not present)
 
 
-def probe(spec: Spec) -> ModelObservation | Absent | Invalid | None:
+def probe(spec: "Spec") -> ModelObservation | Absent | Invalid | None:
     if spec.model is None:
         return None
     return read_model_dir(spec.model.dir, spec.model.required_files)

@@ -5,8 +5,6 @@ Called by reconcile.plan.prober. It reads /proc directly: one environ read per p
 (about 1-2 ms for 100 processes), and psutil's import alone would be 18 ms.
 """
 
-from __future__ import annotations
-
 import json
 import os
 from collections.abc import Mapping
@@ -172,7 +170,7 @@ def _listener(port: int, scope: Scope, ours: set[int]) -> PortListener:
     return PortListener(port, state, x.pid, x.comm if x.pid is not None else None, user, x.cmdline)
 
 
-def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:
+def _ownership(spec: "Spec", scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:
     launched = getattr(record, "ownership", None)
     if launched:  # the last launch could not make or enter its cgroup: its reason
         return Ownership("fallback", None, launched)
@@ -202,7 +200,7 @@ def _record(path: str) -> ServerRecord | Absent | Invalid:
         return Invalid(path, f"not a server record: {exc}", raw.decode(errors="replace")[:2000])
 
 
-def probe(spec: Spec) -> ServerObservation:
+def probe(spec: "Spec") -> ServerObservation:
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")

@@ -4,9 +4,6 @@ Called by reconcile.plan.prober. Distributions come from one scan of site-packag
 `*.dist-info/METADATA` header (no `pip list`: starting the venv's interpreter costs seconds).
 """
 
-from __future__ import annotations
-
-import glob
 import os
 import re
 import stat
@@ -65,7 +62,7 @@ class VenvObservation(NamedTuple):
         return self.version_of("vllm")
 
 
-def probe(spec: Spec) -> VenvObservation | Absent | Invalid | None:
+def probe(spec: "Spec") -> VenvObservation | Absent | Invalid | None:
     if spec.venv is None:
         return None
     return read_venv(spec.venv.path)
@@ -83,7 +80,7 @@ def read_venv(path: str) -> VenvObservation | Absent | Invalid:
         return Absent(path)
     except NotADirectoryError:
         return Invalid(path, f"{path} is not a directory")
-    site_dirs = tuple(sorted(glob.glob(os.path.join(glob.escape(path), "lib", "python3.*", "site-packages"))))
+    site_dirs = _site_dirs(path)
     distributions: dict[str, Distribution] = {}
     pth: list[PthEntry] = []
     unreadable: list[Invalid] = []
@@ -105,6 +102,18 @@ def read_venv(path: str) -> VenvObservation | Absent | Invalid:
         unreadable=tuple(unreadable),
         has_ninja=(os.path.isfile(ninja) and os.access(ninja, os.X_OK)) or "ninja" in distributions,
     )
+
+
+def _site_dirs(path: str) -> tuple[str, ...]:
+    """What glob's PATH/lib/python3.*/site-packages lists, sorted; without glob and fnmatch, whose import
+    and patterns cost a plan ~2 ms."""
+    lib = os.path.join(path, "lib")
+    try:
+        with os.scandir(lib) as entries:
+            versions = [e.name for e in entries if e.name.startswith("python3.") and e.is_dir()]
+    except OSError:
+        return ()
+    return tuple(sorted(s for v in versions if os.path.lexists(s := os.path.join(lib, v, "site-packages"))))
 
 
 def parse_pyvenv_cfg(text: str) -> dict[str, str]:

@@ -4,8 +4,6 @@ Probes and actions call these instead of `subprocess`/`http.client` directly, so
 we run is bounded by a timeout and every write is atomic. Tests run them for real.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import re
@@ -222,7 +220,7 @@ def http_request(
     return HttpResponse(int(parts[1]), rest, found)
 
 
-def _connect(host: str | bytes, port: int, timeout: float) -> _socket.socket:
+def _connect(host: str | bytes, port: int, timeout: float) -> "_socket.socket":
     """socket.create_connection, on the C module itself: socket.py (with selectors, array and its
     enums) costs ~3-4 ms to import. Each address in turn; the last one's error when none connects."""
     import _socket
@@ -306,7 +304,8 @@ def atomic_write(
 
 # A temp file of ours: "." + the file's name + ".reconcile-" + the writer's pid + "-" + mkstemp's 8
 # random characters + ".tmp". The pid lets a sweep leave the temp of a writer that still runs.
-_OWN_TEMP = re.compile(r"^\.(?P<name>.+)\.reconcile-(?P<pid>[0-9]+)-[a-z0-9_]{8}\.tmp$")
+# Compiled on first use (by re's cache): a plan never sweeps temps.
+_OWN_TEMP = r"^\.(?P<name>.+)\.reconcile-(?P<pid>[0-9]+)-[a-z0-9_]{8}\.tmp$"
 
 
 def temp_prefix(path: str) -> str:
@@ -326,7 +325,7 @@ def remove_stale_temps(directory: str, names: Collection[str] | None) -> list[st
         return []
     removed = []
     for entry in entries:
-        m = _OWN_TEMP.match(entry)
+        m = re.match(_OWN_TEMP, entry)
         if m is None or (names is not None and m.group("name") not in names) or _alive(int(m.group("pid"))):
             continue
         path = os.path.join(directory, entry)

@@ -319,3 +319,21 @@ def test_apt_cache_policy_answers_are_kept_until_the_lists_change(
     assert stat.S_IMODE(cached.stat().st_mode) == 0o600
     (lists / "x_Packages").write_text("two, after apt-get update")
     assert apt_probe._unknown(names) == first and len(calls.read_text().splitlines()) == 2
+
+
+def test_source_files_are_what_glob_lists(tmp_path: Path) -> None:
+    """read_sources lists sources.list.d without glob (~2 ms of a plan's start-up): the same files as
+    glob's *.list and *.sources, hidden names, other suffixes and a missing directory included."""
+    import glob
+
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    for name in ("b.list", "a.list", ".hidden.list", ".list", "c.sources", "x.list.save", "z.sources~"):
+        (d / name).write_text("")
+    (d / "dir.list").mkdir()
+    (d / "link.sources").symlink_to(d / "gone")
+    for directory in (str(d), str(tmp_path / "missing"), str(d / "b.list")):
+        want = sorted(glob.glob(os.path.join(glob.escape(directory), "*.list")))
+        want += sorted(glob.glob(os.path.join(glob.escape(directory), "*.sources")))
+        assert apt._ending(directory, ".list") + apt._ending(directory, ".sources") == want
+    assert [os.path.basename(p) for p in apt._ending(str(d), ".list")] == ["a.list", "b.list", "dir.list"]

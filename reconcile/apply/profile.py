@@ -5,8 +5,6 @@ holds each record's sha256, the current generation and the hold, and a record th
 it is refused. Written and read by reconcile.apply.switching and the history/diff/rollback commands.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re
@@ -20,7 +18,7 @@ from reconcile.host import atomic_write
 
 PROFILE = "profile"
 INDEX = "index.json"
-_RECORD = re.compile(r"^(\d+)\.json$")
+_RECORD = r"^(\d+)\.json$"  # compiled on first use (by re's cache), not on import
 
 
 # --- secrets: reconcile.safety.sensitive decides (the same module issue 13 brings) ------------------
@@ -76,7 +74,7 @@ def numbers(state_dir: str) -> list[int]:
         names = os.listdir(profile_dir(state_dir))
     except OSError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := _RECORD.match(n)))
+    return sorted(int(m.group(1)) for n in names if (m := re.match(_RECORD, n)))
 
 
 def read(state_dir: str, number: int, index: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-_NUMBER = re.compile(r"\d+")
+_NUMBER = r"\d+"  # compiled on first use (by re's cache), not on import
 
 
 def numbers(text: str | None) -> tuple[int, ...]:
     """Every run of digits, in order; () when there is none."""
-    return tuple(int(n) for n in _NUMBER.findall(text or ""))
+    return tuple(int(n) for n in re.findall(_NUMBER, text or ""))

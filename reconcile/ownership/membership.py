@@ -5,8 +5,6 @@ Used by probes.server and probes.health (who is ours, who listens) and actions.s
 signal); reconcile.ownership.cgroups says where the cgroup is, actions.cgroups makes and removes it.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re
@@ -146,7 +144,7 @@ def _marked(raw: bytes | None, name: str) -> bool:
     return raw is not None and f"\0{MARKER}={name}\0".encode() in b"\0" + raw
 
 
-def scope_of(spec: Spec) -> Scope:
+def scope_of(spec: "Spec") -> Scope:
     """The deployment's scope: its cgroup (when one exists that only root can fill) and what the server
     record (<state_dir>/server-<name>.json) says our launches were."""
     launches: tuple[ProcId, ...] = ()

@@ -5,8 +5,6 @@ module is imported only when a spec needs it. A probe that raises becomes its Pr
 it never hides the other probes' results.
 """
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -15,8 +13,16 @@ from probes.common import Absent, Invalid, ProbeFailure, Unavailable
 from reconcile.threads import run_all
 
 if TYPE_CHECKING:
-    from probes import apt, cuda, files, gpu, model, venv
+    from probes.apt import AptObservation
+    from probes.cuda import CudaToolkit
+    from probes.files import FileFacts
+    from probes.gpu import GpuInventory
+    from probes.model import ModelObservation
+    from probes.venv import VenvObservation
     from reconcile.spec.models import Spec
+else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
+    # costs a compile() (the first ~1.5 ms); the real class would import a probe the spec may not need
+    AptObservation = CudaToolkit = FileFacts = GpuInventory = ModelObservation = VenvObservation = object
 
 ProbeFn = Callable[["Spec"], object]
 
@@ -48,12 +54,12 @@ _BY_NAME = {p.name: p for p in PROBES}
 class Observed(NamedTuple):
     """What the probes saw. None where the spec has no such section (so nothing was probed)."""
 
-    gpu: gpu.GpuInventory | Unavailable | ProbeFailure | None
-    cuda: cuda.CudaToolkit | ProbeFailure | None
-    apt: apt.AptObservation | Unavailable | ProbeFailure | None
-    venv: venv.VenvObservation | Absent | Invalid | ProbeFailure | None
-    model: model.ModelObservation | Absent | Invalid | ProbeFailure | None
-    api_key: files.FileFacts | Absent | ProbeFailure | None
+    gpu: GpuInventory | Unavailable | ProbeFailure | None
+    cuda: CudaToolkit | ProbeFailure | None
+    apt: AptObservation | Unavailable | ProbeFailure | None
+    venv: VenvObservation | Absent | Invalid | ProbeFailure | None
+    model: ModelObservation | Absent | Invalid | ProbeFailure | None
+    api_key: FileFacts | Absent | ProbeFailure | None
     # probes.server.ServerObservation / probes.health.HealthObservation, or Unavailable/ProbeFailure.
     server: Any
     health: Any
@@ -69,14 +75,14 @@ def default_probe(name: str) -> ProbeFn:
     return fn
 
 
-def wanted(spec: Spec, name: str) -> bool:
+def wanted(spec: "Spec", name: str) -> bool:
     """Whether the spec has the section this probe looks at."""
     if name not in _BY_NAME:
         raise ValueError(f"unknown probe {name!r} (known: {', '.join(PROBE_NAMES)})")
     return getattr(spec, _BY_NAME[name].section) is not None
 
 
-def run_guarded(name: str, fn: ProbeFn, spec: Spec) -> object:
+def run_guarded(name: str, fn: ProbeFn, spec: "Spec") -> object:
     """Run one probe; an exception becomes a ProbeFailure naming the probe, with the traceback as raw."""
     try:
         return fn(spec)
@@ -86,7 +92,7 @@ def run_guarded(name: str, fn: ProbeFn, spec: Spec) -> object:
         return ProbeFailure(f"{name} probe crashed: {type(exc).__name__}: {exc}", raw=traceback.format_exc())
 
 
-def _call(name: str, fn: ProbeFn, spec: Spec) -> Callable[[], object]:
+def _call(name: str, fn: ProbeFn, spec: "Spec") -> Callable[[], object]:
     return lambda: run_guarded(name, fn, spec)
 
 
@@ -98,7 +104,7 @@ def _resolve(names: list[str], probes: Mapping[str, ProbeFn] | None) -> dict[str
     return {n: given[n] if n in given else default_probe(n) for n in names}
 
 
-def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
+def _run(spec: "Spec", names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
     results: dict[str, object] = dict.fromkeys(PROBE_NAMES)
     table = _resolve(names, probes)
     if len(names) == 1:
@@ -108,14 +114,14 @@ def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> 
     return Observed(**results)  # type: ignore[arg-type]
 
 
-def probe_one(spec: Spec, name: str, probes: Mapping[str, ProbeFn] | None = None) -> object:
+def probe_one(spec: "Spec", name: str, probes: Mapping[str, ProbeFn] | None = None) -> object:
     """Re-probe one resource's probe alone; None when the spec has no section for it."""
     if not wanted(spec, name):
         return None
     return run_guarded(name, _resolve([name], probes)[name], spec)
 
 
-def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observed:
+def probe_all(spec: "Spec", probes: Mapping[str, ProbeFn] | None = None) -> Observed:
     """Run every probe the spec calls for at once, in threads; returns when the slowest is done.
 
     `probes` replaces some of the default probe functions by name (tests inject slow or failing ones).
@@ -123,6 +129,6 @@ def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observ
     return _run(spec, [n for n in PROBE_NAMES if wanted(spec, n)], probes)
 
 
-def probe_some(spec: Spec, names: tuple[str, ...]) -> Observed:
+def probe_some(spec: "Spec", names: tuple[str, ...]) -> Observed:
     """Run only `names` (concurrently); every other probe's field is None."""
     return _run(spec, [n for n in names if wanted(spec, n)], None)

@@ -4,8 +4,6 @@ Pure data, built by `reconcile.plan.planner`, rendered by `reconcile.plan.render
 `reconcile.apply.executor`. Everything here is JSON-serialisable and holds no secrets.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple

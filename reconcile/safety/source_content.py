@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from fnmatch import fnmatchcase
 from typing import Any
 
 Entry = Mapping[str, Any]  # {"size", "mtime_ns", "ino", "ctime_ns", "sha256"}
@@ -18,7 +17,11 @@ Entry = Mapping[str, Any]  # {"size", "mtime_ns", "ino", "ctime_ns", "sha256"}
 def selected(name: str, patterns: Iterable[str]) -> bool:
     """snapshot_download's allow_patterns rule: fnmatch, and a trailing "/" means everything below."""
     patterns = list(patterns)
-    return not patterns or any(fnmatchcase(name, p + "*" if p.endswith("/") else p) for p in patterns)
+    if not patterns:
+        return True
+    from fnmatch import fnmatchcase  # only with patterns: a plan's model source mostly has none
+
+    return any(fnmatchcase(name, p + "*" if p.endswith("/") else p) for p in patterns)
 
 
 def sha256_file(path: str) -> str:

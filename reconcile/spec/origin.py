@@ -3,8 +3,6 @@
 Called by the planner (the plan's header and notes) and the executor (each generation records it).
 """
 
-from __future__ import annotations
-
 import os
 from typing import NamedTuple
 

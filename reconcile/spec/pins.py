@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 FORMAT = "reconcile-lock/1"
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = r"^[0-9a-f]{40}$"  # compiled on first use (by re's cache), not on import
 
 
 def lock_path(loaded: LoadedSpec) -> str:
@@ -44,7 +44,7 @@ def floating_packages(spec: Spec) -> dict[str, str]:
 
 def floating_model(spec: Spec) -> bool:
     m = spec.model
-    return m is not None and m.repo is not None and not m.offline and not _COMMIT.match(m.revision)
+    return m is not None and m.repo is not None and not m.offline and not re.match(_COMMIT, m.revision)
 
 
 def read_lock(path: str) -> dict[str, Any] | None:

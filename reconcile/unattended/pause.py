@@ -4,8 +4,6 @@ Written by the CLI; read by the executor (a `--scheduled` apply only plans while
 planner (a note) and the reports. It says who paused (user, pid, tty or ssh client), when and why.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import time
