@@ -12,7 +12,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,9 @@ import pytest
 
 from reconcile.safety.filesafety import UnsafePath, ensure_dir, open_append, parent_problem, umask
 from reconcile.spec.loader import load_spec
-from tests.apply_support import Demo, Run, demo_in, seed_venv
+from tests.apply_support import Demo, Run
 
 NOBODY = 65534
-
-
-@pytest.fixture
-def demo(tmp_path: Path) -> Iterator[Demo]:
-    yield from demo_in(tmp_path)
-
-
-@pytest.fixture
-def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
-    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
 
 
 def nobodys_dir(path: Path) -> Path:
