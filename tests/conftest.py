@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.apply_support import Demo, demo_in, seed_venv
+from tests.ownership_support import foreign_pids
 
 
 @pytest.fixture
@@ -20,3 +21,9 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
 def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """A demo whose venv (with ninja) is already there: a copy of one made by a real apply."""
     yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+
+
+@pytest.fixture
+def strangers() -> Iterator[list[int]]:
+    """Pids of the foreign processes a test starts (tests/ownership_support.py); killed after it."""
+    yield from foreign_pids()

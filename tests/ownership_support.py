@@ -69,7 +69,7 @@ def deployment_on(path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def foreign_pids() -> Iterator[list[int]]:
-    """The body of each file's `strangers` fixture: pids of the foreign processes a test made;
+    """The body of conftest's `strangers` fixture: pids of the foreign processes a test made;
     teardown kills them (and only them)."""
     pids: list[int] = []
     yield pids

@@ -22,7 +22,6 @@ from tests.ownership_support import (
     SPY,
     as_nobody,
     deployment_on,
-    foreign_pids,
     received,
     root_only,
 )
@@ -34,11 +33,6 @@ def deployment(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Deployment]:
     yield from deployment_on(request.param, tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def strangers() -> Iterator[list[int]]:
-    yield from foreign_pids()
 
 
 # --- 2. the key goes to whoever listens on the port ---------------------------------------------

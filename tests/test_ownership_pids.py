@@ -21,7 +21,6 @@ from tests.ownership_support import (
     as_nobody,
     daemon_session,
     deployment_on,
-    foreign_pids,
     kernel_thread,
     kill_tree,
     root_only,
@@ -34,11 +33,6 @@ def deployment(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Deployment]:
     yield from deployment_on(request.param, tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def strangers() -> Iterator[list[int]]:
-    yield from foreign_pids()
 
 
 # --- 1. a reused pid, a stale pidfile, a corrupt pidfile ----------------------------------------

@@ -28,7 +28,7 @@ from reconcile.identity import MARKER
 from reconcile.ownership.membership import proc_id, read_stat
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.fakes.fake_nvml import GIB, FakeProcess, HeldNvml, h200, lock_holders
-from tests.ownership_support import PATHS, as_nobody, foreign_pids
+from tests.ownership_support import PATHS, as_nobody
 from tests.test_server_support import alive, children_of, cmdline, wait_for
 
 NVCC = Path(__file__).resolve().parent / "fixtures" / "nvcc"
@@ -89,11 +89,6 @@ def tp2(
         assert isinstance(nvml, HeldNvml)
         monkeypatch.setitem(sys.modules, "pynvml", nvml)
         yield demo, nvml
-
-
-@pytest.fixture
-def strangers() -> Iterator[list[int]]:
-    yield from foreign_pids()
 
 
 def plan(demo: Demo) -> Any:
