@@ -10,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from reconcile.errors import RetryableError
 from reconcile.ownership import cgroups
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 
-class Prepared(NamedTuple):
+class Prepared(Record):
     """`path`: the cgroup a launch enters (None: fall back); `why`: the path taken, in words."""
 
     path: str | None

@@ -10,12 +10,13 @@ import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
 from reconcile.plan.records import ActionResult
+from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ _REPEATED = frozenset({"middleware"})
 _DEDICATED = {"host": "host", "port": "port", "served-model-name": "served_model_name", "model": "model"}
 
 
-class LaunchInputs(NamedTuple):
+class LaunchInputs(Record):
     """What the identity covers besides argv and env, as the probes saw it before the launch."""
 
     packages: Mapping[str, str] = MappingProxyType({})  # distribution -> version in the venv
@@ -38,7 +39,7 @@ class LaunchInputs(NamedTuple):
     config_json: bytes | None = None  # the model's config.json as it will be read at start
 
 
-class LaunchCommand(NamedTuple):
+class LaunchCommand(Record):
     """A ready-to-run launch. `env` holds the API key: its repr never shows it."""
 
     argv: tuple[str, ...]
@@ -214,7 +215,7 @@ def connect_host(spec: "Spec") -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-class ReadinessFailure(NamedTuple):
+class ReadinessFailure(Record):
     """Why the server never became healthy: the reason, the log's last lines, the known causes found."""
 
     reason: str

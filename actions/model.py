@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from actions.model_config import (
     BACKUP,
@@ -27,6 +27,7 @@ from actions.model_resuming import partials, resume_partials
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.plan.records import ActionResult
+from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import TREE_UMASK, umask
 from reconcile.safety.names import name_problem
@@ -42,7 +43,7 @@ _ATTEMPTS = 3
 T = TypeVar("T")
 
 
-class RemoteFile(NamedTuple):
+class RemoteFile(Record):
     """One file of a hub commit as the hub lists it; `etag` is what /resolve answers for it."""
 
     size: int

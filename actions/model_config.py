@@ -10,11 +10,12 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
 from reconcile.plan.records import ActionResult
+from reconcile.record import Record
 
 CONFIG = "config.json"
 BACKUP = "config.json.bak"
@@ -66,7 +67,7 @@ def patch_config(model_dir: str, patch: Mapping[str, Any]) -> ActionResult:
     return ActionResult(True, f"{path}: merged {_keys(patch)}{note}")
 
 
-class JsonStyle(NamedTuple):
+class JsonStyle(Record):
     """How a JSON file is laid out, so that a rewrite keeps it: indent unit, final newline, ASCII escapes."""
 
     indent: str | None  # None: one line

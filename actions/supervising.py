@@ -13,10 +13,11 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from typing import NamedTuple, TextIO
+from typing import TextIO
 
 from reconcile.errors import RetryableError
 from reconcile.ownership.membership import Scope, deployment_members, is_member
+from reconcile.record import Record
 
 
 def environ_value(pid: int, key: str) -> str | None:
@@ -105,7 +106,7 @@ def signal_marked(pid: int, scope: Scope | str, sig: int) -> bool:
         held.close()
 
 
-class StopOutcome(NamedTuple):
+class StopOutcome(Record):
     """Who got SIGTERM, who still needed SIGKILL, and what NVML said afterwards."""
 
     terminated: tuple[int, ...]
@@ -237,7 +238,7 @@ def is_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-class ReadinessProgress(NamedTuple):
+class ReadinessProgress(Record):
     """One tick of the wait for /health: seconds so far and the log's last line."""
 
     elapsed: float

@@ -87,14 +87,26 @@ def read_allowlist(path: Path) -> set[str]:
     return {ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()} - {""}
 
 
+def _comments(path: Path) -> dict[str, str]:
+    """module -> the comment on its line, kept when the list is rewritten."""
+    out = {}
+    for ln in path.read_text().splitlines() if path.exists() else []:
+        name, _, comment = ln.partition("#")
+        if name.strip() and comment.strip():
+            out[name.strip()] = comment.strip()
+    return out
+
+
 def write_allowlist(path: Path, modules: set[str], spec: Path) -> None:
+    notes = _comments(path)
     head = (
         "# Modules a warm, converged `reconcile plan` may import (beyond `python -c pass`'s own).\n"
         "# benchmarks/import_time.py fails when a plan imports one that is not here. Written by\n"
         f"# `python3 benchmarks/import_time.py --update` ({spec.name}, {time.strftime('%Y-%m-%d')}):\n"
         "# add a module only when a converged plan truly needs it.\n"
     )
-    path.write_text(head + "".join(f"{m}\n" for m in sorted(modules)))
+    lines = (f"{m}  # {notes[m]}" if m in notes else m for m in sorted(modules))
+    path.write_text(head + "".join(f"{line}\n" for line in lines))
 
 
 def check(python: str, spec: Path, allowlist: Path, update: bool, env: dict[str, str], cwd: str) -> int:

@@ -11,11 +11,12 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from probes import dpkg_status
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -46,7 +47,7 @@ DPKG_FORMAT = "${Package}\\t${Status}\\t${Version}\\n"
 _NOT_FOUND = r"^dpkg-query: no packages found matching (\S+)$"
 
 
-class PackageStatus(NamedTuple):
+class PackageStatus(Record):
     name: str
     state: PackageState
     # Installed: its version. config-files and half-states: the version dpkg still records. Absent: None.
@@ -55,7 +56,7 @@ class PackageStatus(NamedTuple):
     error_flag: str = "ok"  # "reinstreq" when dpkg says the package must be reinstalled
 
 
-class AptSource(NamedTuple):
+class AptSource(Record):
     """One (type, uri, suite) entry of a sources file; deb822 stanzas expand to several."""
 
     file: str
@@ -71,7 +72,7 @@ class AptSource(NamedTuple):
     options: Mapping[str, str] = MappingProxyType({})
 
 
-class Unparsed(NamedTuple):
+class Unparsed(Record):
     """A sources line or stanza that apt's format does not allow; apt itself would reject it."""
 
     file: str
@@ -80,7 +81,7 @@ class Unparsed(NamedTuple):
     reason: str
 
 
-class AptObservation(NamedTuple):
+class AptObservation(Record):
     packages: Mapping[str, PackageStatus]  # by package name (the spec's "name=version" without the pin)
     sources: tuple[AptSource, ...]
     keyrings: Mapping[str, bool]  # keyring path -> exists, for sources' signed-by and the spec's keyrings

@@ -4,30 +4,30 @@ Probes return these instead of None or an exception, so the planner can tell "no
 "could not look" from "looked and did not understand". Imported by probes/* and reconcile.plan.prober.
 """
 
-from typing import NamedTuple
+from reconcile.record import Record
 
 
-class Unavailable(NamedTuple):
+class Unavailable(Record):
     """The probe could not look: the tool or library it needs is missing (reason says which, and why)."""
 
     reason: str
     raw: str = ""
 
 
-class ProbeFailure(NamedTuple):
+class ProbeFailure(Record):
     """The probe looked but failed: output it cannot parse, a command that failed, or a crash."""
 
     reason: str
     raw: str = ""
 
 
-class Absent(NamedTuple):
+class Absent(Record):
     """The file or directory is not there (a state, not a failure)."""
 
     path: str
 
 
-class Invalid(NamedTuple):
+class Invalid(Record):
     """The file is there but cannot be understood; `message` says why, `raw` is what was read."""
 
     path: str

@@ -11,10 +11,11 @@ import json
 import os
 import re
 import stat
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
+from reconcile.record import Record
 from reconcile.threads import run_all
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ HomeState = Literal["symlink", "directory", "absent", "other"]
 NVCC_TIMEOUT = 30.0
 
 
-class CudaHome(NamedTuple):
+class CudaHome(Record):
     path: str
     state: HomeState
     link_target: str | None  # readlink(path) when a symlink
@@ -32,7 +33,7 @@ class CudaHome(NamedTuple):
     # A symlink whose target is missing: state "symlink", resolved None.
 
 
-class Nvcc(NamedTuple):
+class Nvcc(Record):
     path: str
     found_via: Literal["cuda_home", "PATH"]
     why: str  # e.g. "/usr/local/cuda/bin/nvcc is absent; found on PATH"
@@ -42,7 +43,7 @@ class Nvcc(NamedTuple):
     from_cache: bool
 
 
-class Header(NamedTuple):
+class Header(Record):
     name: str
     paths: tuple[str, ...]  # every include dir holding it (distinct real files); empty: missing
 
@@ -51,7 +52,7 @@ class Header(NamedTuple):
         return bool(self.paths)
 
 
-class CudaToolkit(NamedTuple):
+class CudaToolkit(Record):
     home: CudaHome
     nvcc: Nvcc | Unavailable | ProbeFailure
     headers: tuple[Header, ...]

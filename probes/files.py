@@ -7,9 +7,10 @@ import grp
 import os
 import pwd
 import stat
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from probes.common import Absent
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 FileKind = Literal["file", "symlink", "directory", "other"]
 
 
-class FileFacts(NamedTuple):
+class FileFacts(Record):
     path: str
     kind: FileKind  # from lstat: a symlink is reported as one, never followed
     mode: str  # "0600"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from probes.common import ParseError, ProbeFailure, Unavailable
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -37,7 +38,7 @@ _INIT_REASONS = {
 }
 
 
-class GpuProcess(NamedTuple):
+class GpuProcess(Record):
     """A compute process holding memory on a GPU, as NVML lists it."""
 
     pid: int
@@ -47,7 +48,7 @@ class GpuProcess(NamedTuple):
     name: str | None
 
 
-class GpuDevice(NamedTuple):
+class GpuDevice(Record):
     index: int  # type: ignore[assignment]  # shadows tuple.index(), which records never use
     name: str
     uuid: str
@@ -71,7 +72,7 @@ class GpuDevice(NamedTuple):
         return cuda_total(self.memory_total, self.memory_reserved)
 
 
-class GpuInventory(NamedTuple):
+class GpuInventory(Record):
     """What NVML reports: the driver and every visible GPU."""
 
     driver_version: str  # "580.95.05"
@@ -83,7 +84,7 @@ class GpuInventory(NamedTuple):
         return len(self.gpus)
 
 
-class NvidiaSmiGpu(NamedTuple):
+class NvidiaSmiGpu(Record):
     """One row of `nvidia-smi --query-gpu=index,name,uuid,driver_version,compute_cap,memory.*`."""
 
     index: int  # type: ignore[assignment]  # shadows tuple.index(), which records never use

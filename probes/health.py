@@ -7,11 +7,12 @@ the port is found to be a member of the deployment (reconcile.ownership.sockets.
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
 from reconcile.ownership.sockets import ForeignListener
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -19,13 +20,13 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 
-class ModelCard(NamedTuple):
+class ModelCard(Record):
     id: str
     root: str | None
     max_model_len: int | None
 
 
-class HealthObservation(NamedTuple):
+class HealthObservation(Record):
     """`not_listening`: the port refuses (stopped, or still loading the model)."""
 
     url: str
@@ -46,13 +47,13 @@ class HealthObservation(NamedTuple):
         return self.models[0].max_model_len if self.models else None
 
 
-class CheckStep(NamedTuple):
+class CheckStep(Record):
     name: str  # "chat", "reasoning", "tool_call"
     ok: bool
     message: str
 
 
-class CheckResult(NamedTuple):
+class CheckResult(Record):
     ok: bool
     steps: tuple[CheckStep, ...]
     seconds: float

@@ -13,9 +13,9 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from probes.common import Unavailable
+from reconcile.record import Record
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
@@ -23,7 +23,7 @@ FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on
 TIMEOUT_S = 10.0
 
 
-class HubListing(NamedTuple):
+class HubListing(Record):
     repo: str
     revision: str
     commit: str

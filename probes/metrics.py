@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from probes.common import ParseError, Unavailable
 from reconcile.host import HttpUnreachable, http_request
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -27,7 +28,7 @@ OLD_KV_USAGE = "vllm:gpu_cache_usage_perc"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\d+)?$")
 
 
-class ServingMetrics(NamedTuple):
+class ServingMetrics(Record):
     requests_running: float | None
     requests_waiting: float | None
     kv_cache_usage: float | None  # 0..1

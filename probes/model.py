@@ -8,9 +8,10 @@ import json
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid
+from reconcile.record import Record
 from reconcile.safety.names import name_problem
 
 if TYPE_CHECKING:
@@ -20,14 +21,14 @@ RECORD_NAME = ".reconcile-model.json"
 SKIP_DIRS = frozenset({".cache"})  # huggingface_hub's local-dir bookkeeping, not model files
 
 
-class JsonDoc(NamedTuple):
+class JsonDoc(Record):
     """A JSON file that parsed; `data` is its top-level object."""
 
     path: str
     data: Mapping[str, Any]
 
 
-class DownloadRecord(NamedTuple):
+class DownloadRecord(Record):
     repo: str | None
     revision: str
     commit: str | None  # None for a copy of a local source
@@ -36,7 +37,7 @@ class DownloadRecord(NamedTuple):
     source_files: Mapping[str, Any] = MappingProxyType({})  # name -> stamp + sha256 at copy
 
 
-class ModelObservation(NamedTuple):
+class ModelObservation(Record):
     dir: str
     files: Mapping[str, int]  # relative path -> size in bytes (symlinks followed), .cache/ skipped
     broken_links: tuple[str, ...]  # relative paths of symlinks whose target is gone

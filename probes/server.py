@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from probes.common import Absent, Invalid
 from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, state_file_path
@@ -25,6 +25,7 @@ from reconcile.ownership.membership import (
     user_name,
 )
 from reconcile.ownership.sockets import listeners, one_line
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 Role = Literal["server", "member", "stray"]
 
 
-class DeploymentProcess(NamedTuple):
+class DeploymentProcess(Record):
     """A process carrying our marker. `stray`: not in the live server's process group (its leader gone)."""
 
     pid: int
@@ -46,7 +47,7 @@ class DeploymentProcess(NamedTuple):
     role: Role
 
 
-class Pidfile(NamedTuple):
+class Pidfile(Record):
     """`ours`: the server reconcile launched; `foreign`: alive but not it (a reused pid); `corrupt`: not
     the decimal pid of an ordinary process (0, 1, a kernel thread, garbage): `reason` says which."""
 
@@ -56,7 +57,7 @@ class Pidfile(NamedTuple):
     reason: str = ""
 
 
-class PortListener(NamedTuple):
+class PortListener(Record):
     """Who listens on the spec's port: one of our processes, another process, or nobody."""
 
     port: int
@@ -73,7 +74,7 @@ class PortListener(NamedTuple):
         return f"pid {self.pid} (user {self.user or '?'}: {one_line(self.cmdline) or self.name})"
 
 
-class Ownership(NamedTuple):
+class Ownership(Record):
     """How the deployment's processes are told from others: `cgroup` (members are the processes of
     `where`) or `fallback` (recorded pid + start time + boot id, and the marker); `why` says why."""
 
@@ -82,7 +83,7 @@ class Ownership(NamedTuple):
     why: str
 
 
-class ServerRecord(NamedTuple):
+class ServerRecord(Record):
     """What the last start recorded in <state_dir>/server-<name>.json (no secrets in it)."""
 
     identity: str | None
@@ -92,7 +93,7 @@ class ServerRecord(NamedTuple):
     ownership: str | None = None  # why the last launch fell back (no cgroup could be made), if it did
 
 
-class ServerObservation(NamedTuple):
+class ServerObservation(Record):
     name: str
     processes: tuple[DeploymentProcess, ...]
     pidfile: Pidfile

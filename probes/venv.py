@@ -8,9 +8,10 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from probes.common import Absent, Invalid
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -21,13 +22,13 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-class Distribution(NamedTuple):
+class Distribution(Record):
     name: str  # as METADATA spells it
     version: str
     path: str  # the .dist-info (or .egg-info) directory
 
 
-class PthEntry(NamedTuple):
+class PthEntry(Record):
     """A path line of a .pth file in site-packages: Python adds it to sys.path at start-up."""
 
     file: str
@@ -35,13 +36,13 @@ class PthEntry(NamedTuple):
     exists: bool
 
 
-class Interpreter(NamedTuple):
+class Interpreter(Record):
     path: str  # <venv>/bin/python
     link_target: str | None  # readlink when a symlink
     resolved: str | None  # realpath when it exists; None: the base interpreter is gone
 
 
-class VenvObservation(NamedTuple):
+class VenvObservation(Record):
     path: str
     config: Mapping[str, str]  # pyvenv.cfg as key -> value
     version: str | None  # "3.10.12" from pyvenv.cfg's version / version_info; None when it has neither

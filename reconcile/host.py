@@ -8,7 +8,9 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     import _socket
@@ -22,7 +24,7 @@ class CommandTimeout(Exception):
     """The command ran past its timeout and was killed."""
 
 
-class Completed(NamedTuple):
+class Completed(Record):
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -145,7 +147,7 @@ def _runnable(path: str) -> bool:
     return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
 
 
-class HttpResponse(NamedTuple):
+class HttpResponse(Record):
     status: int
     body: bytes
     headers: Mapping[str, str]

@@ -7,9 +7,10 @@ and records the components; the planner compares them and explain_change() words
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from reconcile.digest import sha256_hex
+from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ _WHAT = {
 _SHOWN_MAX = 5
 
 
-class Identity(NamedTuple):
+class Identity(Record):
     """`digest` is stamped as RECONCILE_IDENTITY; `components` holds a short hash per input plus a
     non-secret rendering (`<input>.shown`) so a plan can say exactly what changed."""
 

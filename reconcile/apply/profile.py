@@ -10,11 +10,12 @@ import os
 import re
 import time
 from collections.abc import Collection, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
+from reconcile.record import Record
 
 PROFILE = "profile"
 INDEX = "index.json"
@@ -179,7 +180,7 @@ def kept_config(state_dir: str, digest: str) -> bytes | None:
 # --- the hold --------------------------------------------------------------------------------
 
 
-class Hold(NamedTuple):
+class Hold(Record):
     """Applies keep generation `generation` while the spec's content is `from_spec`.
 
     kind "rollback" (`reconcile rollback`): every apply holds; "failed" (an automatic rollback):

@@ -12,10 +12,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from reconcile.errors import ReconcileError
 from reconcile.host import remove_stale_temps
+from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ class LockTimeout(ReconcileError):
     """Another apply holds the lock for longer than --lock-timeout."""
 
 
-class LockHolder(NamedTuple):
+class LockHolder(Record):
     pid: int
     started: float
     command: str
@@ -46,7 +47,7 @@ def _read_holder(fd: int) -> LockHolder | None:
         return None
 
 
-class HeldLock(NamedTuple):
+class HeldLock(Record):
     path: str
     fd: int
     took_over: LockHolder | None  # a holder that died without releasing (reported by the CLI)

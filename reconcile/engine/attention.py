@@ -10,7 +10,9 @@ __all__ = ["STOCK_BUILD", "Backend", "Build", "mla_backend", "scan_build"]
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
+
+from reconcile.record import Record
 
 # CacheConfig.DEFAULT_BLOCK_SIZE: every non-MLA CUDA backend takes it (FLASH_ATTN, TRITON_ATTN and
 # FLEX_ATTENTION MultipleOf(16), FLASHINFER [16, 32, 64, ...]), so only MLA moves the block size.
@@ -19,7 +21,7 @@ _16BIT = ("auto", "float16", "bfloat16")
 _FP8 = ("fp8", "fp8_e4m3")
 
 
-class Build(NamedTuple):
+class Build(Record):
     """What the installed vLLM can load for MLA (each the module its backend imports)."""
 
     fa3: bool  # vllm/vllm_flash_attn/_vllm_fa3_C*.so: FlashAttention 3 (flash_attn_interface.py)
@@ -63,13 +65,13 @@ def scan_build(dirs: Sequence[str]) -> Build | None:
     )
 
 
-class Backend(NamedTuple):
+class Backend(Record):
     name: str  # vLLM's AttentionBackendEnum name, as its log prints it
     block_size: int  # tokens per KV block vLLM uses with it
     why: str  # for the memory table and the oracle
 
 
-class _Rule(NamedTuple):
+class _Rule(Record):
     sizes: tuple[int, ...]  # get_supported_kernel_block_sizes (MultipleOf(n) written as n: both
     # mean "a multiple of n" to supports_block_size, so that the framework block may be larger)
     majors: tuple[int, ...]  # supports_compute_capability (empty: any)

@@ -5,9 +5,10 @@ non-KV overhead its memory profile finds (estimated here). Used by engine.memory
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine.shape import ModelShape
+from reconcile.record import Record
 
 GiB = 1024**3
 MiB = 1024**2
@@ -44,7 +45,7 @@ def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
     return 2048, 256
 
 
-class Overhead(NamedTuple):
+class Overhead(Record):
     non_torch: int
     activation: int
     logits: int

@@ -10,10 +10,10 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
-from typing import NamedTuple
 
 from reconcile.engine.flags import canonical
 from reconcile.engine.toolchain import cuda_suffix, header_package
+from reconcile.record import Record
 
 # header_package stays importable from here: reconcile.plan.planner uses it for its apt hint.
 __all__ = ["Diagnosis", "cuda_suffix", "diagnose", "header_package", "removed_flag_fix"]
@@ -60,7 +60,7 @@ def removed_flag_fix(flag: str, value: object = None) -> str:
     return f"drop args.{name[2:]}"
 
 
-class Diagnosis(NamedTuple):
+class Diagnosis(Record):
     """One log line that matches a known failure: which one, why it happens, and the fix."""
 
     line: str

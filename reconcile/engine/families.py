@@ -12,7 +12,9 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any
+
+from reconcile.record import Record
 
 # A str, not a pathlib.Path: pathlib (with urllib.parse and ipaddress) costs ~5-9 ms to import.
 TABLE_PATH = os.path.join(
@@ -20,7 +22,7 @@ TABLE_PATH = os.path.join(
 )
 
 
-class Resolved(NamedTuple):
+class Resolved(Record):
     """The language model's config with defaults and derived values filled in."""
 
     config: dict[str, Any]

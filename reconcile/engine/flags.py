@@ -11,7 +11,8 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import NamedTuple
+
+from reconcile.record import Record
 
 # A str, not a pathlib.Path: pathlib (with urllib.parse and ipaddress) costs ~5-9 ms to import.
 TABLE_PATH = os.path.join(
@@ -35,7 +36,7 @@ _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 Release = tuple[int, int, int]
 
 
-class FlagTable(NamedTuple):
+class FlagTable(Record):
     versions: tuple[str, ...]  # listed releases, oldest first
     runs: Mapping[str, tuple[tuple[str, str], ...]]  # flag -> runs of (first, last) listed release
 

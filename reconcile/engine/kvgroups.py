@@ -9,12 +9,12 @@ max-model-len needs, and the "GPU KV cache size: N tokens" a budget gives. Used 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from reconcile.engine.kvspec import CHUNKED, FULL, MAMBA, MLA, SLIDING, LayerSpec
+from reconcile.record import Record
 
 
-class KVGroup(NamedTuple):
+class KVGroup(Record):
     """Layers sharing one block table (vLLM's KVCacheGroupSpec)."""
 
     kind: str
@@ -22,7 +22,7 @@ class KVGroup(NamedTuple):
     spec: LayerSpec  # the merged spec; for a uniform-type group, the largest-page layer's
 
 
-class KVLayout(NamedTuple):
+class KVLayout(Record):
     """How vLLM lays the KV cache of one GPU out in blocks."""
 
     groups: tuple[KVGroup, ...]

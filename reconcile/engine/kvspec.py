@@ -11,11 +11,12 @@ __all__ = ["LayerSpec", "ShapeError", "layer_kinds", "layer_specs", "mamba_state
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine.attention import DEFAULT_BLOCK
 from reconcile.engine.families import Resolved, resolve
 from reconcile.engine.shape import ShapeError, config_int
+from reconcile.record import Record
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
 ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)
@@ -24,7 +25,7 @@ _MAMBA1 = {"jamba", "mamba", "falcon_mamba"}  # Mamba-1 mixers: (conv, ssm) of e
 _MAMBA_NAMES = {"m", "mamba", "mamba2", "linear_attention", "linear"}
 
 
-class LayerSpec(NamedTuple):
+class LayerSpec(Record):
     """The cache one layer keeps on one GPU (vLLM's KVCacheSpec of that layer)."""
 
     layer: int  # decoder layer index
@@ -113,7 +114,7 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
-class MambaState(NamedTuple):
+class MambaState(Record):
     shapes: tuple[tuple[int, ...], ...]
     dtype_bytes: tuple[int, ...]
 

@@ -10,10 +10,11 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine.families import resolve, text_part
 from reconcile.engine.flags import release
+from reconcile.record import Record
 
 # Checked in this order; the smallest present wins (the order only decides the key named in messages).
 LENGTH_KEYS = (
@@ -111,7 +112,7 @@ def rope_parameters(config: Mapping[str, Any], version: str | None) -> dict[str,
     return out or None
 
 
-class Derived(NamedTuple):
+class Derived(Record):
     """What vLLM will take as the model's maximum length, and how it got there."""
 
     value: int  # the limit, rounded down as vLLM's int() does

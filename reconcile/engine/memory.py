@@ -8,7 +8,7 @@ the budget is gpu-memory-utilization x CUDA's total memory, as vLLM's. Called by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine.attention import Backend, Build, mla_backend
 from reconcile.engine.budget import (
@@ -32,6 +32,7 @@ from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_l
 from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, on, v2_runner
 from reconcile.engine.shape import ModelShape, model_shape
 from reconcile.engine.weightfiles import weight_files
+from reconcile.record import Record
 
 __all__ = [
     "CUDA_GRAPH_BYTES",
@@ -73,7 +74,7 @@ def mamba_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int, ssm_bytes: 
     return (conv * conv_bytes + ssm * ssm_bytes) * m.layers
 
 
-class MemoryEstimate(NamedTuple):
+class MemoryEstimate(Record):
     """Everything the memory table shows, per GPU (the pipeline rank with the least room)."""
 
     gpu: str  # "NVIDIA GeForce RTX 5090" or "spec [gpu] memory_gib"

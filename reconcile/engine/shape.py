@@ -8,9 +8,10 @@ Used by `reconcile.engine.memory` and engine.kvspec.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine.families import resolve
+from reconcile.record import Record
 
 _ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid"}
 _MAMBA = {"m", "mamba", "mamba2", "linear_attention"}
@@ -20,7 +21,7 @@ class ShapeError(ValueError):
     """config.json lacks what the memory math needs (names the key)."""
 
 
-class MambaShape(NamedTuple):
+class MambaShape(Record):
     layers: int
     num_heads: int
     head_dim: int
@@ -30,7 +31,7 @@ class MambaShape(NamedTuple):
     ssm_dtype: str | None  # the config's SSM state dtype, where vLLM reads one
 
 
-class ModelShape(NamedTuple):
+class ModelShape(Record):
     """The few numbers of a config.json that size the KV cache and the Mamba state."""
 
     model_type: str

@@ -9,17 +9,18 @@ biases and vision towers are left out, so it runs a few percent low.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine.families import resolve
 from reconcile.engine.kvspec import MAMBA, layer_kinds
+from reconcile.record import Record
 
 # Bits one quantized weight takes, scales included (a group's scale spread over its weights).
 _QUANT_BITS = {"NVFP4": 4.5, "MXFP4": 4.25, "FP8": 8.0, "INT8": 8.0}
 _DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0}
 
 
-class WeightsEstimate(NamedTuple):
+class WeightsEstimate(Record):
     parameters: int  # estimated, in the language model's matrices
     quantized: int  # of them, those stored at `bits`
     bits: float  # per quantized parameter (16 when unquantized)

@@ -9,10 +9,11 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 from reconcile.identity import MARKER, deployment_id, state_file_path
 from reconcile.ownership.cgroups import cgroup_procs, deployment_cgroup
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -21,7 +22,7 @@ PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 _BOOT_ID: list[str] = []
 
 
-class ProcStat(NamedTuple):
+class ProcStat(Record):
     """The fields of /proc/PID/stat this module reads; `start` is field 22, in clock ticks since boot."""
 
     pid: int
@@ -33,7 +34,7 @@ class ProcStat(NamedTuple):
     start: int
 
 
-class ProcId(NamedTuple):
+class ProcId(Record):
     """One process, for good: a pid is reused, (pid, start time, boot id) is not."""
 
     pid: int
@@ -44,7 +45,7 @@ class ProcId(NamedTuple):
         return {"pid": self.pid, "start": self.start, "boot": self.boot}
 
 
-class Scope(NamedTuple):
+class Scope(Record):
     """What proves membership in deployment `name` (its marker value): the processes in `cgroup`, the
     recorded `launches` (server leaders) and `members` (their children, seen when the server was
     healthy), and the marker; all only for processes whose real and effective uid is `uid`."""
@@ -253,7 +254,7 @@ def snapshot(pids: Iterable[int]) -> list[dict[str, object]]:
     return [p.as_json() for pid in sorted(pids) if (p := proc_id(pid)) is not None]
 
 
-class PidfileText(NamedTuple):
+class PidfileText(Record):
     """What a pidfile holds. `corrupt`: anything but the decimal pid of an ordinary process."""
 
     state: Literal["absent", "unreadable", "corrupt", "ok"]

@@ -7,11 +7,11 @@ key_holder_check() found every listener on the port to be ours; actions.server n
 
 import os
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from reconcile.identity import redact_argv
 from reconcile.ownership.cgroups import cgroup_procs
 from reconcile.ownership.membership import Scope, is_member, read_bytes, read_stat, uids, user_name
+from reconcile.record import Record
 
 
 def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
@@ -21,7 +21,7 @@ def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:limit]
 
 
-class Listener(NamedTuple):
+class Listener(Record):
     """One listening socket on the port and the process that holds it (pid None: not visible from
     here, e.g. another network or pid namespace)."""
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.host import atomic_write
 from reconcile.plan.records import Change, Plan
+from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 
 
-class Condition(NamedTuple):
+class Condition(Record):
     resource: str
     status: str  # ok | drift | failed
     reason: str

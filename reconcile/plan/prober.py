@@ -7,9 +7,10 @@ it never hides the other probes' results.
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
+from reconcile.record import Record
 from reconcile.threads import run_all
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ else:  # stand-ins: a record's annotations are evaluated when its class is made,
 ProbeFn = Callable[["Spec"], object]
 
 
-class Probe(NamedTuple):
+class Probe(Record):
     """A probe: its module under `probes/` (imported only when a spec needs it) and the spec section
     whose presence calls for it. Each resource row names the probes its planner reads."""
 
@@ -51,7 +52,7 @@ PROBE_NAMES = tuple(p.name for p in PROBES)
 _BY_NAME = {p.name: p for p in PROBES}
 
 
-class Observed(NamedTuple):
+class Observed(Record):
     """What the probes saw. None where the spec has no such section (so nothing was probed)."""
 
     gpu: GpuInventory | Unavailable | ProbeFailure | None

@@ -6,14 +6,16 @@ Pure data, built by `reconcile.plan.planner`, rendered by `reconcile.plan.render
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
+
+from reconcile.record import Record
 
 Kind = Literal["+", "~", "-", "±"]
 KIND_WORDS: Mapping[str, str] = {"+": "add", "~": "change", "-": "remove", "±": "restart"}
 Severity = Literal["error", "warning", "info"]
 
 
-class FieldDiff(NamedTuple):
+class FieldDiff(Record):
     """One field of a resource: `old -> new` (None on a side means absent)."""
 
     field: str
@@ -21,7 +23,7 @@ class FieldDiff(NamedTuple):
     new: Any
 
 
-class Change(NamedTuple):
+class Change(Record):
     """One resource that is not as the spec says, and what apply will do about it."""
 
     resource: str  # "apt", "cuda.home", "venv", "model.files", "model.config", "api_key", "server"
@@ -42,14 +44,14 @@ class Change(NamedTuple):
         return self.actionable or self.via is not None
 
 
-class Ok(NamedTuple):
+class Ok(Record):
     """A resource that already matches the spec, with what was seen."""
 
     resource: str
     summary: str
 
 
-class Finding(NamedTuple):
+class Finding(Record):
     """A preflight rule's verdict: what it looked at, and the fix."""
 
     rule: str
@@ -59,7 +61,7 @@ class Finding(NamedTuple):
     evidence: Mapping[str, Any] = MappingProxyType({})
 
 
-class ActionResult(NamedTuple):
+class ActionResult(Record):
     """What an action did. `changed` is False only with the reason nothing was needed."""
 
     changed: bool
@@ -69,7 +71,7 @@ class ActionResult(NamedTuple):
 Item = Ok | Change
 
 
-class Plan(NamedTuple):
+class Plan(Record):
     """Desired vs observed for one spec: items in dependency order, preflight findings, facts seen."""
 
     spec_path: str

@@ -6,9 +6,10 @@ Imported by each rule module and by `reconcile.preflight.gather`, which runs the
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 from reconcile.plan.records import Finding, Severity
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.engine.attention import Build
@@ -18,7 +19,7 @@ else:  # stand-ins: a record's annotations are evaluated when its class is made,
     ArgValue = Build = Server = Spec = object
 
 
-class GpuFact(NamedTuple):
+class GpuFact(Record):
     index: int  # type: ignore[assignment]  # shadows tuple.index(), which records never use
     name: str
     compute_capability: str  # "12.0"
@@ -26,14 +27,14 @@ class GpuFact(NamedTuple):
     free_bytes: int
 
 
-class GpuProcess(NamedTuple):
+class GpuProcess(Record):
     pid: int
     gpu_index: int
     used_bytes: int
     name: str
 
 
-class WeightsFact(NamedTuple):
+class WeightsFact(Record):
     """The weights' size while the model dir has none: a safetensors index or the hub's listing."""
 
     total: int
@@ -41,12 +42,12 @@ class WeightsFact(NamedTuple):
     source: str  # "model.safetensors.index.json in /src", "the hub's listing of R@abc123456789"
 
 
-class PortHolder(NamedTuple):
+class PortHolder(Record):
     pid: int | None
     name: str
 
 
-class PreflightInputs(NamedTuple):
+class PreflightInputs(Record):
     """The facts the rules need, as plain values (the planner fills them from the probes)."""
 
     vllm_version: str | None = None
@@ -79,7 +80,7 @@ class PreflightInputs(NamedTuple):
     api_key_configured: bool = False
 
 
-class RuleContext(NamedTuple):
+class RuleContext(Record):
     spec: Spec
     server: Server
     inputs: PreflightInputs

@@ -47,7 +47,7 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 def _spell(value: Any, records: bool = True) -> Any:
     """`value` as marshal data that tells every type apart: equal bytes only for equal values of the
     same types (1, 1.0 and True differ; so do a tuple and a list, a dict and a mapping proxy).
-    `records`: NamedTuples (by class) and the spec's models (by field) are spelled too."""
+    `records`: records (by class) and the spec's models (by field) are spelled too."""
     kind = type(value)
     if kind in _SCALARS:
         return value

@@ -7,7 +7,7 @@ The table itself: reconcile.preflight.memory_table.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.engine import memory
 from reconcile.engine.kvspec import MAMBA
@@ -16,9 +16,10 @@ from reconcile.engine.shape import ShapeError
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, capability, finding, model_config, served_len
 from reconcile.preflight.memory_table import memory_table
+from reconcile.record import Record
 
 
-class Sizing(NamedTuple):
+class Sizing(Record):
     e: memory.MemoryEstimate
     weights: str  # where the weights' size came from: "files", an index, the hub, or "estimate: ..."
     length: str  # how max-model-len was set: "max-model-len", "unset: the derived length", "auto"

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import NamedTuple, TextIO
+from typing import TextIO
 
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Finding
+from reconcile.record import Record
 
 # Rules whose verdict is about the machine that runs them, not about the spec.
 MACHINE_RULES = frozenset(
@@ -35,7 +36,7 @@ MACHINE_RULES = frozenset(
 )
 
 
-class SpecVerdict(NamedTuple):
+class SpecVerdict(Record):
     path: str
     error: str | None  # the spec does not load: its one-line FILE:LINE message
     findings: tuple[Finding, ...]

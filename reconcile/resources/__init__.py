@@ -6,8 +6,9 @@ read this table; nothing else knows the list of resources. Adding one: docs/arch
 """
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+from reconcile.record import Record
 from reconcile.resources import api_key, apt, cuda, gpu, model, server, venv
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ Action = Callable[["LoadedSpec", "Change", Callable[[str], None]], "ActionResult
 Revise = Callable[["Item", "Spec", "Observed", list[str]], "Item"]
 
 
-class Resource(NamedTuple):
+class Resource(Record):
     """One row: `depends_on(spec)` is what must be true before its action runs (a failure there
     blocks it); `identity_input` marks what the server's launch identity covers, so that a pending
     change to it restarts the server; `revise` sees those pending changes after the whole plan."""

@@ -5,9 +5,10 @@ holding one needs no pydantic at import time.
 """
 
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ReconcileError
+from reconcile.record import Record
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -16,7 +17,7 @@ else:  # stand-ins: a record's annotations are evaluated when its class is made,
     Spec = object
 
 
-class LoadedSpec(NamedTuple):
+class LoadedSpec(Record):
     spec: Spec  # a pydantic Spec, or its plain read-only twin from the spec cache (spec_view)
     path: str  # as the user gave it
     text: str  # the main file's own text

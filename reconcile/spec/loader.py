@@ -9,12 +9,13 @@ import json
 import os
 import re
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from reconcile.digest import sha256_hex
 from reconcile.errors import SpecError
+from reconcile.record import Record
 from reconcile.safety.names import control_char
 from reconcile.spec.errors import describe, schema_text, show, unwrap
 from reconcile.spec.lines import Part, dotted, syntax_error
@@ -41,7 +42,7 @@ _FREE_TEXT = (("machine", "description"), ("health", "smoke_prompt"), ("model", 
 CONTROL_ALLOWED = "(text without control characters: no newline, tab or escape code)"
 
 
-class _File(NamedTuple):
+class _File(Record):
     display: str
     abspath: str
     text: str

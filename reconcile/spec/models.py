@@ -7,7 +7,7 @@ look at) and the actions. Every field's description is its documentation (`recon
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from reconcile.record import Record
 from reconcile.spec.values import (
     DURATION_PATTERN,
     DURATIONS,
@@ -43,7 +44,7 @@ from reconcile.spec.values import (
 )
 
 
-class Expect(NamedTuple):
+class Expect(Record):
     """What a value must be, in words; read by the loader's error messages and `reconcile schema`."""
 
     noun: str  # "a port": completes "X is not ..."

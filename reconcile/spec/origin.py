@@ -4,12 +4,12 @@ Called by the planner (the plan's header and notes) and the executor (each gener
 """
 
 import os
-from typing import NamedTuple
 
 from reconcile.host import run
+from reconcile.record import Record
 
 
-class GitInfo(NamedTuple):
+class GitInfo(Record):
     commit: str | None
     dirty: bool | None  # None: not in a git work tree
 

@@ -12,10 +12,11 @@ import os
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
+from reconcile.record import Record
 from reconcile.spec.pins import FORMAT, floating_model, floating_packages, lock_path, read_lock
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def resolve_model(model: Model) -> str:
         raise ReconcileError(f"{model.repo}@{model.revision}: {type(exc).__name__}: {exc}") from None
 
 
-class LockResult(NamedTuple):
+class LockResult(Record):
     path: str
     changed: bool  # the lock file was written (absent before, or some pin moved)
     lines: tuple[str, ...]  # one per pin: what floats -> what it is now

@@ -8,16 +8,17 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
+from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 
 PAUSE_FILE = "paused.json"
 
 
-class Pause(NamedTuple):
+class Pause(Record):
     reason: str
     user: str
     pid: int

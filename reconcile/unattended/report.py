@@ -15,9 +15,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from reconcile.host import atomic_write, move_aside
+from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
@@ -31,7 +32,7 @@ LAST_RUN = "last-run.json"
 FORMAT = "reconcile-last-run/1"
 
 
-class RunFacts(NamedTuple):
+class RunFacts(Record):
     """One plan or apply as the reports see it; `error` is set when it ended in a ReconcileError."""
 
     command: str  # plan | apply

@@ -13,10 +13,11 @@ import os
 import re
 import socket
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
+from reconcile.record import Record
 from reconcile.safety.sensitive import is_secret_name
 
 VENV_GLOBS = (
@@ -48,7 +49,7 @@ _ENV_KEPT = (
 HELPERS = ("ninja", "huggingface_hub", "flashinfer-python")
 
 
-class FoundServer(NamedTuple):
+class FoundServer(Record):
     """A running `vllm serve` as /proc shows it. Never holds the key: --api-key is dropped."""
 
     pid: int
@@ -62,7 +63,7 @@ class FoundServer(NamedTuple):
     log: str | None
 
 
-class MachineFacts(NamedTuple):
+class MachineFacts(Record):
     hostname: str
     gpu: Any  # probes.gpu: GpuInventory | Unavailable | ProbeFailure
     cuda_home: Any  # probes.cuda.CudaHome
