@@ -5,12 +5,13 @@ Used by actions.server and actions.systemd_unit to start it, and by the planner 
 to know the identity a launch would have without starting anything.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
@@ -19,7 +20,10 @@ from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from actions.supervising import ProgressFn
     from reconcile.spec.models import ArgValue, Server, Spec
 
@@ -51,7 +55,7 @@ class LaunchCommand(Record):
         return f"LaunchCommand(argv={self.argv!r}, identity={self.identity!r}, env=(sensitive))"
 
 
-def render_args(args: "Mapping[str, ArgValue]") -> list[str]:
+def render_args(args: Mapping[str, ArgValue]) -> list[str]:
     """`args` as vLLM flags, sorted by name: true -> --x, false -> --no-x, dict -> JSON, list -> values."""
     out: list[str] = []
     for name in sorted(args):
@@ -81,7 +85,7 @@ def _scalar(value: object) -> str:
     return str(value)
 
 
-def executable(spec: "Spec") -> str:
+def executable(spec: Spec) -> str:
     server = _server(spec)
     if server.executable:
         return server.executable
@@ -89,7 +93,7 @@ def executable(spec: "Spec") -> str:
     return f"{spec.venv.path.rstrip('/')}/bin/vllm"
 
 
-def build_argv(spec: "Spec") -> list[str]:
+def build_argv(spec: Spec) -> list[str]:
     """[vllm, serve, MODEL, --host H, --port P, (--served-model-name N), ...args]; never --api-key."""
     server = _server(spec)
     twice = sorted(a for a in server.args if a in _DEDICATED)
@@ -105,7 +109,7 @@ def build_argv(spec: "Spec") -> list[str]:
     return argv + render_args(server.args)
 
 
-def read_api_key(spec: "Spec", *, required: bool = True) -> str | None:
+def read_api_key(spec: Spec, *, required: bool = True) -> str | None:
     """The key from [api_key] file, stripped; None without [api_key] (or its file, when not required)."""
     if spec.api_key is None:
         return None
@@ -130,7 +134,7 @@ def read_api_key(spec: "Spec", *, required: bool = True) -> str | None:
     return key
 
 
-def read_secret_files(server: "Server", *, required: bool = True) -> dict[str, str]:
+def read_secret_files(server: Server, *, required: bool = True) -> dict[str, str]:
     """`[server] secret_files`: each variable's value read from its file (stripped) at this launch.
 
     A missing or unreadable file is an ActionError naming it (`required`), else left out (the
@@ -151,7 +155,7 @@ def read_secret_files(server: "Server", *, required: bool = True) -> dict[str, s
     return values
 
 
-def read_config_json(spec: "Spec") -> bytes | None:
+def read_config_json(spec: Spec) -> bytes | None:
     """The model's config.json as vLLM will read it (None when there is none)."""
     if spec.model is None:
         return None
@@ -163,7 +167,7 @@ def read_config_json(spec: "Spec") -> bytes | None:
 
 
 def launch_command(
-    spec: "Spec",
+    spec: Spec,
     inputs: LaunchInputs,
     *,
     base_env: Mapping[str, str] | None = None,
@@ -204,12 +208,12 @@ def launch_command(
     return LaunchCommand(tuple(argv), env, identity, secret)
 
 
-def desired_identity(spec: "Spec", inputs: LaunchInputs) -> Identity:
+def desired_identity(spec: Spec, inputs: LaunchInputs) -> Identity:
     """The identity a launch would have now (for the planner; a missing key file is not an error)."""
     return launch_command(spec, inputs, key_required=False).identity
 
 
-def connect_host(spec: "Spec") -> str:
+def connect_host(spec: Spec) -> str:
     """Where to reach the server from this machine: a wildcard bind is reached on loopback."""
     host = _server(spec).host
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
@@ -263,7 +267,7 @@ def wait_ready(
     log_path: str,
     log_offset: int,
     mask: Collection[str] = (),
-    progress: "ProgressFn | None" = None,
+    progress: ProgressFn | None = None,
     poll: float = 0.25,
 ) -> ReadinessFailure | None:
     """Poll GET /health until 200 (None), the process exits, or `timeout` passes (a failure report)."""
@@ -294,7 +298,7 @@ def wait_ready(
     return ReadinessFailure(reason, log_path, tuple(lines[-40:]), diagnoses(lines))
 
 
-def read_record(spec: "Spec") -> dict[str, Any]:
+def read_record(spec: Spec) -> dict[str, Any]:
     """The server's record: identity components, log offset of the last start, start history."""
     try:
         with open(state_file_path(spec), encoding="utf-8") as f:
@@ -304,7 +308,7 @@ def read_record(spec: "Spec") -> dict[str, Any]:
         return {}
 
 
-def write_record(spec: "Spec", record: Mapping[str, Any]) -> None:
+def write_record(spec: Spec, record: Mapping[str, Any]) -> None:
     """The record, 0600 in the 0700 state dir: it names our launches, which is what membership trusts."""
     path = state_file_path(spec)
     private_dir(os.path.dirname(path))
@@ -326,7 +330,7 @@ def private_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def reset_crash_loop(spec: "Spec") -> ActionResult:
+def reset_crash_loop(spec: Spec) -> ActionResult:
     """Forget failed starts (`reconcile apply --reset-crash-loop`)."""
     record = read_record(spec)
     failed = [h for h in record.get("history", []) if h.get("outcome") == "failed"]
@@ -337,7 +341,7 @@ def reset_crash_loop(spec: "Spec") -> ActionResult:
     return ActionResult(True, f"forgot {len(failed)} failed start(s)")
 
 
-def crash_loop_hold(spec: "Spec", record: Mapping[str, Any], now: float | None = None) -> str | None:
+def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> str | None:
     """The crash-loop guard's verdict in words when it refuses starts now (None: it allows them)."""
     guard = _server(spec).crash_loop
     now = time.time() if now is None else now
@@ -356,13 +360,13 @@ def crash_loop_hold(spec: "Spec", record: Mapping[str, Any], now: float | None =
     )
 
 
-def refuse_crash_loop(spec: "Spec", record: Mapping[str, Any], now: float | None = None) -> None:
+def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> None:
     hold = crash_loop_hold(spec, record, now)
     if hold is not None:
         raise ActionError(f"{hold}. Fix the cause, then run `reconcile apply --reset-crash-loop`")
 
 
-def _server(spec: "Spec") -> "Server":
+def _server(spec: Spec) -> Server:
     if spec.server is None:
         raise ActionError("the spec has no [server] section")
     return spec.server

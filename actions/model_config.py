@@ -6,16 +6,21 @@ replaces. There is no delete: TOML has no null, so a key leaves the patch by bei
 the backed-up original value comes back. (A Python caller's None is written as JSON null, like any value.)
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 CONFIG = "config.json"
 BACKUP = "config.json.bak"

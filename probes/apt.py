@@ -5,32 +5,37 @@ Called by reconcile.plan.prober. Reads /etc/apt/sources.list, sources.list.d/*.l
 and sources.list.d/*.sources (deb822); never changes anything.
 """
 
+from __future__ import annotations
+
 import contextlib
 import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
 
 from probes import dpkg_status
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Literal
+
+    PackageState = Literal[
+        "installed",
+        "absent",
+        "config-files",
+        "half-installed",
+        "unpacked",
+        "half-configured",
+        "triggers-awaited",
+        "triggers-pending",
+    ]
+
     from reconcile.spec.models import Spec
 
-PackageState = Literal[
-    "installed",
-    "absent",
-    "config-files",
-    "half-installed",
-    "unpacked",
-    "half-configured",
-    "triggers-awaited",
-    "triggers-pending",
-]
 # dpkg's package status -> ours ("not-installed" is dpkg remembering a package that is not there).
 _DPKG_STATES: Mapping[str, PackageState] = {
     "installed": "installed",
@@ -92,7 +97,7 @@ class AptObservation(Record):
     unknown: tuple[str, ...] | None = None
 
 
-def probe(spec: "Spec") -> AptObservation | Unavailable | ProbeFailure | None:
+def probe(spec: Spec) -> AptObservation | Unavailable | ProbeFailure | None:
     if spec.apt is None:
         return None
     names = [p.partition("=")[0] for p in spec.apt.packages]

@@ -3,19 +3,23 @@
 Called by reconcile.plan.prober; only `os.lstat` touches the file, so the secret is never read.
 """
 
+from __future__ import annotations
+
 import grp
 import os
 import pwd
 import stat
-from typing import TYPE_CHECKING, Literal
 
 from probes.common import Absent
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
-    from reconcile.spec.models import Spec
+    from typing import Literal
 
-FileKind = Literal["file", "symlink", "directory", "other"]
+    FileKind = Literal["file", "symlink", "directory", "other"]
+
+    from reconcile.spec.models import Spec
 
 
 class FileFacts(Record):
@@ -33,7 +37,7 @@ class FileFacts(Record):
         return self.size > 0
 
 
-def probe(spec: "Spec") -> FileFacts | Absent | None:
+def probe(spec: Spec) -> FileFacts | Absent | None:
     if spec.api_key is None:
         return None
     return read_file_facts(spec.api_key.file)

@@ -5,17 +5,20 @@ is read from its file for the requests, never kept in a result, and sent only on
 the port is found to be a member of the deployment (reconcile.ownership.sockets.key_holder_check).
 """
 
+from __future__ import annotations
+
 import json
 import time
-from typing import TYPE_CHECKING, Any, Literal
 
 from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any, Literal
 
     from reconcile.spec.models import Spec
 
@@ -59,7 +62,7 @@ class CheckResult(Record):
     seconds: float
 
 
-def _target(spec: "Spec") -> tuple[str, int]:
+def _target(spec: Spec) -> tuple[str, int]:
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")
@@ -67,7 +70,7 @@ def _target(spec: "Spec") -> tuple[str, int]:
     return host, server.port
 
 
-def _headers(spec: "Spec") -> dict[str, str]:
+def _headers(spec: Spec) -> dict[str, str]:
     if spec.api_key is None:
         return {}
     try:
@@ -78,7 +81,7 @@ def _headers(spec: "Spec") -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _guard(spec: "Spec") -> "Callable[[], None]":
+def _guard(spec: Spec) -> Callable[[], None]:
     """Run after the connect, before the keyed request is sent: refuses unless the port's listeners are
     all the deployment's own processes (a local user listening there would otherwise get the key)."""
     from reconcile.ownership.membership import scope_of
@@ -96,7 +99,7 @@ def _json(resp: HttpResponse) -> Any:
         return None
 
 
-def probe(spec: "Spec") -> HealthObservation:
+def probe(spec: Spec) -> HealthObservation:
     host, port = _target(spec)
     url, timeout = f"http://{host}:{port}", spec.health.timeout
     try:
@@ -164,7 +167,7 @@ def answer(status: int, body: bytes, limit: int = 300) -> str:
     return f"HTTP {status}: {shown or '(empty body)'}"
 
 
-def _chat(spec: "Spec", body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
+def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
     host, port = _target(spec)
     keyed = _headers(spec)
     resp = http_request(
@@ -188,7 +191,7 @@ def _message(data: Any) -> dict[str, Any]:
         return {}
 
 
-def chat_check(spec: "Spec", *, timeout: float | None = None) -> CheckResult:
+def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     """One chat completion; its reasoning text when a reasoning parser is set; a forced tool call when
     the server enables auto tool choice."""
     server = spec.server
@@ -245,7 +248,7 @@ def chat_check(spec: "Spec", *, timeout: float | None = None) -> CheckResult:
     return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
 
 
-def _tool_step(spec: "Spec", model: str, timeout: float, max_tokens: int = 256) -> CheckStep:
+def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) -> CheckStep:
     status, data, raw = _chat(
         spec,
         {

@@ -4,17 +4,21 @@ Called by reconcile.plan.prober. The download record `.reconcile-model.json` is 
 actions/model.py ({"repo", "revision", "commit", "files": {name: size}}); this only reads it.
 """
 
+from __future__ import annotations
+
 import json
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid
 from reconcile.record import Record
 from reconcile.safety.names import name_problem
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.models import Spec
 
 RECORD_NAME = ".reconcile-model.json"
@@ -52,7 +56,7 @@ class ModelObservation(Record):
         return tuple(name for name, present in self.required.items() if not present)
 
 
-def probe(spec: "Spec") -> ModelObservation | Absent | Invalid | None:
+def probe(spec: Spec) -> ModelObservation | Absent | Invalid | None:
     if spec.model is None:
         return None
     return read_model_dir(spec.model.dir, spec.model.required_files)

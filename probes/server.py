@@ -5,11 +5,12 @@ Called by reconcile.plan.prober. It reads /proc directly: one environ read per p
 (about 1-2 ms for 100 processes), and psutil's import alone would be 18 ms.
 """
 
+from __future__ import annotations
+
 import json
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
 
 from probes.common import Absent, Invalid
 from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, state_file_path
@@ -27,10 +28,13 @@ from reconcile.ownership.membership import (
 from reconcile.ownership.sockets import listeners, one_line
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
-    from reconcile.spec.models import Spec
+    from typing import Literal
 
-Role = Literal["server", "member", "stray"]
+    Role = Literal["server", "member", "stray"]
+
+    from reconcile.spec.models import Spec
 
 
 class DeploymentProcess(Record):
@@ -171,7 +175,7 @@ def _listener(port: int, scope: Scope, ours: set[int]) -> PortListener:
     return PortListener(port, state, x.pid, x.comm if x.pid is not None else None, user, x.cmdline)
 
 
-def _ownership(spec: "Spec", scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:
+def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:
     launched = getattr(record, "ownership", None)
     if launched:  # the last launch could not make or enter its cgroup: its reason
         return Ownership("fallback", None, launched)
@@ -201,7 +205,7 @@ def _record(path: str) -> ServerRecord | Absent | Invalid:
         return Invalid(path, f"not a server record: {exc}", raw.decode(errors="replace")[:2000])
 
 
-def probe(spec: "Spec") -> ServerObservation:
+def probe(spec: Spec) -> ServerObservation:
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")

@@ -4,15 +4,17 @@ Called by reconcile.plan.prober. Distributions come from one scan of site-packag
 `*.dist-info/METADATA` header (no `pip list`: starting the venv's interpreter costs seconds).
 """
 
+from __future__ import annotations
+
 import os
 import re
 import stat
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from probes.common import Absent, Invalid
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
@@ -63,7 +65,7 @@ class VenvObservation(Record):
         return self.version_of("vllm")
 
 
-def probe(spec: "Spec") -> VenvObservation | Absent | Invalid | None:
+def probe(spec: Spec) -> VenvObservation | Absent | Invalid | None:
     if spec.venv is None:
         return None
     return read_venv(spec.venv.path)

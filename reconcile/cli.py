@@ -1,18 +1,28 @@
 """The `reconcile` command line. Parses arguments, calls the core, maps outcomes to exit codes.
 
-argparse (stdlib) rather than click/typer: it adds nothing to start-up time, and only the invoked
-command's parser is built. Every user-facing error, a usage error included, is one line, exit 1.
+argparse (stdlib) rather than click/typer, and only the invoked command's parser is built. A plain
+`reconcile plan` line (plan's own options, each spelled in full) is read by `quick_args` from the same
+option table without argparse at all: its import, gettext's locale lookup and the parser cost ~5 ms,
+a fifteenth of a warm plan that runs every few minutes (issue 18). Every user-facing error, a usage
+error included, is one line, exit 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 from reconcile import __version__
 from reconcile.errors import ReconcileError
+from reconcile.record import Record
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    import argparse
+
+    Builder = Callable[[argparse.ArgumentParser], None]
 
 EXIT_DOC = """exit codes (Puppet's --detailed-exitcodes):
   0    plan: converged · apply: nothing to do (or paused, with --scheduled) · status: all ok
@@ -25,64 +35,53 @@ EXIT_DOC = """exit codes (Puppet's --detailed-exitcodes):
 
 run `reconcile COMMAND --help` for a command's options and examples"""
 
-Builder = Callable[[argparse.ArgumentParser], None]
+
+class Option(Record):
+    """A `--name` option as data: with a metavar it takes a value (default None), without one it is a
+    flag (store_true, default False). argparse is given these, and `quick_args` reads the same."""
+
+    flag: str
+    metavar: str | None
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    def add_to(self, p: argparse.ArgumentParser) -> None:
+        if self.metavar is None:
+            p.add_argument(self.flag, action="store_true", help=self.help)
+        else:
+            p.add_argument(self.flag, metavar=self.metavar, help=self.help)
 
 
-def _columns() -> int:
-    """shutil.get_terminal_size().columns, without importing shutil (with bz2 and lzma: ~3-5 ms,
-    which argparse's formatter pays on every run to validate each argument)."""
-    try:
-        columns = int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        columns = 0
-    if columns <= 0:
-        try:
-            stdout = sys.__stdout__  # None without one: 80, as shutil falls back
-            columns = os.get_terminal_size(stdout.fileno()).columns if stdout is not None else 0
-        except (AttributeError, ValueError, OSError):
-            columns = 0
-        columns = columns or 80
-    return columns
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's RawDescriptionHelpFormatter at the width it would pick itself (columns - 2)."""
-
-    def __init__(
-        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
-    ) -> None:
-        super().__init__(
-            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
-        )
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a usage error, which reconcile's exit codes (and a unit's
-    SuccessExitStatus=2) read as "changed": a usage error is an error, exit 1."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        hint = ""
-        if "unrecognized arguments" in message and ".toml" in message:
-            hint = " (the spec is given with --spec PATH)"
-        self.exit(1, f"{self.prog}: error: {message}{hint}\n")
+SPEC = Option("--spec", "PATH", "spec file (default: specs/<hostname>.toml)")
+SCHEDULED = Option(
+    "--scheduled",
+    None,
+    "run from the timer: honour `reconcile pause` (apply only plans while paused); never asks",
+)
+TEXTFILE = Option(
+    "--textfile", "PATH", "also write Prometheus metrics here (node_exporter's textfile collector, *.prom)"
+)
+PLAN_OPTIONS = (
+    SPEC,
+    Option("--json", None, "print the plan as JSON (format reconcile-plan/2)"),
+    Option("--out", "FILE", "also save the plan for `reconcile apply FILE`"),
+    Option("--quiet", None, "one line when converged"),
+    SCHEDULED,
+    TEXTFILE,
+)
+QUICK = {"plan": PLAN_OPTIONS}  # commands whose options are all Options: `quick_args` may read them
 
 
 def _spec(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", metavar="PATH", help="spec file (default: specs/<hostname>.toml)")
+    SPEC.add_to(p)
 
 
 def _unattended(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--scheduled",
-        action="store_true",
-        help="run from the timer: honour `reconcile pause` (apply only plans while paused); never asks",
-    )
-    p.add_argument(
-        "--textfile",
-        metavar="PATH",
-        help="also write Prometheus metrics here (node_exporter's textfile collector, *.prom)",
-    )
+    SCHEDULED.add_to(p)
+    TEXTFILE.add_to(p)
 
 
 def _approve(p: argparse.ArgumentParser) -> None:
@@ -95,11 +94,8 @@ def _approve(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(p: argparse.ArgumentParser) -> None:
-    _spec(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (format reconcile-plan/2)")
-    p.add_argument("--out", metavar="FILE", help="also save the plan for `reconcile apply FILE`")
-    p.add_argument("--quiet", action="store_true", help="one line when converged")
-    _unattended(p)
+    for option in PLAN_OPTIONS:
+        option.add_to(p)
 
 
 def _apply(p: argparse.ArgumentParser) -> None:
@@ -295,8 +291,42 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
+def quick_args(words: Sequence[str]) -> SimpleNamespace | None:
+    """What argparse would make of `words` when they are a QUICK command and only its Options, each
+    spelled in full (`--spec PATH` or `--spec=PATH`; a repeated one: the last), read without argparse.
+    None for any other line (help, an abbreviation, a value that starts with "-", a word it does not
+    know): argparse parses that, and says what is wrong. tests/test_cli.py holds the two to the same
+    answer."""
+    if not words or words[0] not in QUICK:
+        return None
+    options = {option.flag: option for option in QUICK[words[0]]}
+    values: dict[str, object] = {o.dest: (False if o.metavar is None else None) for o in options.values()}
+    at = 1
+    while at < len(words):
+        flag, equals, value = words[at].partition("=")
+        option = options.get(flag)
+        if option is None:
+            return None
+        if option.metavar is None:
+            if equals:
+                return None  # argparse: "ignored explicit argument"
+            values[option.dest] = True
+        else:
+            if not equals:
+                at += 1
+                if at == len(words) or words[at].startswith("-"):
+                    return None
+                value = words[at]
+            values[option.dest] = value
+        at += 1
+    return SimpleNamespace(command=words[0], **values)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `command`, only that subcommand gets its arguments (the others are listed)."""
+    from reconcile.argparsing import Formatter as _Formatter
+    from reconcile.argparsing import Parser as _Parser
+
     parser = _Parser(
         prog="reconcile",
         description="Keep a vLLM GPU machine in the state its TOML spec describes.",
@@ -320,17 +350,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    command = _command_of(words)
-    parser = build_parser(command)
+def parse(words: Sequence[str]) -> argparse.Namespace | SimpleNamespace | int:
+    """The arguments, or the exit code when there is nothing to run (help, version, a usage error)."""
+    quick = quick_args(words)
+    if quick is not None:
+        return quick
+    parser = build_parser(_command_of(words))
     try:
         args = parser.parse_args(words)
-    except SystemExit as exc:  # --help and --version exit 0; usage errors exit 1 (see _Parser)
+    except SystemExit as exc:  # --help and --version exit 0; usage errors exit 1 (see argparsing.Parser)
         return int(exc.code or 0)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 1
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    if isinstance(args, int):
+        return args
     try:
         from reconcile import commands
         from reconcile.safety.filesafety import STATE_UMASK

@@ -5,18 +5,24 @@ Called only by `reconcile.cli`; kept apart so that `reconcile --help` imports no
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
 import time
-from typing import Any
+from types import SimpleNamespace
 
 from reconcile.errors import ReconcileError
 from reconcile.spec.loaded import LoadedSpec
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
 
-def _load(args: argparse.Namespace) -> LoadedSpec:
+    Args = argparse.Namespace | SimpleNamespace  # argparse's, or reconcile.cli.quick_args's (no argparse)
+
+
+def _load(args: Args) -> LoadedSpec:
     from reconcile.spec.cache import load
     from reconcile.spec.loaded import find_spec
     from reconcile.spec.pins import apply_lock_pins
@@ -43,7 +49,7 @@ def _held(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
     return held, notes
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(args: Args) -> int:
     from reconcile.plan.planner import make_plan
     from reconcile.plan.render import render_json, render_text, summary_line
 
@@ -74,7 +80,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return plan.exit_code
 
 
-def cmd_apply(args: argparse.Namespace) -> int:
+def cmd_apply(args: Args) -> int:
     from reconcile.apply.executor import apply_plan_file
     from reconcile.apply.progress import showing
     from reconcile.apply.switching import apply
@@ -120,7 +126,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     _print_report(report, as_json=args.json, quiet=args.quiet)
     if loaded is None:  # a plan file names its spec
         with contextlib.suppress(ReconcileError, OSError):
-            loaded = _load(argparse.Namespace(spec=report.spec_path))
+            loaded = _load(SimpleNamespace(spec=report.spec_path))
     _report(
         args,
         "apply",
@@ -150,7 +156,7 @@ def _print_report(report: Any, *, as_json: bool, quiet: bool) -> None:
     sys.stdout.write(paint_report(text.getvalue()))
 
 
-def _approved(args: argparse.Namespace, loaded: LoadedSpec, title: str) -> dict[str, Any] | None:
+def _approved(args: Args, loaded: LoadedSpec, title: str) -> dict[str, Any] | None:
     """On a terminal (and without --auto-approve): the plan shown and a `yes`, or NotApproved."""
     from reconcile.apply.approval import approve, wants_question
 
@@ -158,14 +164,14 @@ def _approved(args: argparse.Namespace, loaded: LoadedSpec, title: str) -> dict[
 
 
 def _report_failure(
-    args: argparse.Namespace, command: str, started: float, loaded: LoadedSpec | None, exc: ReconcileError
+    args: Args, command: str, started: float, loaded: LoadedSpec | None, exc: ReconcileError
 ) -> None:
     with contextlib.suppress(ReconcileError, OSError):
         _report(args, command, started, 1, loaded, error=str(exc))
 
 
 def _report(
-    args: argparse.Namespace,
+    args: Args,
     command: str,
     started: float,
     exit_code: int,
@@ -195,7 +201,7 @@ def _report(
         print(f"reconcile: warning: could not write the run report: {exc}", file=sys.stderr)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_status(args: Args) -> int:
     from reconcile.plan.status import render_status, status_of
 
     loaded, held = _held(_load(args))
@@ -204,25 +210,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def cmd_check(args: Args) -> int:
     from reconcile.plan.status import run_check
 
     return run_check(_held(_load(args))[0], sys.stdout)
 
 
-def cmd_history(args: argparse.Namespace) -> int:
+def cmd_history(args: Args) -> int:
     from reconcile.apply.history import render_history
 
     return render_history(_state_dir(args), sys.stdout)
 
 
-def cmd_diff(args: argparse.Namespace) -> int:
+def cmd_diff(args: Args) -> int:
     from reconcile.apply.history import render_diff
 
     return render_diff(_state_dir(args), args.a, args.b, sys.stdout)
 
 
-def cmd_rollback(args: argparse.Namespace) -> int:
+def cmd_rollback(args: Args) -> int:
     from reconcile.apply.progress import showing
     from reconcile.apply.switching import rollback
 
@@ -240,7 +246,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
+def cmd_gc(args: Args) -> int:
     from reconcile.apply.gc import collect
     from reconcile.apply.realizing import store_of
     from reconcile.apply.state import apply_lock
@@ -261,7 +267,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
+def cmd_schema(args: Args) -> int:
     if getattr(args, "json", False):
         import json
 
@@ -276,7 +282,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_timer(args: argparse.Namespace) -> int:
+def cmd_timer(args: Args) -> int:
     from reconcile.unattended import timer as scheduling
 
     if args.timer_command == "remove":
@@ -315,7 +321,7 @@ def cmd_timer(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_pause(args: argparse.Namespace) -> int:
+def cmd_pause(args: Args) -> int:
     from reconcile.spec.values import parse_duration
     from reconcile.unattended.pause import pause
 
@@ -333,7 +339,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0
 
 
-def _state_dir(args: argparse.Namespace) -> str:
+def _state_dir(args: Args) -> str:
     """The spec's state_dir, without the lock: a damaged lock must not keep a person from pausing."""
     from reconcile.spec.cache import load
     from reconcile.spec.loader import find_spec
@@ -341,7 +347,7 @@ def _state_dir(args: argparse.Namespace) -> str:
     return load(find_spec(args.spec)).spec.machine.state_dir
 
 
-def cmd_resume(args: argparse.Namespace) -> int:
+def cmd_resume(args: Args) -> int:
     from reconcile.apply.profile import release_hold
     from reconcile.unattended.pause import resume
 
@@ -354,7 +360,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_init(args: argparse.Namespace) -> int:
+def cmd_init(args: Args) -> int:
     from reconcile.unattended.draft import render_spec
     from reconcile.unattended.survey import default_path, probe_machine, write_spec
 
@@ -378,7 +384,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_lock(args: argparse.Namespace) -> int:
+def cmd_lock(args: Args) -> int:
     from reconcile.spec.cache import load
     from reconcile.spec.loader import find_spec
     from reconcile.unattended.lockfile import make_lock
@@ -392,7 +398,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 2 if result.changed else 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
+def cmd_validate(args: Args) -> int:
     from reconcile.preflight.offline import render, validate_dir
 
     return render(validate_dir(args.directory), sys.stdout, strict=args.strict)

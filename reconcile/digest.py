@@ -7,7 +7,10 @@ and costs ~0.3 ms. Large inputs (downloaded weights) keep using hashlib, which i
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 try:  # no typeshed stubs for these private modules: typed here by use
     from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,unused-ignore]

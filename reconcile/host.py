@@ -4,14 +4,16 @@ Probes and actions call these instead of `subprocess`/`http.client` directly, so
 we run is bounded by a timeout and every write is atomic. Tests run them for real.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     import _socket
 
@@ -222,7 +224,7 @@ def http_request(
     return HttpResponse(int(parts[1]), rest, found)
 
 
-def _connect(host: str | bytes, port: int, timeout: float) -> "_socket.socket":
+def _connect(host: str | bytes, port: int, timeout: float) -> _socket.socket:
     """socket.create_connection, on the C module itself: socket.py (with selectors, array and its
     enums) costs ~3-4 ms to import. Each address in turn; the last one's error when none connects."""
     import _socket

@@ -4,15 +4,17 @@ Pure. actions.server stamps the digest into the server's environment (with the d
 and records the components; the planner compares them and explain_change() words the reason.
 """
 
+from __future__ import annotations
+
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from reconcile.digest import sha256_hex
 from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
@@ -220,7 +222,7 @@ _DETAIL = {
 }
 
 
-def deployment_id(spec: "Spec") -> str:
+def deployment_id(spec: Spec) -> str:
     """The marker's value: the server's name and the state dir, so two specs on one machine that
     use the same server name never take each other's processes for their own."""
     if spec.server is None:
@@ -232,14 +234,14 @@ def marker_value(name: str, state_dir: str) -> str:
     return f"{name}@{state_dir.rstrip('/') or '/'}"
 
 
-def pidfile_path(spec: "Spec") -> str:
+def pidfile_path(spec: Spec) -> str:
     """Where the server's pid is kept: [server] pidfile, else <state_dir>/<name>.pid."""
     if spec.server is None:
         raise ValueError("the spec has no [server]")
     return spec.server.pidfile or f"{spec.machine.state_dir.rstrip('/')}/{spec.server.name}.pid"
 
 
-def state_file_path(spec: "Spec") -> str:
+def state_file_path(spec: Spec) -> str:
     """The server's record (identity components, start history): <state_dir>/server-<name>.json."""
     if spec.server is None:
         raise ValueError("the spec has no [server]")

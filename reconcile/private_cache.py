@@ -13,7 +13,10 @@ import contextlib
 import marshal
 import os
 import stat
-from typing import Any
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 _MAX_BYTES = 64 << 20  # an entry larger than this is not one we wrote
 

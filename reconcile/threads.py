@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Generic, TypeVar
+
+    T = TypeVar("T")
+
+    class _Generic(Generic[T]):
+        """Background[T] to a type checker."""
+
+else:
+
+    class _Generic:
+        """At run time Background[T] is Background: no typing.Generic (nor typing) to import."""
+
+        def __class_getitem__(cls, item: object) -> type:
+            return cls
+
+    T = None
 
 
-class Background(Generic[T]):
+class Background(_Generic[T]):
     """`fn()` started in a thread now; `result()` waits for it and returns (or raises) what it did."""
 
     def __init__(self, fn: Callable[[], T], name: str | None = None) -> None:

@@ -78,3 +78,103 @@ def test_only_the_invoked_command_gets_its_arguments() -> None:
 def test_version_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("reconcile ")
+
+
+# quick_args: a plain `reconcile plan` line read without argparse, to argparse's answer or not at all.
+_PLAN_WORDS = [
+    "--spec",
+    "--json",
+    "--out",
+    "--quiet",
+    "--scheduled",
+    "--textfile",
+    "x.toml",
+    "",
+    "-",
+    "-x",
+    "--",
+    "--spec=",
+    "--spec=a=b",
+    "--json=1",
+    "--sp",
+    "--js",
+    "-h",
+    "--help",
+    "--version",
+    "plan",
+    "a b",
+    "-1",
+]
+
+
+def _argparse_answer(words: list[str]) -> dict[str, object] | None:
+    from reconcile.cli import _command_of, build_parser
+
+    try:
+        return vars(build_parser(_command_of(words)).parse_args(words))
+    except SystemExit:
+        return None
+
+
+def _check_quick(words: list[str]) -> bool:
+    from reconcile.cli import quick_args
+
+    quick = quick_args(words)
+    if quick is None:
+        return False
+    assert vars(quick) == _argparse_answer(words), words
+    return True
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["plan"],
+        ["plan", "--spec", "specs/a.toml"],
+        ["plan", "--spec=specs/a.toml", "--json"],
+        ["plan", "--quiet", "--spec", "a.toml", "--scheduled", "--textfile", "/var/lib/x.prom"],
+        ["plan", "--json", "--json", "--spec", "a", "--spec", "b"],  # repeated: the last value
+        ["plan", "--out", "plan.json", "--spec", ""],
+        ["plan", "--spec=--json"],
+        ["plan", "--spec=a=b=c"],
+    ],
+)
+def test_a_plain_plan_line_is_read_as_argparse_reads_it(words: list[str]) -> None:
+    assert _check_quick(words)
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["plan", "--sp", "a.toml"],  # an abbreviation: argparse takes it, quick_args leaves it
+        ["plan", "--spec"],
+        ["plan", "--spec", "-x"],
+        ["plan", "--json=yes"],
+        ["plan", "-h"],
+        ["plan", "x.toml"],
+        ["plan", "--", "--spec", "a"],
+        ["--spec", "a", "plan"],
+        ["apply", "--spec", "a"],
+        [],
+    ],
+)
+def test_any_other_line_is_left_to_argparse(words: list[str]) -> None:
+    assert not _check_quick(words)
+
+
+def test_quick_args_agrees_with_argparse_on_random_lines() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.sampled_from(_PLAN_WORDS) | st.text(max_size=6), max_size=6))
+    def agree(tail: list[str]) -> None:
+        _check_quick(["plan", *tail])
+
+    agree()
+
+
+def test_usage_errors_of_a_plan_line_still_come_from_argparse() -> None:
+    run = _cli("plan", "--spec")
+    assert run.returncode == 1
+    assert "argument --spec: expected one argument" in run.stderr and run.stderr.startswith("usage:")

@@ -5,7 +5,6 @@ that moved between the question and the lock).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any, TextIO
@@ -16,8 +15,9 @@ from reconcile.spec.loaded import LoadedSpec
 QUESTION = "Do you want to perform these actions? Only 'yes' will be accepted to approve."
 
 
-def wants_question(args: argparse.Namespace, stdin: TextIO | None = None) -> bool:
-    """Ask only a person: stdin a terminal, and neither --auto-approve, --scheduled nor --json.
+def wants_question(args: object, stdin: TextIO | None = None) -> bool:
+    """Ask only a person: stdin a terminal, and neither --auto-approve, --scheduled nor --json (`args`:
+    the parsed command line, argparse's or quick_args's).
     Without a terminal nobody can answer; apply proceeds as the unattended tool it is (README)."""
     if (
         getattr(args, "auto_approve", False)

@@ -5,17 +5,22 @@ holds each record's sha256, the current generation and the hold, and a record th
 it is refused. Written and read by reconcile.apply.switching and the history/diff/rollback commands.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 import time
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 PROFILE = "profile"
 INDEX = "index.json"

@@ -6,13 +6,18 @@ backend's phase 1 (AttentionBackend.get_preferred_block_size). What the build ho
 `scan_build`: file existence in the venv, no import. Used by engine.memory.estimate and the oracle.
 """
 
+from __future__ import annotations
+
 __all__ = ["STOCK_BUILD", "Backend", "Build", "mla_backend", "scan_build"]
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from reconcile.record import Record
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 # CacheConfig.DEFAULT_BLOCK_SIZE: every non-MLA CUDA backend takes it (FLASH_ATTN, TRITON_ATTN and
 # FLEX_ATTENTION MultipleOf(16), FLASHINFER [16, 32, 64, ...]), so only MLA moves the block size.

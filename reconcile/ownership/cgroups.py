@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import TYPE_CHECKING
 
 from reconcile.digest import sha256_hex
 from reconcile.identity import deployment_id
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

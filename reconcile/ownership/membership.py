@@ -5,17 +5,21 @@ Used by probes.server and probes.health (who is ours, who listens) and actions.s
 signal); reconcile.ownership.cgroups says where the cgroup is, actions.cgroups makes and removes it.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
 
 from reconcile.identity import MARKER, deployment_id, state_file_path
 from reconcile.ownership.cgroups import cgroup_procs, deployment_cgroup
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Literal
+
     from reconcile.spec.models import Spec
 
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
@@ -145,7 +149,7 @@ def _marked(raw: bytes | None, name: str) -> bool:
     return raw is not None and f"\0{MARKER}={name}\0".encode() in b"\0" + raw
 
 
-def scope_of(spec: "Spec") -> Scope:
+def scope_of(spec: Spec) -> Scope:
     """The deployment's scope: its cgroup (when one exists that only root can fill) and what the server
     record (<state_dir>/server-<name>.json) says our launches were."""
     launches: tuple[ProcId, ...] = ()

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 PLAN_FORMAT = "reconcile-plan-json/1"
 APPLY_FORMAT = "reconcile-apply-json/1"

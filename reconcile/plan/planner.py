@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import _socket  # gethostname itself: socket.py costs ~3-4 ms to import
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ReconcileError
 from reconcile.plan.prober import Observed, probe_all, probe_some
@@ -16,7 +15,10 @@ from reconcile.plan.records import Change, Item, Plan
 from reconcile.resources import BY_NAME, TABLE, Resource
 from reconcile.spec.loaded import LoadedSpec
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.models import Spec
 
 
@@ -82,7 +84,7 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
     )
 
 
-class _ObservedData(Mapping[str, Any]):
+class _ObservedData(Mapping[str, object]):  # values: JSON data (Any to the readers)
     """The probes' results as JSON-able data, each converted when first read: a text plan reads none
     (a 500-package venv's conversion was ~6 ms of every plan). Keys in Observed's order."""
 

@@ -5,15 +5,19 @@ module is imported only when a spec needs it. A probe that raises becomes its Pr
 it never hides the other probes' results.
 """
 
-import importlib
+from __future__ import annotations
+
+import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
 from reconcile.record import Record
 from reconcile.threads import run_all
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from probes.apt import AptObservation
     from probes.cuda import CudaToolkit
     from probes.files import FileFacts
@@ -21,9 +25,6 @@ if TYPE_CHECKING:
     from probes.model import ModelObservation
     from probes.venv import VenvObservation
     from reconcile.spec.models import Spec
-else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
-    # costs a compile() (the first ~1.5 ms); the real class would import a probe the spec may not need
-    AptObservation = CudaToolkit = FileFacts = GpuInventory = ModelObservation = VenvObservation = object
 
 ProbeFn = Callable[["Spec"], object]
 
@@ -72,18 +73,20 @@ class Observed(Record):
 
 def default_probe(name: str) -> ProbeFn:
     """The probe function of `name`, from its module (imported now, the first time it is needed)."""
-    fn: ProbeFn = importlib.import_module(_BY_NAME[name].module).probe
+    module = _BY_NAME[name].module
+    __import__(module)  # importlib.import_module's work, without importing importlib (and warnings)
+    fn: ProbeFn = sys.modules[module].probe
     return fn
 
 
-def wanted(spec: "Spec", name: str) -> bool:
+def wanted(spec: Spec, name: str) -> bool:
     """Whether the spec has the section this probe looks at."""
     if name not in _BY_NAME:
         raise ValueError(f"unknown probe {name!r} (known: {', '.join(PROBE_NAMES)})")
     return getattr(spec, _BY_NAME[name].section) is not None
 
 
-def run_guarded(name: str, fn: ProbeFn, spec: "Spec") -> object:
+def run_guarded(name: str, fn: ProbeFn, spec: Spec) -> object:
     """Run one probe; an exception becomes a ProbeFailure naming the probe, with the traceback as raw."""
     try:
         return fn(spec)
@@ -93,7 +96,7 @@ def run_guarded(name: str, fn: ProbeFn, spec: "Spec") -> object:
         return ProbeFailure(f"{name} probe crashed: {type(exc).__name__}: {exc}", raw=traceback.format_exc())
 
 
-def _call(name: str, fn: ProbeFn, spec: "Spec") -> Callable[[], object]:
+def _call(name: str, fn: ProbeFn, spec: Spec) -> Callable[[], object]:
     return lambda: run_guarded(name, fn, spec)
 
 
@@ -105,7 +108,7 @@ def _resolve(names: list[str], probes: Mapping[str, ProbeFn] | None) -> dict[str
     return {n: given[n] if n in given else default_probe(n) for n in names}
 
 
-def _run(spec: "Spec", names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
+def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
     results: dict[str, object] = dict.fromkeys(PROBE_NAMES)
     table = _resolve(names, probes)
     if len(names) == 1:
@@ -115,14 +118,14 @@ def _run(spec: "Spec", names: list[str], probes: Mapping[str, ProbeFn] | None) -
     return Observed(**results)  # type: ignore[arg-type]
 
 
-def probe_one(spec: "Spec", name: str, probes: Mapping[str, ProbeFn] | None = None) -> object:
+def probe_one(spec: Spec, name: str, probes: Mapping[str, ProbeFn] | None = None) -> object:
     """Re-probe one resource's probe alone; None when the spec has no section for it."""
     if not wanted(spec, name):
         return None
     return run_guarded(name, _resolve([name], probes)[name], spec)
 
 
-def probe_all(spec: "Spec", probes: Mapping[str, ProbeFn] | None = None) -> Observed:
+def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observed:
     """Run every probe the spec calls for at once, in threads; returns when the slowest is done.
 
     `probes` replaces some of the default probe functions by name (tests inject slow or failing ones).
@@ -130,6 +133,6 @@ def probe_all(spec: "Spec", probes: Mapping[str, ProbeFn] | None = None) -> Obse
     return _run(spec, [n for n in PROBE_NAMES if wanted(spec, n)], probes)
 
 
-def probe_some(spec: "Spec", names: tuple[str, ...]) -> Observed:
+def probe_some(spec: Spec, names: tuple[str, ...]) -> Observed:
     """Run only `names` (concurrently); every other probe's field is None."""
     return _run(spec, [n for n in names if wanted(spec, n)], None)

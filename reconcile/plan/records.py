@@ -4,15 +4,21 @@ Pure data, built by `reconcile.plan.planner`, rendered by `reconcile.plan.render
 `reconcile.apply.executor`. Everything here is JSON-serialisable and holds no secrets.
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
 
 from reconcile.record import Record
 
-Kind = Literal["+", "~", "-", "±"]
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    Kind = Literal["+", "~", "-", "±"]
+    Severity = Literal["error", "warning", "info"]
+
 KIND_WORDS: Mapping[str, str] = {"+": "add", "~": "change", "-": "remove", "±": "restart"}
-Severity = Literal["error", "warning", "info"]
 
 
 class FieldDiff(Record):

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, TextIO
 
 from reconcile.plan.jsondata import PLAN_FORMAT, head, jsonable, resource_entry
 from reconcile.plan.records import Change, Finding, Ok, Plan
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 _SYMBOL_COLOUR = {"✓": "32", "+": "32", "~": "33", "-": "31", "±": "35", "!": "31", "✗": "31", "⚠": "33"}
 _WIDTH = 16

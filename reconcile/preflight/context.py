@@ -4,19 +4,21 @@
 Imported by each rule module and by `reconcile.preflight.gather`, which runs them; it imports no rule.
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
 
-from reconcile.plan.records import Finding, Severity
+from reconcile.plan.records import Finding
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any, Literal
+
     from reconcile.engine.attention import Build
+    from reconcile.plan.records import Severity
     from reconcile.spec.models import ArgValue, Server, Spec
-else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
-    # costs a compile() (the first ~1.5 ms); the real class would import pydantic or the engine
-    ArgValue = Build = Server = Spec = object
 
 
 class GpuFact(Record):
@@ -113,7 +115,7 @@ def finding(rule: str, severity: Severity, message: str, fix: str = "", /, **evi
     return Finding(rule=rule, severity=severity, message=message, fix=fix, evidence=evidence)
 
 
-def context(spec: "Spec", server: "Server", inputs: PreflightInputs) -> RuleContext:
+def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
     from reconcile.engine.flags import canonical  # the engine only when rules run (gather's memo)
 
     args: dict[str, ArgValue] = {}
@@ -174,11 +176,11 @@ def _number(value: object, default: float) -> float:
         return default
 
 
-def _pin(spec: "Spec") -> str:
+def _pin(spec: Spec) -> str:
     return spec.venv.packages.get("vllm", "") if spec.venv else ""
 
 
-def _pin_is_exact(spec: "Spec") -> bool:
+def _pin_is_exact(spec: Spec) -> bool:
     return _pin(spec).strip().startswith("==")
 
 

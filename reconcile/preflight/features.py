@@ -14,8 +14,12 @@ from functools import cache
 from typing import Any
 
 from reconcile.engine.flags import release
-from reconcile.plan.records import Finding, Severity
+from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from reconcile.plan.records import Severity
 
 _DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 _PATH = os.path.join(_DATA, "vllm_features.json")

@@ -10,7 +10,6 @@ import json
 import os
 from collections.abc import Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
 
 from probes.common import Absent, Unavailable
 from reconcile.ownership.sockets import one_line
@@ -18,7 +17,10 @@ from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from probes.venv import VenvObservation
     from reconcile.spec.models import Spec
 

@@ -7,8 +7,12 @@ Part of `reconcile.preflight`; same context, same Findings. Ids and failures: do
 from __future__ import annotations
 
 from reconcile.engine import limits
-from reconcile.plan.records import Finding, Severity
+from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config, requested_len
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from reconcile.plan.records import Severity
 
 
 def _max_model_len(c: RuleContext) -> list[Finding]:

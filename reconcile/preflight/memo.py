@@ -20,12 +20,14 @@ import sys
 import zlib
 from collections.abc import Callable
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
 
 from reconcile import __version__, private_cache
 from reconcile.plan.records import Finding
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.preflight.context import PreflightInputs
     from reconcile.spec.models import Spec
 

@@ -5,11 +5,11 @@ every spec, so `plan` names the path and `apply` refuses before it touches anyth
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from reconcile.plan.records import Finding
 from reconcile.safety.filesafety import FIX, owners, parent_problem
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 from fnmatch import fnmatch
 
 from reconcile.engine.memory import GiB
-from reconcile.plan.records import Finding, Severity
+from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from reconcile.plan.records import Severity
 
 
 def _in_model_dir(c: RuleContext, path: str) -> str | None:

@@ -10,8 +10,12 @@ import os
 
 from reconcile.engine.toolchain import compute_arch, cuda_suffix, header_package, min_cuda_for
 from reconcile.engine.versions import numbers
-from reconcile.plan.records import Finding, Severity
+from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from reconcile.plan.records import Severity
 
 # The toolkit to move to when the present one is too old: vLLM 0.26's wheels are built for CUDA 13.0.
 RECOMMENDED = "13.0"

@@ -5,20 +5,19 @@ action. The prober, the planner, the executor's ordering and the re-plans around
 read this table; nothing else knows the list of resources. Adding one: docs/architecture.md.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from reconcile.record import Record
 from reconcile.resources import api_key, apt, cuda, gpu, model, server, venv
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.plan.records import ActionResult, Change, Item
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
-else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
-    # costs a compile() (the first ~1.5 ms); the real class would import pydantic
-    Spec = object
 
 Planner = Callable[["Spec", "Observed"], "Item | None"]
 Action = Callable[["LoadedSpec", "Change", Callable[[str], None]], "ActionResult"]
@@ -39,15 +38,15 @@ class Resource(Record):
     revise: Revise | None = None
 
 
-def _always(*names: str) -> "Callable[[Spec], tuple[str, ...]]":
+def _always(*names: str) -> Callable[[Spec], tuple[str, ...]]:
     return lambda spec: names
 
 
-def _apt_deps(spec: "Spec") -> tuple[str, ...]:
+def _apt_deps(spec: Spec) -> tuple[str, ...]:
     return ("apt.repositories",) if spec.apt is not None and spec.apt.repositories else ()
 
 
-def _cuda_home_deps(spec: "Spec") -> tuple[str, ...]:
+def _cuda_home_deps(spec: Spec) -> tuple[str, ...]:
     return ("apt",) if spec.apt is not None else ()
 
 

@@ -5,12 +5,11 @@ A row of reconcile.resources; probe: probes.files; action: actions.files.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from probes.common import Absent, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.spec.loaded import LoadedSpec

@@ -5,14 +5,14 @@ Rows of reconcile.resources; probe: probes.cuda; action: actions.cuda.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from reconcile.engine.versions import numbers
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Kind, Ok
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
+    from reconcile.plan.records import Kind
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
 

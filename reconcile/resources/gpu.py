@@ -5,12 +5,11 @@ A row of reconcile.resources; probe: probes.gpu.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from probes.common import ProbeFailure, Unavailable
 from reconcile.engine.versions import numbers
 from reconcile.plan.records import Change, FieldDiff, Item, Ok
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.spec.models import Spec

@@ -5,13 +5,14 @@ Rows of reconcile.resources; probe: probes.model; actions: actions.model, action
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from probes.common import Invalid, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed, giB
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.plan.prober import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec

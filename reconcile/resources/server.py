@@ -7,11 +7,10 @@ launch identity a start would have is computed here from the same probes the pla
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from probes.common import ProbeFailure, Unavailable
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from collections.abc import Callable
 

@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING
 
 from probes.common import Absent, Invalid, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Kind, Ok
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
     from probes.venv import VenvObservation
     from reconcile.plan.prober import Observed
+    from reconcile.plan.records import Kind
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec, Venv
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
 
 from reconcile.digest import sha256_hex
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 SENSITIVE = "(sensitive)"
 # A word of the name (split at anything not a letter or digit): HF_TOKEN, AWS_SECRET_ACCESS_KEY,

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-Entry = Mapping[str, Any]  # {"size", "mtime_ns", "ino", "ctime_ns", "sha256"}
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
+
+    Entry = Mapping[str, Any]  # {"size", "mtime_ns", "ino", "ctime_ns", "sha256"}
 
 
 def selected(name: str, patterns: Iterable[str]) -> bool:

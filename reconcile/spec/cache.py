@@ -59,7 +59,8 @@ def _key(text: str) -> tuple[int, str]:
 def _read_text(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8-sig")
+            # utf-8-sig's decoding (a leading BOM dropped), without importing its codec (~0.3 ms)
+            return f.read().removeprefix(b"\xef\xbb\xbf").decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 

@@ -4,17 +4,18 @@ Built by reconcile.spec.loader (or reconcile.spec.cache); kept apart from reconc
 holding one needs no pydantic at import time.
 """
 
+from __future__ import annotations
+
 import os
-from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ReconcileError
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.models import Spec
-else:  # stand-ins: a record's annotations are evaluated when its class is made, and a quoted one
-    # costs a compile() (the first ~1.5 ms); the real class would import pydantic
-    Spec = object
 
 
 class LoadedSpec(Record):

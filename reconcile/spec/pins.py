@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any
 
 from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
 

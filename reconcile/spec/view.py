@@ -8,7 +8,10 @@ plus model_copy()/model_dump(); anything that must validate loads the real Spec 
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 _VIEW = "view"  # tag of an encoded model: (_VIEW, {field: value}); TOML and pydantic never give tuples
 

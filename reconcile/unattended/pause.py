@@ -4,16 +4,21 @@ Written by the CLI; read by the executor (a `--scheduled` apply only plans while
 planner (a note) and the reports. It says who paused (user, pid, tty or ssh client), when and why.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 PAUSE_FILE = "paused.json"
 
