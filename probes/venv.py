@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 def normalize(name: str) -> str:
     """PEP 503 name normalisation: "Flash_Attn.X" -> "flash-attn-x"."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    low = name.lower()
+    if "_" not in low and "." not in low and "--" not in low:
+        return low  # nothing for the rule to collapse: most names (a 500-package venv reads 500)
+    return re.sub(r"[-_.]+", "-", low)
 
 
 class Distribution(Record):
@@ -159,7 +162,7 @@ def scan_site_packages(
     headers = _Headers(site)
     for entry in entries:
         if entry.name.endswith((".dist-info", ".egg-info")):
-            meta = os.path.join(entry.path, "METADATA" if entry.name.endswith(".dist-info") else "PKG-INFO")
+            meta = entry.path + ("/METADATA" if entry.name.endswith(".dist-info") else "/PKG-INFO")
             found = headers.read(meta)
             if found is None:
                 continue  # a flat .egg-info file or an unfinished install: nothing to read yet

@@ -77,19 +77,48 @@ def test_sections_missing_from_the_spec_are_none_and_not_probed() -> None:
     assert observed == probing.Observed(None, None, None, None, None, None, None, None)
 
 
-def test_probes_run_at_once_so_the_slowest_sets_the_time(machine: dict[str, Path]) -> None:
+def test_probes_that_wait_run_at_once_beside_the_others(machine: dict[str, Path]) -> None:
+    """gpu, cuda and health wait on the driver, nvcc and a socket: each in a thread, at once, while
+    the file-reading probes run one after another in the caller's thread."""
+    server = {"name": "nemotron", "log": str(machine["model"] / "log"), "executable": "/bin/true"}
     probes = {
         "gpu": slow(Unavailable("no GPU"), 0.5),
+        "cuda": slow("cuda-observation", 0.5),
+        "health": slow("health-observation", 0.5),
         "venv": slow(Absent("/opt/vllm-venv"), 0.5),
-        "model": slow(Absent("/models"), 0.5),
     }
     started = time.monotonic()
-    observed = probing.probe_all(spec_for(machine), probes=probes)
+    observed = probing.probe_all(spec_for(machine, server=server), probes=probes)
     elapsed = time.monotonic() - started
-    assert elapsed < 1.0, f"three 0.5 s probes took {elapsed:.2f} s: they did not run concurrently"
-    assert observed.gpu == Unavailable("no GPU")
-    assert observed.model == Absent("/models")
+    assert elapsed < 1.0, f"four 0.5 s probes took {elapsed:.2f} s: the waiting ones did not overlap"
+    assert observed.gpu == Unavailable("no GPU") and observed.cuda == "cuda-observation"
+    assert observed.health == "health-observation" and observed.venv == Absent("/opt/vllm-venv")
     assert isinstance(observed.api_key, files.FileFacts)
+
+
+def test_file_reading_probes_run_in_the_callers_thread(machine: dict[str, Path]) -> None:
+    import threading
+
+    seen: dict[str, str] = {}
+
+    def where(name: str) -> probing.ProbeFn:
+        def probe(spec: object) -> str:
+            seen[name] = threading.current_thread().name
+            return name
+
+        return probe
+
+    server = {"name": "nemotron", "log": str(machine["model"] / "log"), "executable": "/bin/true"}
+    names = ("gpu", "cuda", "apt", "venv", "model", "api_key", "server", "health")
+    observed = probing.probe_all(
+        spec_for(machine, server=server), probes={name: where(name) for name in names}
+    )
+    assert observed.venv == "venv" and observed.health == "health"
+    here = threading.current_thread().name
+    assert seen == {
+        **dict.fromkeys(("venv", "model", "api_key", "server"), here),
+        **{n: f"probe-{n}" for n in ("gpu", "cuda", "health")},
+    }
 
 
 def test_server_and_health_run_when_the_spec_has_a_server(machine: dict[str, Path]) -> None:

@@ -257,3 +257,21 @@ def test_site_dirs_are_what_glob_lists(tmp_path: Path) -> None:
         want = sorted(glob.glob(os.path.join(glob.escape(str(path)), "lib", "python3.*", "site-packages")))
         assert list(venv._site_dirs(str(path))) == want
     assert len(venv._site_dirs(str(tmp_path))) == 6
+
+
+def test_normalize_is_pep_503_on_any_name() -> None:
+    """normalize's shortcut (a name with nothing to collapse) gives what the PEP 503 rule gives."""
+    import re
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from probes.venv import normalize
+
+    @settings(max_examples=2000, deadline=None)
+    @given(st.text(alphabet="aZ9-_.İ", max_size=12) | st.text(max_size=8))
+    def same(name: str) -> None:
+        assert normalize(name) == re.sub(r"[-_.]+", "-", name).lower()
+
+    same()
+    assert normalize("Flash_Attn.X") == "flash-attn-x" and normalize("a--b") == "a-b"

@@ -1,7 +1,7 @@
-"""Runs the probes a spec calls for, concurrently, and gathers their results into one `Observed`.
+"""Runs the probes a spec calls for and gathers their results into one `Observed`.
 
 Called by the planner (`probe_all`) and by the executor's re-probes around each action (`probe_some`).
-module is imported only when a spec needs it. A probe that raises becomes its ProbeFailure;
+A probe's module is imported only when a spec needs it. A probe that raises becomes its ProbeFailure;
 it never hides the other probes' results.
 """
 
@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
 from reconcile.record import Record
-from reconcile.threads import run_all
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -31,22 +30,28 @@ ProbeFn = Callable[["Spec"], object]
 
 class Probe(Record):
     """A probe: its module under `probes/` (imported only when a spec needs it) and the spec section
-    whose presence calls for it. Each resource row names the probes its planner reads."""
+    whose presence calls for it. Each resource row names the probes its planner reads.
+
+    `waits`: it spends its time waiting on something outside this process (the driver, a child
+    process, a socket), so it runs in a thread of its own while the others run one after another in
+    the caller's. The others are Python reading local files, which threads only slow down: they take
+    turns on the interpreter's lock (a warm 500-package plan was ~3 ms slower with each in a thread)."""
 
     name: str
     module: str
     section: str
+    waits: bool = False
 
 
 PROBES: tuple[Probe, ...] = (
-    Probe("gpu", "probes.gpu", "gpu"),
-    Probe("cuda", "probes.cuda", "cuda"),
+    Probe("gpu", "probes.gpu", "gpu", waits=True),  # NVML's calls into the driver
+    Probe("cuda", "probes.cuda", "cuda", waits=True),  # nvcc, when its answers are not remembered
     Probe("apt", "probes.apt", "apt"),
     Probe("venv", "probes.venv", "venv"),
     Probe("model", "probes.model", "model"),
     Probe("api_key", "probes.files", "api_key"),
     Probe("server", "probes.server", "server"),
-    Probe("health", "probes.health", "server"),  # checks the server's endpoint
+    Probe("health", "probes.health", "server", waits=True),  # HTTP to the server's endpoint
 )
 
 PROBE_NAMES = tuple(p.name for p in PROBES)
@@ -111,10 +116,19 @@ def _resolve(names: list[str], probes: Mapping[str, ProbeFn] | None) -> dict[str
 def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
     results: dict[str, object] = dict.fromkeys(PROBE_NAMES)
     table = _resolve(names, probes)
-    if len(names) == 1:
-        results[names[0]] = run_guarded(names[0], table[names[0]], spec)
-    elif names:
-        results.update(run_all({n: _call(n, table[n], spec) for n in names}, "probe"))
+    waiting = [n for n in names if _BY_NAME[n].waits]
+    here = [n for n in names if not _BY_NAME[n].waits]
+    if waiting and not here:
+        here.append(waiting.pop())  # this thread would only wait: it runs one of them itself
+    jobs = {}
+    if waiting:
+        from reconcile.threads import Background
+
+        jobs = {n: Background(_call(n, table[n], spec), f"probe-{n}") for n in waiting}
+    for name in here:
+        results[name] = run_guarded(name, table[name], spec)
+    for name, job in jobs.items():
+        results[name] = job.result()
     return Observed(**results)  # type: ignore[arg-type]
 
 
@@ -126,7 +140,8 @@ def probe_one(spec: Spec, name: str, probes: Mapping[str, ProbeFn] | None = None
 
 
 def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observed:
-    """Run every probe the spec calls for at once, in threads; returns when the slowest is done.
+    """Run every probe the spec calls for: those that wait (Probe.waits) in threads, all at once, while
+    this thread runs the others; returns when the slowest is done.
 
     `probes` replaces some of the default probe functions by name (tests inject slow or failing ones).
     """
@@ -134,5 +149,5 @@ def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observ
 
 
 def probe_some(spec: Spec, names: tuple[str, ...]) -> Observed:
-    """Run only `names` (concurrently); every other probe's field is None."""
+    """Run only `names` (as probe_all runs them); every other probe's field is None."""
     return _run(spec, [n for n in names if wanted(spec, n)], None)
