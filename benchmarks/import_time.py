@@ -5,9 +5,10 @@ Two checks, each from one run of the CLI's entry point (reconcile.cli:main, as t
 calls it) from a directory outside the checkout, reading sys.modules when it exits:
   * `--help`, `plan --help` and `--version` import nothing of HEAVY;
   * a warm, converged `reconcile plan --spec PATH` (default: the CPU demo, applied) imports only
-    modules named in benchmarks/import_allowlist.txt, the interpreter's own start-up modules
-    (`python -c pass`) aside. A new module fails the check, by name; `--update` rewrites the list
-    from this run (do that only for an import that a converged plan truly needs).
+    modules named in benchmarks/import_allowlist.txt, and the timer's no-op `reconcile apply
+    --scheduled --spec PATH` only those of benchmarks/import_allowlist_apply.txt, the interpreter's
+    own start-up modules (`python -c pass`) aside. A new module fails the check, by name; `--update`
+    rewrites both lists from this run (do that only for an import that the run truly needs).
 Without --check it also times each command, interleaved with the floor (`python -c pass`).
 --python: the interpreter to run (default: the non-editable install in benchmarks/.venvs/reconcile).
 """
@@ -26,6 +27,7 @@ from benchenv import DEMO_SPEC, HERE, clean_env, machine, reconcile_venv
 from interleave import Case, floor_case, interleave, loadavg, table
 
 ALLOWLIST = HERE / "import_allowlist.txt"
+APPLY_ALLOWLIST = HERE / "import_allowlist_apply.txt"
 ENTRY = "import sys; from reconcile.cli import main; sys.exit(main(sys.argv[1:]))"  # the console script
 # Never for --help: the spec models, the TOML parser, the probes' and actions' third-party libraries.
 HEAVY = (
@@ -97,41 +99,42 @@ def _comments(path: Path) -> dict[str, str]:
     return out
 
 
-def write_allowlist(path: Path, modules: set[str], spec: Path) -> None:
+def write_allowlist(path: Path, modules: set[str], spec: Path, what: str) -> None:
     notes = _comments(path)
     head = (
-        "# Modules a warm, converged `reconcile plan` may import (beyond `python -c pass`'s own).\n"
-        "# benchmarks/import_time.py fails when a plan imports one that is not here. Written by\n"
+        f"# Modules {what} may import (beyond `python -c pass`'s own).\n"
+        "# benchmarks/import_time.py fails when it imports one that is not here. Written by\n"
         f"# `python3 benchmarks/import_time.py --update` ({spec.name}, {time.strftime('%Y-%m-%d')}):\n"
-        "# add a module only when a converged plan truly needs it.\n"
+        "# add a module only when that run truly needs it.\n"
     )
     lines = (f"{m}  # {notes[m]}" if m in notes else m for m in sorted(modules))
     path.write_text(head + "".join(f"{line}\n" for line in lines))
 
 
-def check(python: str, spec: Path, allowlist: Path, update: bool, env: dict[str, str], cwd: str) -> int:
-    """Priming runs, then one run of a warm plan reading sys.modules: exit 1 on a module not allowed."""
-    argv = ["plan", "--spec", str(spec)]
+def check(
+    python: str, argv: list[str], what: str, allowlist: Path, update: bool, env: dict[str, str], cwd: str
+) -> int:
+    """Priming runs, then one run of `argv` reading sys.modules: exit 1 on a module not allowed."""
     # Two priming runs: right after a checkout the first `git status` refreshes the index, which the
     # spec's git cache waits out before it keeps an answer.
     for _ in range(2):
         subprocess.run([python, "-c", ENTRY, *argv], env=env, cwd=cwd, capture_output=True, check=False)
-    plan = loaded(python, argv, env, cwd) - loaded(python, [], env, cwd)
+    run = loaded(python, argv, env, cwd) - loaded(python, [], env, cwd)
     if update:
-        write_allowlist(allowlist, plan, spec)
-        print(f"import_time: wrote {len(plan)} modules to {allowlist}")
+        write_allowlist(allowlist, run, Path(argv[-1]), what)
+        print(f"import_time: wrote {len(run)} modules to {allowlist}")
         return 0
-    new = sorted(plan - read_allowlist(allowlist))
+    new = sorted(run - read_allowlist(allowlist))
     if new:
         print(
-            f"import_time: a warm, converged `reconcile plan --spec {spec}` now imports {len(new)} module(s) "
+            f"import_time: {what} (`reconcile {' '.join(argv)}`) now imports {len(new)} module(s) "
             f"that {allowlist.name} does not allow: {', '.join(new)}. Import them lazily (only where "
-            f"they are used), or, if a converged plan truly needs them, run `python3 "
+            f"they are used), or, if it truly needs them, run `python3 "
             f"benchmarks/import_time.py --update` and commit the list.",
             file=sys.stderr,
         )
         return 1
-    print(f"import_time: the warm plan imports {len(plan)} modules, all in {allowlist.name}")
+    print(f"import_time: {what} imports {len(run)} modules, all in {allowlist.name}")
     return 0
 
 
@@ -141,6 +144,7 @@ def main() -> int:
     parser.add_argument("--spec", type=Path, default=DEMO_SPEC, help="a converged spec (default: the demo)")
     parser.add_argument("--python", help="interpreter with reconcile installed (default: the benchmark venv)")
     parser.add_argument("--allowlist", type=Path, default=ALLOWLIST)
+    parser.add_argument("--apply-allowlist", type=Path, default=APPLY_ALLOWLIST)
     parser.add_argument("--check", action="store_true", help="only the import checks: no timing")
     parser.add_argument("--update", action="store_true", help="rewrite the allow-list from this run")
     args = parser.parse_args()
@@ -160,7 +164,18 @@ def main() -> int:
                 f"import_time: --help / --version import heavy modules: {', '.join(sorted(heavy))}",
                 file=sys.stderr,
             )
-        code = check(python, spec, args.allowlist, args.update, env, cwd)
+        plan = ["plan", "--spec", str(spec)]
+        code = check(python, plan, "a warm, converged plan", args.allowlist, args.update, env, cwd)
+        apply = ["apply", "--scheduled", "--spec", str(spec)]
+        what = "the timer's no-op apply"
+        planned = subprocess.run([python, "-c", ENTRY, *plan], env=env, cwd=cwd, capture_output=True)
+        if planned.returncode != 0:  # an apply would change the machine: not what is measured here
+            print(
+                f"import_time: {spec} is not converged (plan exited {planned.returncode}): apply not checked"
+            )
+            code |= 1
+        else:
+            code |= check(python, apply, what, args.apply_allowlist, args.update, env, cwd)
         if not args.check:
             timing(python, spec, env, cwd, args.rounds)
     return 1 if heavy or code else 0

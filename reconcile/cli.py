@@ -1,10 +1,10 @@
 """The `reconcile` command line. Parses arguments, calls the core, maps outcomes to exit codes.
 
 argparse (stdlib) rather than click/typer, and only the invoked command's parser is built. A plain
-`reconcile plan` line (plan's own options, each spelled in full) is read by `quick_args` from the same
-option table without argparse at all: its import, gettext's locale lookup and the parser cost ~5 ms,
-a fifteenth of a warm plan that runs every few minutes (issue 18). Every user-facing error, a usage
-error included, is one line, exit 1.
+`reconcile plan` or `reconcile apply` line (the command's own options, each spelled in full: what the
+timer and people type) is read by `quick_args` from the same option tables without argparse at all:
+its import, gettext's locale lookup and the parser cost ~5 ms, a fifteenth of a warm plan that runs
+every few minutes (issue 18). Every user-facing error, a usage error included, is one line, exit 1.
 """
 
 from __future__ import annotations
@@ -37,12 +37,15 @@ run `reconcile COMMAND --help` for a command's options and examples"""
 
 
 class Option(Record):
-    """A `--name` option as data: with a metavar it takes a value (default None), without one it is a
-    flag (store_true, default False). argparse is given these, and `quick_args` reads the same."""
+    """A `--name` option as data: with a metavar it takes a value (`default` when absent; a float when
+    `number`, as argparse's type=float), without one it is a flag (store_true, default False).
+    argparse is given these, and `quick_args` reads the same."""
 
     flag: str
     metavar: str | None
-    help: str
+    help: str | None
+    number: bool = False
+    default: object = None
 
     @property
     def dest(self) -> str:
@@ -51,8 +54,10 @@ class Option(Record):
     def add_to(self, p: argparse.ArgumentParser) -> None:
         if self.metavar is None:
             p.add_argument(self.flag, action="store_true", help=self.help)
+        elif self.number:
+            p.add_argument(self.flag, type=float, default=self.default, metavar=self.metavar, help=self.help)
         else:
-            p.add_argument(self.flag, metavar=self.metavar, help=self.help)
+            p.add_argument(self.flag, metavar=self.metavar, help=self.help, default=self.default)
 
 
 SPEC = Option("--spec", "PATH", "spec file (default: specs/<hostname>.toml)")
@@ -72,7 +77,37 @@ PLAN_OPTIONS = (
     SCHEDULED,
     TEXTFILE,
 )
-QUICK = {"plan": PLAN_OPTIONS}  # commands whose options are all Options: `quick_args` may read them
+AUTO_APPROVE = Option(
+    "--auto-approve",
+    None,
+    "do not show the plan and ask for `yes` first (asked only when stdin is a terminal)",
+)
+LOCK_TIMEOUT = Option("--lock-timeout", "SECONDS", None, number=True, default=60.0)
+APPLY_OPTIONS = (
+    SPEC,  # then the planfile positional (_apply)
+    Option(
+        "--no-auto-rollback",
+        None,
+        "keep a switch that fails readiness or the acceptance check (default: switch back)",
+    ),
+    AUTO_APPROVE,
+    LOCK_TIMEOUT,
+    Option("--json", None, "print the result as JSON (format reconcile-apply/1)"),
+    Option("--quiet", None, "no progress; one line when nothing changed"),
+    Option(
+        "--reset-crash-loop",
+        None,
+        "forget the server's failed starts first (the crash-loop guard's hold ends)",
+    ),
+    SCHEDULED,
+    TEXTFILE,
+)
+# The commands `quick_args` may read: their Options, and their positionals' defaults (a line that
+# gives a positional goes to argparse). `apply --scheduled` is what the timer runs.
+QUICK: dict[str, tuple[tuple[Option, ...], dict[str, object]]] = {
+    "plan": (PLAN_OPTIONS, {}),
+    "apply": (APPLY_OPTIONS, {"planfile": None}),
+}
 
 
 def _spec(p: argparse.ArgumentParser) -> None:
@@ -85,12 +120,8 @@ def _unattended(p: argparse.ArgumentParser) -> None:
 
 
 def _approve(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--auto-approve",
-        action="store_true",
-        help="do not show the plan and ask for `yes` first (asked only when stdin is a terminal)",
-    )
-    p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
+    AUTO_APPROVE.add_to(p)
+    LOCK_TIMEOUT.add_to(p)
 
 
 def _plan(p: argparse.ArgumentParser) -> None:
@@ -99,22 +130,10 @@ def _plan(p: argparse.ArgumentParser) -> None:
 
 
 def _apply(p: argparse.ArgumentParser) -> None:
-    _spec(p)
+    SPEC.add_to(p)
     p.add_argument("planfile", nargs="?", help="run exactly this saved plan (from plan --out)")
-    p.add_argument(
-        "--no-auto-rollback",
-        action="store_true",
-        help="keep a switch that fails readiness or the acceptance check (default: switch back)",
-    )
-    _approve(p)
-    p.add_argument("--json", action="store_true", help="print the result as JSON (format reconcile-apply/1)")
-    p.add_argument("--quiet", action="store_true", help="no progress; one line when nothing changed")
-    p.add_argument(
-        "--reset-crash-loop",
-        action="store_true",
-        help="forget the server's failed starts first (the crash-loop guard's hold ends)",
-    )
-    _unattended(p)
+    for option in APPLY_OPTIONS[1:]:
+        option.add_to(p)
 
 
 def _status(p: argparse.ArgumentParser) -> None:
@@ -299,8 +318,9 @@ def quick_args(words: Sequence[str]) -> SimpleNamespace | None:
     answer."""
     if not words or words[0] not in QUICK:
         return None
-    options = {option.flag: option for option in QUICK[words[0]]}
-    values: dict[str, object] = {o.dest: (False if o.metavar is None else None) for o in options.values()}
+    table, positionals = QUICK[words[0]]
+    options = {option.flag: option for option in table}
+    values = {o.dest: (False if o.metavar is None else o.default) for o in table} | positionals
     at = 1
     while at < len(words):
         flag, equals, value = words[at].partition("=")
@@ -317,7 +337,13 @@ def quick_args(words: Sequence[str]) -> SimpleNamespace | None:
                 if at == len(words) or words[at].startswith("-"):
                     return None
                 value = words[at]
-            values[option.dest] = value
+            if option.number:
+                try:
+                    values[option.dest] = float(value)
+                except ValueError:
+                    return None  # argparse: "invalid float value"
+            else:
+                values[option.dest] = value
         at += 1
     return SimpleNamespace(command=words[0], **values)
 

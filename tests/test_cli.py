@@ -80,8 +80,9 @@ def test_version_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("reconcile ")
 
 
-# quick_args: a plain `reconcile plan` line read without argparse, to argparse's answer or not at all.
-_PLAN_WORDS = [
+# quick_args: a plain `reconcile plan` or `apply` line read without argparse, to argparse's answer or
+# not at all.
+_WORDS = [
     "--spec",
     "--json",
     "--out",
@@ -104,6 +105,17 @@ _PLAN_WORDS = [
     "plan",
     "a b",
     "-1",
+    "--lock-timeout",
+    "--lock-timeout=5",
+    "2.5",
+    "nan",
+    "1_0",
+    " 7 ",
+    "--auto-approve",
+    "--no-auto-rollback",
+    "--reset-crash-loop",
+    "plan.json",
+    "--lock",
 ]
 
 
@@ -137,9 +149,13 @@ def _check_quick(words: list[str]) -> bool:
         ["plan", "--out", "plan.json", "--spec", ""],
         ["plan", "--spec=--json"],
         ["plan", "--spec=a=b=c"],
+        ["apply"],
+        ["apply", "--scheduled", "--spec", "/etc/reconcile/gpu.toml", "--textfile", "/var/lib/r.prom"],
+        ["apply", "--auto-approve", "--json", "--lock-timeout", "2.5", "--quiet", "--no-auto-rollback"],
+        ["apply", "--lock-timeout= 7 ", "--reset-crash-loop", "--lock-timeout=1e3"],
     ],
 )
-def test_a_plain_plan_line_is_read_as_argparse_reads_it(words: list[str]) -> None:
+def test_a_plain_plan_or_apply_line_is_read_as_argparse_reads_it(words: list[str]) -> None:
     assert _check_quick(words)
 
 
@@ -154,7 +170,11 @@ def test_a_plain_plan_line_is_read_as_argparse_reads_it(words: list[str]) -> Non
         ["plan", "x.toml"],
         ["plan", "--", "--spec", "a"],
         ["--spec", "a", "plan"],
-        ["apply", "--spec", "a"],
+        ["apply", "plan.json"],  # a positional: argparse
+        ["apply", "--lock-timeout", "soon"],  # argparse says what is wrong with it
+        ["apply", "--lock-timeout", "-1"],
+        ["apply", "--out", "x"],  # plan's option, not apply's
+        ["status", "--spec", "a"],
         [],
     ],
 )
@@ -162,14 +182,15 @@ def test_any_other_line_is_left_to_argparse(words: list[str]) -> None:
     assert not _check_quick(words)
 
 
-def test_quick_args_agrees_with_argparse_on_random_lines() -> None:
+@pytest.mark.parametrize("command", ["plan", "apply"])
+def test_quick_args_agrees_with_argparse_on_random_lines(command: str) -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
     @settings(max_examples=400, deadline=None)
-    @given(st.lists(st.sampled_from(_PLAN_WORDS) | st.text(max_size=6), max_size=6))
+    @given(st.lists(st.sampled_from(_WORDS) | st.text(max_size=6), max_size=6))
     def agree(tail: list[str]) -> None:
-        _check_quick(["plan", *tail])
+        _check_quick([command, *tail])
 
     agree()
 

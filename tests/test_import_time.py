@@ -47,7 +47,31 @@ def _check(spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 def test_a_warm_converged_plan_imports_only_allowed_modules(converged: Path) -> None:
     done = _check(converged)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "all in import_allowlist.txt" in done.stdout
+    assert "a warm, converged plan imports" in done.stdout and "all in import_allowlist.txt" in done.stdout
+    assert "the timer's no-op apply imports" in done.stdout
+    assert "all in import_allowlist_apply.txt" in done.stdout
+
+
+def test_a_module_the_apply_list_does_not_allow_fails_the_check_by_name(
+    converged: Path, tmp_path: Path
+) -> None:
+    allowed = (REPO / "benchmarks" / "import_allowlist_apply.txt").read_text().splitlines()
+    short = tmp_path / "allow-apply.txt"
+    short.write_text("\n".join(m for m in allowed if m != "reconcile.apply.executor") + "\n")
+    done = _check(converged, "--apply-allowlist", str(short))
+    assert done.returncode == 1
+    assert "the timer's no-op apply (`reconcile apply --scheduled --spec" in done.stderr
+    assert "does not allow: reconcile.apply.executor." in done.stderr
+
+
+def test_a_spec_that_is_not_converged_is_never_applied_by_the_check(tmp_path: Path) -> None:
+    key = tmp_path / "api.key"  # absent: an apply would generate it
+    spec = tmp_path / "drift.toml"
+    spec.write_text(f'[machine]\nstate_dir = "{tmp_path}/state"\n\n[api_key]\nfile = "{key}"\n')
+    done = _check(spec)
+    assert done.returncode == 1
+    assert "is not converged (plan exited 2): apply not checked" in done.stdout
+    assert not key.exists()
 
 
 def test_a_module_the_list_does_not_allow_fails_the_check_by_name(converged: Path, tmp_path: Path) -> None:

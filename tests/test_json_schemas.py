@@ -4,7 +4,6 @@ are real ones, from the CLI run on copies of the demo spec and on the reference 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import pkgutil
@@ -18,6 +17,7 @@ from referencing import Registry, Resource
 
 import probes
 from reconcile.plan.jsondata import TYPE_TAGS
+from reconcile.record import Record
 from tests.apply_support import REPO, Demo
 
 SCHEMAS = REPO / "schemas"
@@ -131,7 +131,8 @@ def test_every_probe_result_type_has_a_stable_tag() -> None:
         module = importlib.import_module(f"probes.{info.name}")
         for name, value in vars(module).items():
             if (
-                dataclasses.is_dataclass(value)
+                isinstance(value, type)
+                and issubclass(value, Record)
                 and value.__module__ == module.__name__
                 and name not in TYPE_TAGS
             ):

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
 
 from reconcile.errors import ReconcileError
 from reconcile.spec.loaded import LoadedSpec
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 QUESTION = "Do you want to perform these actions? Only 'yes' will be accepted to approve."
 

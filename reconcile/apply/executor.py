@@ -6,14 +6,11 @@ Called by the CLI (apply, rollback). Actions are reached only through the resour
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TextIO
 
 from reconcile.apply.generations import write_generation
 from reconcile.apply.saved_plan import moved_since, read_plan_file
@@ -21,33 +18,54 @@ from reconcile.apply.state import apply_lock, sweep_stale_temps
 from reconcile.errors import ActionError, ReconcileError
 from reconcile.host import checkpoint
 from reconcile.plan.records import Change, Plan
+from reconcile.record import Record
 from reconcile.spec.loaded import LoadedSpec
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 ProgressFn = Callable[[str], None]
 
 
-@dataclass
-class ChangeResult:
+class ChangeResult(Record):
     resource: str
     kind: str
     summary: str
     result: str  # changed | already-true | failed | blocked | cannot-fix
     message: str
     seconds: float
-    diffs: list[list[Any]] = field(default_factory=list)  # [field, old, new] of the Change that ran
+    diffs: tuple[tuple[str, Any, Any], ...] = ()  # (field, old, new) of the Change that ran
+
+    def as_json(self) -> dict[str, Any]:
+        """As the apply report, the generation record and last-run.json spell it (diffs as lists)."""
+        return {**self._asdict(), "diffs": [list(d) for d in self.diffs]}
 
 
-@dataclass
 class ApplyReport:
-    spec_path: str
-    results: list[ChangeResult] = field(default_factory=list)
-    first_plan: Plan | None = None
-    final_plan: Plan | None = None
-    notes: list[str] = field(default_factory=list)
-    generation: int | None = None
-    refused: str | None = None  # why nothing ran (preflight error, stale plan file)
-    seconds: float = 0.0
-    paused: Any = None  # reconcile.unattended.pause.Pause: a scheduled apply that only planned
+    """What one apply did; the executor fills it in as it goes."""
+
+    def __init__(
+        self,
+        spec_path: str,
+        results: list[ChangeResult] | None = None,
+        first_plan: Plan | None = None,
+        final_plan: Plan | None = None,
+        notes: list[str] | None = None,
+        generation: int | None = None,
+        refused: str | None = None,  # why nothing ran (preflight error, stale plan file)
+        seconds: float = 0.0,
+        paused: Any = None,  # reconcile.unattended.pause.Pause: a scheduled apply that only planned
+    ) -> None:
+        self.spec_path = spec_path
+        self.results: list[ChangeResult] = [] if results is None else results
+        self.first_plan = first_plan
+        self.final_plan = final_plan
+        self.notes: list[str] = [] if notes is None else notes
+        self.generation = generation
+        self.refused = refused
+        self.seconds = seconds
+        self.paused = paused
 
     @property
     def changed(self) -> bool:
@@ -87,7 +105,7 @@ def _run_change(
     started = time.monotonic()
 
     def done(result: str, message: str, c: Change = change) -> ChangeResult:
-        diffs = [[d.field, d.old, d.new] for d in c.diffs]
+        diffs = tuple((d.field, d.old, d.new) for d in c.diffs)
         return ChangeResult(c.resource, c.kind, c.summary, result, message, time.monotonic() - started, diffs)
 
     if fresh is None:
@@ -156,7 +174,7 @@ def _execute(
                     "blocked",
                     cause,
                     0.0,
-                    [[d.field, d.old, d.new] for d in change.diffs],
+                    tuple((d.field, d.old, d.new) for d in change.diffs),
                 )
             )
             failed[change.resource] = cause
@@ -306,7 +324,7 @@ def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *,
         "git_dirty": git.dirty,
         "rollback_of": rollback_of,
         "resolved": resolved,
-        "changes": [dataclasses.asdict(r) for r in report.results],
+        "changes": [r.as_json() for r in report.results],
         "converged": report.converged,
         "complete": complete,  # false: the apply (pid) was still running, or was killed
         "pid": os.getpid(),

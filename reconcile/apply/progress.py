@@ -6,12 +6,14 @@ before the report. Created by the CLI; actions reach it through logging ("action
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    import logging
+    from typing import Any, TextIO
 
 # Silent log while waiting for /health: warn after this long (RECONCILE_LOG_SILENCE_S overrides).
 SILENCE_S = 120.0
@@ -26,11 +28,14 @@ class Terminal:
         self.quiet = quiet
         self.live = (stream.isatty() and os.environ.get("TERM") != "dumb") if live is None else live
         self.shown = False
+        self.handler: logging.Handler | None = None  # what actions log, shown from the first step on
 
     def _emit(self, text: str) -> None:
         if self.quiet:
             return
         if self.live:
+            import shutil  # only on a terminal
+
             width = max(20, shutil.get_terminal_size().columns - 1)
             self.stream.write("\r\x1b[K" + text.replace("\n", " ")[:width])
             self.shown = True
@@ -39,6 +44,8 @@ class Terminal:
         self.stream.flush()
 
     def step(self, text: str) -> None:
+        if self.handler is None:  # the executor steps right before each action: logs from then on
+            self.handler = attach(self)
         self._emit(f"  … {text}")
 
     __call__ = step
@@ -54,18 +61,16 @@ class Terminal:
             self.shown = False
 
 
-class _ToTerminal(logging.Handler):
-    def __init__(self, terminal: Terminal) -> None:
-        super().__init__(logging.INFO)
-        self.terminal = terminal
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.terminal.update(record.getMessage())
-
-
 def attach(terminal: Terminal) -> logging.Handler:
-    """Show what actions log (the installer's lines) as progress; `detach` when done."""
-    handler = _ToTerminal(terminal)
+    """Show what actions log (the installer's lines) as progress; `detach` when done. logging is
+    imported here, at an apply's first step: a no-op apply takes none and never imports it."""
+    import logging
+
+    class ToTerminal(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            terminal.update(record.getMessage())
+
+    handler = ToTerminal(logging.INFO)
     logger = logging.getLogger("actions")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -74,6 +79,8 @@ def attach(terminal: Terminal) -> logging.Handler:
 
 
 def detach(handler: logging.Handler) -> None:
+    import logging
+
     logging.getLogger("actions").removeHandler(handler)
 
 
@@ -133,9 +140,9 @@ def showing(stream: TextIO, *, quiet: bool) -> Iterator[Terminal]:
     terminal = Terminal(stream, quiet=quiet)
     if quiet:  # the hub's download bars too (read when huggingface_hub is imported, later, by the action)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    handler = attach(terminal)
     try:
         yield terminal
     finally:
         terminal.clear()
-        detach(handler)
+        if terminal.handler is not None:
+            detach(terminal.handler)

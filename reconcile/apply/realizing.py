@@ -7,17 +7,18 @@ reconcile.apply.switching (the profile link, the manifest, hard-link sharing) an
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING, Any
 
+from reconcile.digest import sha256_hex
 from reconcile.host import atomic_symlink, atomic_write, which
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Venv
 
@@ -69,7 +70,7 @@ def realization_path(venv: Venv) -> str:
     store = store_of(venv)
     assert store is not None
     text = json.dumps(realization_inputs(venv), sort_keys=True, separators=(",", ":"))
-    return os.path.join(store, hashlib.sha256(text.encode()).hexdigest()[:32] + "-venv")
+    return os.path.join(store, sha256_hex(text)[:32] + "-venv")
 
 
 def realize(loaded: LoadedSpec, venv_path: str | None = None) -> LoadedSpec:
@@ -134,6 +135,8 @@ def _files(root: str) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def _digest(path: str) -> str:
+    import hashlib  # OpenSSL's, fast per byte; loaded only when a tree is hashed
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -227,4 +230,6 @@ def remove(store: str, path: str) -> None:
     # Renamed first, so a half-removed tree never looks like a realization again.
     doomed = os.path.join(store, f".gc-{os.path.basename(path)}")
     os.rename(path, doomed)
+    import shutil
+
     shutil.rmtree(doomed)

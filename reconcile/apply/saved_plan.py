@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.plan.records import Plan
 from reconcile.spec.loaded import LoadedSpec
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def fingerprint(plan: Plan) -> dict[str, Any]:

@@ -12,13 +12,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator
-from typing import TYPE_CHECKING
 
 from reconcile.errors import ReconcileError
 from reconcile.host import remove_stale_temps
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

@@ -7,18 +7,18 @@ the realized state, judges a switch (readiness, then the acceptance chat) and re
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING, Any
 
 from reconcile.apply import profile as gens
 from reconcile.apply.executor import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.apply.realized import generation_spec, realized_state, restore_config, seal_realization, who
 from reconcile.errors import ReconcileError
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
     from reconcile.spec.loaded import LoadedSpec
 
@@ -161,7 +161,7 @@ def apply(
             f"automatic rollback to generation {target['generation']}: {outcome['problem']}; "
             + ("it serves again" if back.exit_code in (0, 2) else "it did NOT come back: see below")
         )
-        report.results += [dataclasses.replace(r, resource=f"rollback:{r.resource}") for r in back.results]
+        report.results += [r._replace(resource=f"rollback:{r.resource}") for r in back.results]
         report.notes += back.notes
     return report
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
 
 from reconcile.host import atomic_write
 from reconcile.plan.records import Change, Plan
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Condition(Record):

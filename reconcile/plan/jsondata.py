@@ -33,6 +33,7 @@ TYPE_TAGS: Mapping[str, str] = {
     "Nvcc": "cuda.nvcc",
     "Header": "cuda.header",
     "FileFacts": "file",
+    "HubListing": "hub-listing",  # the tag it had before it was listed
     "GpuInventory": "gpu",
     "GpuDevice": "gpu.device",
     "GpuProcess": "gpu.process",
@@ -50,6 +51,7 @@ TYPE_TAGS: Mapping[str, str] = {
     "PortListener": "server.listener",
     "ServerRecord": "server.record",
     "ServingMetrics": "server.metrics",
+    "Ownership": "ownership",  # the tag it had before it was listed (tests/test_json_schemas.py)
     "VenvObservation": "venv",
     "Distribution": "venv.distribution",
     "PthEntry": "venv.pth",
@@ -146,7 +148,6 @@ def _first_error(report: Any) -> dict[str, Any] | None:
 
 def apply_as_data(report: Any) -> dict[str, Any]:
     """An ApplyReport as JSON (schemas/apply.schema.json)."""
-    from dataclasses import asdict  # the report is a mutable dataclass; apply is not the start-up path
 
     return {
         **head(APPLY_FORMAT, report.spec_path, report.final_plan or report.first_plan, report.exit_code),
@@ -157,7 +158,7 @@ def apply_as_data(report: Any) -> dict[str, Any]:
         "error": _first_error(report),
         "generation": report.generation,
         "notes": list(report.notes),
-        "results": [asdict(r) for r in report.results],
+        "results": [r.as_json() for r in report.results],
         "final_plan": _plan_data(report.final_plan),
         "seconds": round(report.seconds, 3),
     }

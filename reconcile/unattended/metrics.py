@@ -10,10 +10,13 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from reconcile.host import atomic_write
 from reconcile.safety.filesafety import ensure_dir
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 RESULTS = ("changed", "already-true", "failed", "blocked", "cannot-fix")
 OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error", "interrupted")

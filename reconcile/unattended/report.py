@@ -7,22 +7,23 @@ last-run.json (or, when the spec could not even be loaded, from the previous tex
 
 from __future__ import annotations
 
+import _socket  # not socket.py: its selectors and enums (~3-4 ms) for gethostname
 import contextlib
 import json
 import os
-import socket
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
 
 from reconcile.host import atomic_write, move_aside
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.apply.executor import ApplyReport
     from reconcile.plan.records import Plan
     from reconcile.spec.loaded import LoadedSpec
@@ -106,7 +107,7 @@ def _iso(t: float) -> str:
 
 def build_record(f: RunFacts, previous: Mapping[str, Any] | None) -> dict[str, Any]:
     """The last-run.json document: what was found, what changed, results, durations, converged."""
-    results = [asdict(r) for r in f.report.results] if f.report is not None else []
+    results = [r.as_json() for r in f.report.results] if f.report is not None else []
     counts = {r: sum(1 for x in results if x["result"] == r) for r in RESULTS}
     final = f.plan
     pending = [c.resource for c in final.changes] if final is not None else []
@@ -126,7 +127,7 @@ def build_record(f: RunFacts, previous: Mapping[str, Any] | None) -> dict[str, A
         "format": FORMAT,
         "command": f.command,
         "scheduled": f.scheduled,
-        "host": socket.gethostname(),
+        "host": _socket.gethostname(),
         "spec": os.path.abspath(f.spec_path) if f.spec_path else None,
         "spec_sha256": f.loaded.sha256 if f.loaded is not None else None,
         "git": git,
