@@ -16,6 +16,8 @@ from reconcile.record import Record
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import TypeGuard
+
     from reconcile.spec.models import Spec
 
 
@@ -207,12 +209,18 @@ class _Headers:
             return None
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         kept = self._seen.get(meta)
-        if isinstance(kept, tuple) and len(kept) == 3 and kept[0] == stamp:
-            answer = kept[2]
-            if kept[1] == "ok" and isinstance(answer, tuple) and all(type(a) is str for a in answer):
+        if type(kept) is tuple and len(kept) == 3 and kept[0] == stamp:
+            kind, answer = kept[1], kept[2]
+            if (
+                kind == "ok"
+                and type(answer) is tuple
+                and len(answer) == 2
+                and type(answer[0]) is str
+                and type(answer[1]) is str
+            ):
                 self._now[meta] = kept
-                return str(answer[0]), str(answer[1])
-            if kept[1] == "invalid" and isinstance(answer, tuple) and all(type(a) is str for a in answer):
+                return answer[0], answer[1]
+            if kind == "invalid" and _strings(answer, 3):
                 self._now[meta] = kept
                 return Invalid(*answer)
         found = read_metadata_header(meta)
@@ -227,6 +235,11 @@ class _Headers:
             from reconcile import private_cache
 
             private_cache.write(self._entry, (1, self._site, self._now))
+
+
+def _strings(value: object, n: int) -> TypeGuard[tuple[str, ...]]:
+    """`value` is a tuple of `n` str (what the cache kept for an invalid header): else a miss."""
+    return type(value) is tuple and len(value) == n and all(type(v) is str for v in value)
 
 
 def read_metadata_header(path: str) -> tuple[str, str] | Invalid:
