@@ -125,8 +125,11 @@ else:
         fields = cls._fields
         name = cls.__name__
         if len(args) > len(fields):
-            given, most = len(args) + 1, len(fields) + 1
-            raise TypeError(f"{name}.__new__() takes {most} positional arguments but {given} were given")
+            most, least = len(fields) + 1, len(fields) + 1 - len(cls._field_defaults)
+            takes = f"from {least} to {most}" if least < most else f"{most}"
+            raise TypeError(
+                f"{name}.__new__() takes {takes} positional arguments but {len(args) + 1} were given"
+            )
         values = list(args)
         missing = []
         for field in fields[len(args) :]:
@@ -142,7 +145,10 @@ else:
             raise TypeError(f"{name}.__new__() got an unexpected keyword argument {key!r}")
         if missing:
             quoted = [repr(field) for field in missing]
-            listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+            # CPython's words: 'a' / 'a' and 'b' / 'a', 'b', and 'c'
+            listed = (
+                " and ".join(quoted) if len(quoted) < 3 else f"{', '.join(quoted[:-1])}, and {quoted[-1]}"
+            )
             raise TypeError(
                 f"{name}.__new__() missing {len(missing)} required positional argument"
                 f"{'s' if len(missing) > 1 else ''}: {listed}"

@@ -10,6 +10,7 @@ import copy
 import importlib
 import pickle
 import pkgutil
+import re
 import typing
 from pathlib import Path
 
@@ -108,9 +109,9 @@ def test_record_matches_typing_namedtuple(cls: type) -> None:
         bad_calls.append(((), {}))
         bad_calls.append((values[:1], {required[0]: "twice"}))
     for args, kwargs in bad_calls:
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError) as expected:
             twin(*args, **kwargs)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=re.escape(str(expected.value))):  # the same words
             cls(*args, **kwargs)
     with pytest.raises(ValueError, match="unexpected field names"):
         mine._replace(no_such_field=1)  # type: ignore[attr-defined]
