@@ -50,11 +50,15 @@ else:
     def _annotations(ns):
         if "__annotations__" in ns:
             return ns["__annotations__"]
-        annotate = ns.get("__annotate__")  # Python 3.14: annotations are a function, not a dict
+        # Python 3.14 (PEP 649), in a module without postponed annotations: a function, which the
+        # compiler stores as `__annotate_func__` (annotationlib.get_annotate_from_class_namespace's keys)
+        annotate = ns.get("__annotate__") or ns.get("__annotate_func__")
         if annotate is None:
             return {}
-        import annotationlib
-
+        try:
+            import annotationlib
+        except ImportError:  # before 3.14 only a hand-made namespace holds one: its VALUE format
+            return annotate(1)
         return annotationlib.call_annotate_function(annotate, annotationlib.Format.FORWARDREF)
 
     class _RecordType(type):

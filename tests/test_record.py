@@ -163,3 +163,24 @@ def test_a_record_inherits_from_record_alone() -> None:
 
         class Bad(Record, Mixin):  # type: ignore[misc]
             a: int
+
+
+def test_fields_from_a_class_body_without_postponed_annotations() -> None:
+    """Python 3.14 (PEP 649) leaves no `__annotations__` in such a class body: the compiler stores an
+    annotate function under `__annotate_func__` (annotationlib.get_annotate_from_class_namespace
+    reads that key). This is that namespace, made by hand, so the test runs on any version."""
+
+    def annotate(format: int) -> dict[str, object]:
+        if format != 1:  # annotationlib.Format.VALUE; the other formats are optional for an annotate function
+            raise NotImplementedError
+        return {"pid": int, "name": str}
+
+    made = type(Record)(
+        "Made", (Record,), {"__module__": __name__, "__annotate_func__": annotate, "name": ""}
+    )
+    assert made._fields == ("pid", "name") and made._field_defaults == {"name": ""}
+    assert made(7) == (7, "") and repr(made(7, "x")) == "Made(pid=7, name='x')"
+    # and the class statement itself, whichever way this Python keeps a class body's annotations
+    scope: dict[str, object] = {"Record": Record, "__name__": __name__}
+    exec("class Real(Record):\n    pid: int\n    name: str = ''\n", scope)
+    assert scope["Real"]._fields == ("pid", "name")  # type: ignore[attr-defined]
