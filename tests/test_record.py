@@ -184,3 +184,26 @@ def test_fields_from_a_class_body_without_postponed_annotations() -> None:
     scope: dict[str, object] = {"Record": Record, "__name__": __name__}
     exec("class Real(Record):\n    pid: int\n    name: str = ''\n", scope)
     assert scope["Real"]._fields == ("pid", "name")  # type: ignore[attr-defined]
+
+
+def test_the_probes_and_resource_rows_of_a_plan_import_no_typing() -> None:
+    """A warm plan of a GPU machine's spec imports its gpu and cuda probes and the resources' facts:
+    none of them may bring typing back (the CPU demo that benchmarks/import_time.py checks has none)."""
+    import subprocess
+    import sys
+
+    from reconcile.plan.prober import PROBES
+
+    modules = sorted(
+        {p.module for p in PROBES} | {f"reconcile.resources.{m.name}" for m in _resource_modules()}
+    )
+    for module in modules:
+        code = f"import sys, {module}; print('typing' in sys.modules)"
+        found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        assert found.stdout.strip() == "False", (module, found.stderr[-300:])
+
+
+def _resource_modules() -> list[pkgutil.ModuleInfo]:
+    import reconcile.resources
+
+    return list(pkgutil.iter_modules(reconcile.resources.__path__))
