@@ -4,6 +4,8 @@ Probes return these instead of None or an exception, so the planner can tell "no
 "could not look" from "looked and did not understand". Imported by probes/* and reconcile.plan.prober.
 """
 
+from __future__ import annotations
+
 from reconcile.record import Record
 
 

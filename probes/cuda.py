@@ -11,17 +11,20 @@ import json
 import os
 import re
 import stat
-from typing import TYPE_CHECKING, Literal
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
 from reconcile.threads import run_all
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Literal
+
+    HomeState = Literal["symlink", "directory", "absent", "other"]
+
     from reconcile.spec.models import Spec
 
-HomeState = Literal["symlink", "directory", "absent", "other"]
 NVCC_TIMEOUT = 30.0
 
 

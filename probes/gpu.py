@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import TYPE_CHECKING, Any
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.models import Spec
 
 MIB = 1024 * 1024

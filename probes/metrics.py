@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
 
 from probes.common import ParseError, Unavailable
 from reconcile.host import HttpUnreachable, http_request
 from reconcile.record import Record
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

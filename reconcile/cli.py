@@ -313,9 +313,9 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def quick_args(words: Sequence[str]) -> SimpleNamespace | None:
     """What argparse would make of `words` when they are a QUICK command and only its Options, each
     spelled in full (`--spec PATH` or `--spec=PATH`; a repeated one: the last), read without argparse.
-    None for any other line (help, an abbreviation, a value that starts with "-", a word it does not
-    know): argparse parses that, and says what is wrong. tests/test_cli.py holds the two to the same
-    answer."""
+    None for any other line (help, an abbreviation, a value that starts with "-" or is `=--`, a word
+    it does not know): argparse parses that, and says what is wrong. tests/test_cli.py holds the two
+    to the same answer."""
     if not words or words[0] not in QUICK:
         return None
     table, positionals = QUICK[words[0]]
@@ -337,6 +337,8 @@ def quick_args(words: Sequence[str]) -> SimpleNamespace | None:
                 if at == len(words) or words[at].startswith("-"):
                     return None
                 value = words[at]
+            elif value == "--":
+                return None  # argparse drops it (3.11: a value of []); what it makes of it varies by version
             if option.number:
                 try:
                     values[option.dest] = float(value)

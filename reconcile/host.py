@@ -280,6 +280,7 @@ def atomic_write(
     """
     directory = os.path.dirname(path) or "."
     fd, tmp = make_temp(directory, temp_prefix(path))
+    fd_ours = True  # until the file object below owns (and closes) it
     try:
         if mode is None:
             with contextlib.suppress(FileNotFoundError):
@@ -288,6 +289,7 @@ def atomic_write(
         if uid != -1 or gid != -1:
             os.fchown(fd, uid, gid)
         with os.fdopen(fd, "wb") as f:
+            fd_ours = False
             f.write(data[: len(data) // 2])
             f.flush()
             checkpoint(f"atomic_write.partial:{os.path.basename(path)}")
@@ -297,6 +299,8 @@ def atomic_write(
         checkpoint(f"atomic_write.rename:{os.path.basename(path)}")
         os.replace(tmp, path)
     except BaseException as exc:
+        if fd_ours:  # failed before its first byte: a mode or owner refused, the target a symlink loop
+            os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and exc.filename is None:  # ENOSPC on write names no file

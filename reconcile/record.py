@@ -50,11 +50,15 @@ else:
     def _annotations(ns):
         if "__annotations__" in ns:
             return ns["__annotations__"]
-        annotate = ns.get("__annotate__")  # Python 3.14: annotations are a function, not a dict
+        # Python 3.14 (PEP 649), in a module without postponed annotations: a function, which the
+        # compiler stores as `__annotate_func__` (annotationlib.get_annotate_from_class_namespace's keys)
+        annotate = ns.get("__annotate__") or ns.get("__annotate_func__")
         if annotate is None:
             return {}
-        import annotationlib
-
+        try:
+            import annotationlib
+        except ImportError:  # before 3.14 only a hand-made namespace holds one: its VALUE format
+            return annotate(1)
         return annotationlib.call_annotate_function(annotate, annotationlib.Format.FORWARDREF)
 
     class _RecordType(type):
@@ -125,8 +129,11 @@ else:
         fields = cls._fields
         name = cls.__name__
         if len(args) > len(fields):
-            given, most = len(args) + 1, len(fields) + 1
-            raise TypeError(f"{name}.__new__() takes {most} positional arguments but {given} were given")
+            most, least = len(fields) + 1, len(fields) + 1 - len(cls._field_defaults)
+            takes = f"from {least} to {most}" if least < most else f"{most}"
+            raise TypeError(
+                f"{name}.__new__() takes {takes} positional arguments but {len(args) + 1} were given"
+            )
         values = list(args)
         missing = []
         for field in fields[len(args) :]:
@@ -142,7 +149,10 @@ else:
             raise TypeError(f"{name}.__new__() got an unexpected keyword argument {key!r}")
         if missing:
             quoted = [repr(field) for field in missing]
-            listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+            # CPython's words: 'a' / 'a' and 'b' / 'a', 'b', and 'c'
+            listed = (
+                " and ".join(quoted) if len(quoted) < 3 else f"{', '.join(quoted[:-1])}, and {quoted[-1]}"
+            )
             raise TypeError(
                 f"{name}.__new__() missing {len(missing)} required positional argument"
                 f"{'s' if len(missing) > 1 else ''}: {listed}"

@@ -10,6 +10,7 @@ import copy
 import importlib
 import pickle
 import pkgutil
+import re
 import typing
 from pathlib import Path
 
@@ -108,9 +109,9 @@ def test_record_matches_typing_namedtuple(cls: type) -> None:
         bad_calls.append(((), {}))
         bad_calls.append((values[:1], {required[0]: "twice"}))
     for args, kwargs in bad_calls:
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError) as expected:
             twin(*args, **kwargs)
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=re.escape(str(expected.value))):  # the same words
             cls(*args, **kwargs)
     with pytest.raises(ValueError, match="unexpected field names"):
         mine._replace(no_such_field=1)  # type: ignore[attr-defined]
@@ -162,3 +163,60 @@ def test_a_record_inherits_from_record_alone() -> None:
 
         class Bad(Record, Mixin):  # type: ignore[misc]
             a: int
+
+
+def test_fields_from_a_class_body_without_postponed_annotations() -> None:
+    """Python 3.14 (PEP 649) leaves no `__annotations__` in such a class body: the compiler stores an
+    annotate function under `__annotate_func__` (annotationlib.get_annotate_from_class_namespace
+    reads that key). This is that namespace, made by hand, so the test runs on any version."""
+
+    def annotate(format: int) -> dict[str, object]:
+        if format != 1:  # annotationlib.Format.VALUE; the other formats are optional for an annotate function
+            raise NotImplementedError
+        return {"pid": int, "name": str}
+
+    made = type(Record)(
+        "Made", (Record,), {"__module__": __name__, "__annotate_func__": annotate, "name": ""}
+    )
+    assert made._fields == ("pid", "name") and made._field_defaults == {"name": ""}
+    assert made(7) == (7, "") and repr(made(7, "x")) == "Made(pid=7, name='x')"
+    # and the class statement itself, whichever way this Python keeps a class body's annotations
+    scope: dict[str, object] = {"Record": Record, "__name__": __name__}
+    exec("class Real(Record):\n    pid: int\n    name: str = ''\n", scope)
+    assert scope["Real"]._fields == ("pid", "name")  # type: ignore[attr-defined]
+
+
+def test_the_probes_and_resource_rows_of_a_plan_import_no_typing() -> None:
+    """A warm plan of a GPU machine's spec imports its gpu and cuda probes and the resources' facts:
+    none of them may bring typing back (the CPU demo that benchmarks/import_time.py checks has none)."""
+    import subprocess
+    import sys
+
+    from reconcile.plan.prober import PROBES
+
+    modules = sorted(
+        {p.module for p in PROBES} | {f"reconcile.resources.{m.name}" for m in _resource_modules()}
+    )
+    for module in modules:
+        code = f"import sys, {module}; print('typing' in sys.modules)"
+        found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        assert found.stdout.strip() == "False", (module, found.stderr[-300:])
+
+
+def _resource_modules() -> list[pkgutil.ModuleInfo]:
+    import reconcile.resources
+
+    return list(pkgutil.iter_modules(reconcile.resources.__path__))
+
+
+def test_every_module_with_records_postpones_its_annotations() -> None:
+    """A record's fields are read from the class body's `__annotations__` dict. Without postponed
+    annotations Python 3.14 keeps an annotate function instead, which only annotationlib (with ast
+    and enum: milliseconds of a warm plan) can call."""
+    missing = []
+    for folder in ("reconcile", "probes", "actions"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            if "(Record):" in text and "from __future__ import annotations" not in text:
+                missing.append(str(path.relative_to(ROOT)))
+    assert missing == ["reconcile/record.py"], missing

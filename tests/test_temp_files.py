@@ -183,3 +183,14 @@ def test_make_temp_never_follows_or_reuses_a_name_that_exists(
         assert path == str(tmp_path / (".f.reconcile-1-" + "b" * 8 + ".tmp"))
         os.unlink(path)
     assert not victim.exists() and (tmp_path / taken).read_text() == "someone's"
+
+
+def test_a_write_that_fails_before_its_first_byte_leaves_no_temp_and_no_open_file(tmp_path: Path) -> None:
+    """The target is a symlink loop: reading its mode fails (ELOOP) after the temp file is open."""
+    (tmp_path / "state.json").symlink_to(tmp_path / "state.json")
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(OSError, match=r"state\.json"):
+            atomic_write(str(tmp_path / "state.json"), b"{}")
+    assert sorted(os.listdir("/proc/self/fd")) == before  # each temp file's fd closed, not leaked
+    assert sorted(os.listdir(tmp_path)) == ["state.json"]  # and the temp file itself removed

@@ -5,6 +5,8 @@ Read only. probes.server reports the listener; probes.health sends the API key o
 key_holder_check() found every listener on the port to be ours; actions.server names a foreign holder.
 """
 
+from __future__ import annotations
+
 import os
 from collections.abc import Iterable
 

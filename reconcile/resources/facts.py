@@ -6,9 +6,11 @@ the config.json a model's local source brings (the model.config row before the c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.models import Model, Spec
 
 

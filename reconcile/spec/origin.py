@@ -3,6 +3,8 @@
 Called by the planner (the plan's header and notes) and the executor (each generation records it).
 """
 
+from __future__ import annotations
+
 import os
 
 from reconcile.host import run
