@@ -21,12 +21,13 @@ from typing import Any
 
 import pytest
 
-pytestmark = [
+GPU_LAB_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         os.environ.get("RECONCILE_GPU_LAB") != "1", reason="needs the GPU lab (RECONCILE_GPU_LAB=1)"
     ),
 ]
+pytestmark = GPU_LAB_MARKS
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = Path("/opt/reconcile-lab")

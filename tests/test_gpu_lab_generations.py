@@ -20,14 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.test_gpu_lab import LAB, cli, get, gpu_pids, starts_in_log, variant
+from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, cli, get, gpu_pids, starts_in_log, variant
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        os.environ.get("RECONCILE_GPU_LAB") != "1", reason="needs the GPU lab (RECONCILE_GPU_LAB=1)"
-    ),
-]
+pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
 
 FIGURES: dict[str, Any] = {}
 # FLASHINFER is a backend vLLM 0.26.0 knows, but the lab has no flashinfer package: the engine

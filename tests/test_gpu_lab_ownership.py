@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.test_gpu_lab import (
+    GPU_LAB_MARKS,
     cli,
     dump_figures,
     get,
@@ -29,12 +30,7 @@ from tests.test_gpu_lab import (
     variant,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        os.environ.get("RECONCILE_GPU_LAB") != "1", reason="needs the GPU lab (RECONCILE_GPU_LAB=1)"
-    ),
-]
+pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
 
 FIGURES: dict[str, Any] = {}
 HOG_GIB = 2

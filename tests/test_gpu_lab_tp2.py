@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from tests.test_gpu_lab import (
+    GPU_LAB_MARKS,
     LAB,
     MULTI_GPU_ENV,
     ROOT,
@@ -51,12 +52,7 @@ from tests.test_gpu_lab import (
     tp2_variant,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        os.environ.get("RECONCILE_GPU_LAB") != "1", reason="needs the GPU lab (RECONCILE_GPU_LAB=1)"
-    ),
-]
+pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
 
 FIGURES: dict[str, Any] = {}
 WORKER = "VLLM::Worker_TP"  # comm: the title cut to 15 bytes
