@@ -1,6 +1,8 @@
 """This checkout against an earlier commit: the same plans, byte for byte, and the warm plan's time.
 
 Run: python3 benchmarks/versus.py --base REF [--spec PATH ...] [--rounds 20]
+ or: python3 benchmarks/versus.py --installed BASE_RECONCILE NEW_RECONCILE [...]   (two console
+     scripts installed already: what tools/versus_gpu_lab.sh runs on the offline GPU lab)
 REF is installed non-editable into benchmarks/.venvs/base (again when REF names another commit),
 this checkout into benchmarks/.venvs/reconcile. For the bundled specs and every --spec: `reconcile
 plan` as text, --json and --quiet, each with an empty cache (cold) and a primed one (warm), by both;
@@ -104,12 +106,17 @@ def timing(base: Path, new: Path, specs: list[Path], rounds: int, homes: Path) -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="the commit to compare with (any git revision)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--base", help="the commit to compare with (any git revision)")
+    which.add_argument(
+        "--installed", nargs=2, type=Path, metavar=("BASE", "NEW"), help="two reconcile scripts"
+    )
     parser.add_argument("--spec", type=Path, action="append", default=[], help="another spec (repeatable)")
     parser.add_argument("--rounds", type=int, default=20, help="timing rounds (0: outputs only)")
     args = parser.parse_args()
-    base, new = base_venv(args.base), reconcile_venv()
-    specs = sorted((REPO / "specs").glob("*.toml")) + [p.resolve() for p in args.spec]
+    base, new = args.installed if args.installed else (base_venv(args.base), reconcile_venv())
+    bundled = sorted((REPO / "specs").glob("*.toml"))
+    specs = list(dict.fromkeys([*bundled, *(p.resolve() for p in args.spec)]))
     with tempfile.TemporaryDirectory(prefix="versus-homes-") as tmp:
         homes = Path(tmp)
         differ = same_outputs(base, new, specs, homes)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/versus.py's comparison on the offline GPU lab machine (shared/gpu-lab/README.md): two
+# benchmarks/versus.py on the offline GPU lab machine (shared/gpu-lab/README.md): two
 # commits' `reconcile plan` of the GPU specs (real NVML and nvcc), byte for byte, and their warm time.
 # Here (with the package index):  tools/versus_gpu_lab.sh wheels BASE_REF
 #   -> .lab/rw (reconcile's dependencies for the lab's Python 3.12), .lab/rw-base, .lab/rw-new
@@ -34,7 +34,8 @@ run)
     echo /opt/torch/.venv/lib/python3.12/site-packages > "$site/torch-env.pth"
     "/tmp/v-$v/bin/pip" install -q --no-index --no-deps .lab/rw/*.whl .lab/rw-$v/reconcile-*.whl
   done
-  python3 tools/versus_gpu_lab.py 2>&1 | tee "$out/versus-gpu-lab.txt"
+  python3 benchmarks/versus.py --installed /tmp/v-base/bin/reconcile /tmp/v-new/bin/reconcile \
+    --spec specs/h200-lab.toml --spec specs/blackwell-2x5090.toml --rounds 15 2>&1 | tee "$out/versus-gpu-lab.txt"
   ;;
 *) echo "usage: tools/versus_gpu_lab.sh wheels BASE_REF | run" >&2; exit 2 ;;
 esac
