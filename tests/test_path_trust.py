@@ -259,3 +259,112 @@ def test_every_path_field_of_the_models_has_its_role_in_the_table() -> None:
 
     visit(models.Spec, "")
     assert found == set(roles.PATHS), found ^ set(roles.PATHS)
+
+
+def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
+    """A spec naming every kind of path, all in root's directories except `field`, set to `bad`."""
+    ok = tmp_path / "ok"
+    ok.mkdir(exist_ok=True)
+    good = {
+        ("machine", "state_dir"): f"{ok}/state",
+        ("cuda", "home"): f"{ok}/cuda",
+        ("cuda", "target"): f"{ok}/cuda-13.0",
+        ("apt", "sources_dir"): f"{ok}/sources.list.d",
+        ("apt.repositories", "keyring"): f"{ok}/keyrings/r.gpg",
+        ("apt.repositories", "key_source"): f"{ok}/r.gpg",
+        ("venv", "path"): f"{ok}/venv",
+        ("venv", "python"): sys.executable,
+        ("venv", "wheelhouse"): f"{ok}/wheels",
+        ("venv", "extra_site_packages"): f"{ok}/site",
+        ("venv", "store"): f"{ok}/store",
+        ("model", "source"): f"{ok}/src",
+        ("model", "dir"): f"{ok}/model",
+        ("api_key", "file"): f"{ok}/api.key",
+        ("server", "executable"): "/bin/true",
+        ("server", "log"): f"{ok}/s.log",
+        ("server", "pidfile"): f"{ok}/s.pid",
+        ("server", "secret_files"): f"{ok}/hf.token",
+    }
+    good[field] = bad
+
+    def v(section: str, name: str) -> str:
+        value = good[(section, name)]
+        if name == "extra_site_packages":
+            return f'["{value}"]'
+        if name == "secret_files":
+            return f'{{ HF_TOKEN = "{value}" }}'
+        return f'"{value}"'
+
+    return f"""
+[machine]
+state_dir = {v("machine", "state_dir")}
+[cuda]
+home = {v("cuda", "home")}
+target = {v("cuda", "target")}
+[apt]
+sources_dir = {v("apt", "sources_dir")}
+repositories = [{{ name = "r", uri = "file:///srv/r", suite = "./", keyring = {v("apt.repositories", "keyring")},
+                  key_source = {v("apt.repositories", "key_source")} }}]
+[venv]
+path = {v("venv", "path")}
+python = {v("venv", "python")}
+wheelhouse = {v("venv", "wheelhouse")}
+extra_site_packages = {v("venv", "extra_site_packages")}
+store = {v("venv", "store")}
+[model]
+source = {v("model", "source")}
+dir = {v("model", "dir")}
+[api_key]
+file = {v("api_key", "file")}
+[server]
+name = "s"
+executable = {v("server", "executable")}
+log = {v("server", "log")}
+pidfile = {v("server", "pidfile")}
+secret_files = {v("server", "secret_files")}
+"""
+
+
+def _role_params() -> list[tuple[str, str]]:
+    from reconcile.spec.roles import PATHS
+
+    return [(section, name) for section, name, _ in PATHS]
+
+
+@pytest.mark.parametrize(
+    "field", _role_params(), ids=lambda f: f"{f[0]}.{f[1]}" if isinstance(f, tuple) else f
+)
+def test_every_path_the_spec_names_is_refused_in_nobodys_directory(
+    tmp_path: Path, field: tuple[str, str]
+) -> None:
+    """Coverage by construction: each field of reconcile.spec.roles.PATHS, put behind nobody's
+    directory (a link there for the ones root follows), is an error naming its key; `data` (a source
+    tree copied as data) is the one role that may live there."""
+    from reconcile.preflight.paths import path_findings
+    from reconcile.spec.loader import load_spec
+    from reconcile.spec.roles import PATHS
+
+    role = {(s, n): r for s, n, r in PATHS}[field]
+    theirs = nobodys_dir(tmp_path / "theirs")
+    if role.kind in ("exec", "read"):  # a real thing behind a link nobody can re-point
+        real = tmp_path / "real"
+        real.mkdir()
+        (real / "thing").write_text("#!/bin/sh\n")
+        (real / "thing").chmod(0o755)
+        (theirs / "link").symlink_to(real)
+        bad = str(theirs / "link" / "thing")
+    else:
+        bad = str(theirs / "thing")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(_full_spec(tmp_path, field, bad))
+    found = [f for f in path_findings(load_spec(str(spec)).spec) if f.severity == "error"]
+    key = f"[{field[0].split('.')[0]}]"
+    if role.kind == "data":
+        assert not any(bad in f.message for f in found), found
+        return
+    assert any(
+        f.evidence["key"].startswith(key)
+        and field[1] in f.evidence["key"]
+        and f"{theirs} is owned by nobody" in f.message
+        for f in found
+    ), found
