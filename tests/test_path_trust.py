@@ -303,8 +303,12 @@ home = {v("cuda", "home")}
 target = {v("cuda", "target")}
 [apt]
 sources_dir = {v("apt", "sources_dir")}
-repositories = [{{ name = "r", uri = "file:///srv/r", suite = "./", keyring = {v("apt.repositories", "keyring")},
-                  key_source = {v("apt.repositories", "key_source")} }}]
+[[apt.repositories]]
+name = "r"
+uri = "file:///srv/r"
+suite = "./"
+keyring = {v("apt.repositories", "keyring")}
+key_source = {v("apt.repositories", "key_source")}
 [venv]
 path = {v("venv", "path")}
 python = {v("venv", "python")}
