@@ -18,6 +18,7 @@ from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
+from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
@@ -317,17 +318,8 @@ def write_record(spec: Spec, record: Mapping[str, Any]) -> None:
 
 def private_dir(path: str) -> None:
     """Make `path` (mode 0700 whatever the umask), or narrow an existing one of ours to 0700. A dir of
-    another user's, or a shared sticky one such as /tmp, is left as it is."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.mkdir(path, 0o700)
-    st = os.stat(path)
-    if st.st_uid == os.geteuid() and not st.st_mode & 0o1000 and st.st_mode & 0o777 != 0o700:
-        os.chmod(path, 0o700)
+    another user's, or a shared sticky one such as /tmp, is refused (filesafety.ensure_dir)."""
+    ensure_dir(path, PRIVATE_DIR)  # through the trust walk; never chmods a directory others may write
 
 
 def reset_crash_loop(spec: Spec) -> ActionResult:

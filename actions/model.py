@@ -29,7 +29,7 @@ from reconcile.host import atomic_write
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import source_content
-from reconcile.safety.filesafety import TREE_UMASK, umask
+from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, umask
 from reconcile.safety.names import name_problem
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
         return ActionResult(False, f"{repo}@{commit[:12]}: all {len(sizes)} files present")
     etags = {n: f.etag for n, f in wanted.items()}
     if not on_disk:
-        os.makedirs(model.dir, exist_ok=True)
+        ensure_dir(model.dir, 0o755)
         paths = {name: inside_model_dir(model.dir, name) for name in sizes}
         for name, size in sizes.items():  # huggingface_hub trusts its own record over a damaged file
             path = paths[name]
@@ -313,5 +313,5 @@ def _read_manifest(model_dir: str) -> dict[str, Any] | None:
 
 
 def _write_manifest(model_dir: str, manifest: Mapping[str, Any]) -> None:
-    os.makedirs(model_dir, exist_ok=True)
+    ensure_dir(model_dir, 0o755)
     atomic_write(os.path.join(model_dir, MANIFEST), (json.dumps(manifest, indent=2) + "\n").encode())

@@ -22,6 +22,7 @@ from reconcile.ownership.membership import (
     server_leader,
     snapshot,
 )
+from reconcile.safety.filesafety import ensure_dir
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -40,7 +41,7 @@ def write_pidfile(spec: Spec, pid: int) -> None:
     if os.path.dirname(path) == spec.machine.state_dir.rstrip("/"):
         private_dir(os.path.dirname(path))
     else:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        ensure_dir(os.path.dirname(path), 0o755)
     if read_pidfile(path).state == "corrupt":
         os.replace(path, f"{path}.corrupt")
     atomic_write(path, f"{pid}\n".encode(), mode=0o600)

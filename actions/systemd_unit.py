@@ -162,7 +162,7 @@ def render_unit(spec: Spec, command: LaunchCommand, env_file: str) -> str:
 def install_unit(spec: Spec, command: LaunchCommand, *, unit_dir: str = UNIT_DIR) -> bool:
     """Write the EnvironmentFile (0600) and the unit atomically; True when either changed."""
     env_file = env_file_path(spec)
-    os.makedirs(os.path.dirname(env_file), exist_ok=True)
+    ensure_dir(os.path.dirname(env_file), 0o755)
     changed = _write_if_different(env_file, render_environment_file(command.env), 0o600)
     ensure_dir(unit_dir, 0o755)
     unit = os.path.join(unit_dir, unit_name(spec))

@@ -17,6 +17,7 @@ from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
+from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -46,8 +47,7 @@ def profile_dir(state_dir: str) -> str:
 
 def _ensure_dir(state_dir: str) -> str:
     path = profile_dir(state_dir)
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)  # makedirs obeys the umask, and an older dir may be wider
+    ensure_dir(path, PRIVATE_DIR)  # 0700 whatever the umask; an older, wider one is narrowed
     return path
 
 

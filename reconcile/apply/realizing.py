@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterator
 
 from reconcile.digest import sha256_hex
 from reconcile.host import atomic_symlink, atomic_write, which
-from reconcile.safety.filesafety import open_dir
+from reconcile.safety.filesafety import ensure_dir, open_dir
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def link_profile(profile: str, target: str) -> str | None:
             f"{profile} is not a link (a venv made before [venv] store): left as is; "
             f"the server runs from {target}"
         )
-    os.makedirs(os.path.dirname(profile) or "/", exist_ok=True)
+    ensure_dir(os.path.dirname(profile) or "/", 0o755)
     atomic_symlink(target, profile)
     return None
 

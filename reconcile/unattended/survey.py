@@ -285,7 +285,9 @@ def write_spec(path: str, text: str, *, force: bool) -> None:
         raise ReconcileError(
             f"{path} exists: not overwritten (compare with `reconcile init --out -`, or --force)"
         )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    from reconcile.safety.filesafety import ensure_dir
+
+    ensure_dir(os.path.dirname(os.path.abspath(path)), 0o755)
     atomic_write(path, text.encode(), mode=0o644)
 
 
