@@ -150,6 +150,10 @@ def test_a_symlink_is_followed_only_where_nobody_else_can_change_it(yard: Path, 
         refused(cli(yard, "plan", spec=planted), "/tmp is world-writable")
     finally:
         planted.unlink()
+    # root's link to nobody's link to root's good spec: the end is root's, but nobody may repoint the hop
+    nobody_runs(f"ln -s {yard}/good/spec.toml {theirs}/hop.toml")
+    (yard / "chain.toml").symlink_to(theirs / "hop.toml")
+    refused(cli(yard, "plan", spec=yard / "chain.toml"), f"{theirs} is owned by nobody")
     # a link of root's, in root's directory, to root's spec: followed
     (yard / "mine.toml").symlink_to(yard / "good" / "spec.toml")
     ok = cli(yard, "plan", spec=yard / "mine.toml")

@@ -30,13 +30,18 @@ def spec_file_problem(path: str) -> str | None:
     """Why another user could change what `path` holds (None when only root or we can), by
     filesafety.parent_problem: each symlink on the way must lie in such a directory and be root's or
     ours (a link is followed only then), and the file it leads to is checked the same way."""
+    return _checked(path)[0]
+
+
+def _checked(path: str) -> tuple[str | None, str]:
+    """(spec_file_problem's answer, the path with its symlinks resolved: what to open)."""
     links, real = _resolve(os.path.abspath(path))
     if real is None:
-        return f"{path}: more than {_MAX_LINKS} symlinks on the way"
+        return f"{path}: more than {_MAX_LINKS} symlinks on the way", path
     for link in links:
         if (problem := parent_problem(link)) is not None:
-            return problem
-    return parent_problem(real)
+            return problem, real
+    return parent_problem(real), real
 
 
 def _resolve(path: str, depth: int = 0) -> tuple[list[str], str | None]:
@@ -74,10 +79,10 @@ def read_trusted(path: str, display: str, *, missing_ok: bool = False) -> bytes 
     else one SpecError naming the file, what is wrong and the fix. None: absent and `missing_ok`."""
     if missing_ok and not os.path.lexists(path):
         return None
-    problem = spec_file_problem(path)
+    problem, real = _checked(path)
     if problem is not None:
         raise SpecError(display, None, "", f"{problem}: {FIX}")
-    return _read(os.path.realpath(path), display, trusted=True)
+    return _read(real, display, trusted=True)
 
 
 def outside(path: str, root: str) -> bool:
