@@ -22,6 +22,7 @@ import pytest
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+REPO = Path(__file__).resolve().parent.parent
 MARKER = "outside-marker-7f3a9c"  # a value of a file outside the fleet repository
 
 
@@ -263,3 +264,36 @@ def test_validate_reads_nothing_outside_the_repository_and_prints_none_of_it(yar
             assert f"outside the repository {where}" in line, (name, out)
         assert f"{specs / 'inside.toml'}: ok" in lines, out
         assert any(x.startswith(f"{specs / 'pipe.toml'}: is not a regular file") for x in lines), out
+
+
+def test_validate_reads_no_model_file_outside_the_repository(yard: Path) -> None:
+    """The preflight reads a local source's config: one outside the repository (by its path, or a
+    link in the source that leads out) gives no number of its own to any finding."""
+    repo = fleet(yard)
+    model = yard / "outside-model"
+    shutil.copytree(REPO / "specs" / "demo-model", model)
+    for name, key in (
+        ("config.json", "max_position_embeddings"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
+        (model / name).write_text((model / name).read_text().replace(f'"{key}": 2048', f'"{key}": 31337'))
+    demo = (REPO / "specs" / "cpu-demo.toml").read_text().replace("{spec_dir}/..", str(REPO))
+    demo = demo.split("[model.config.rope_parameters]")[0] + "[api_key]" + demo.split("[api_key]")[1]
+    demo = demo.replace("max-model-len = 2048", "max-model-len = 100000")
+    (repo / "specs" / "by-path.toml").write_text(demo.replace("{spec_dir}/demo-model", str(model)))
+    inside = repo / "specs" / "model"
+    shutil.copytree(REPO / "specs" / "demo-model", inside)
+    for name in ("config.json", "tokenizer_config.json"):
+        (inside / name).unlink()
+        (inside / name).symlink_to(model / name)
+    (repo / "specs" / "by-link.toml").write_text(demo.replace("{spec_dir}/demo-model", str(inside)))
+    run = subprocess.run(
+        [sys.executable, "-m", "reconcile", "validate", str(repo / "specs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = run.stdout + run.stderr
+    # old code: "max-model-len 100,000 is above the 31,337 vLLM (version unknown) derives (...)", twice
+    assert "31,337" not in out and "31337" not in out, out
+    assert "2 spec(s) checked" in out, out

@@ -88,7 +88,7 @@ def check_spec(path: str, root: str) -> SpecVerdict:
     except ReconcileError as exc:
         return SpecVerdict(path, str(exc), ())
     nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))
-    found = findings_for(loaded.spec, nothing_probed)
+    found = findings_for(loaded.spec, nothing_probed, within=root)
     return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
 
 
