@@ -113,7 +113,11 @@ def _read(real: str, display: str, *, trusted: bool) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SpecError(display, None, "", "is not a regular file (a spec is a TOML file): move it aside")
+            kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO"}
+            kind = kinds.get(stat.S_IFMT(st.st_mode), "a device or socket")
+            raise SpecError(
+                display, None, "", f"is not a regular file ({kind}): give the path of a TOML spec file"
+            )
         if trusted and st.st_uid not in owners():
             raise SpecError(display, None, "", f"is owned by {_who(st.st_uid)}: {FIX}")
         if trusted and st.st_mode & 0o022:
