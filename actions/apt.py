@@ -16,7 +16,9 @@ from reconcile.engine.apt_policy import policy_table
 from reconcile.errors import ActionError, RetryableError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run
 from reconcile.plan.records import ActionResult
-from reconcile.safety.filesafety import ensure_dir
+from reconcile.safety.filesafety import ensure_dir, open_regular
+
+_KEY_MAX = 1 << 20  # an armored keyring is a few KiB; a sources file one line
 
 if TYPE_CHECKING:
     from reconcile.spec.models import AptRepository
@@ -84,9 +86,8 @@ def add_repository(repo: AptRepository, sources_dir: str) -> ActionResult:
                 f"[apt].repositories {repo.name!r}: keyring {repo.keyring} does not exist: put the "
                 "repository's key there, or set key_source to a local copy of it"
             )
-        try:
-            with open(repo.key_source, "rb") as f:
-                key = f.read()
+        try:  # through the trust walk: a link only from a directory only root or we can write
+            key = open_regular(repo.key_source, max_bytes=_KEY_MAX)
         except OSError as exc:
             raise ActionError(
                 f"[apt].repositories {repo.name!r}: cannot read key_source {repo.key_source} "
@@ -99,8 +100,7 @@ def add_repository(repo: AptRepository, sources_dir: str) -> ActionResult:
     path = os.path.join(sources_dir, f"reconcile-{repo.name}.list")
     content = f"# Written by reconcile from the spec's [apt].repositories; edits are overwritten.\n{line}\n"
     try:
-        with open(path, encoding="utf-8") as f:
-            current: str | None = f.read()
+        current: str | None = open_regular(path, max_bytes=_KEY_MAX, follow=False).decode("utf-8", "replace")
     except FileNotFoundError:
         current = None
     if current != content:

@@ -36,7 +36,7 @@ from reconcile.ownership.membership import (
     scope_of,
 )
 from reconcile.plan.records import ActionResult, Change
-from reconcile.safety.filesafety import open_append
+from reconcile.safety.filesafety import FIX, UnsafePath, ensure_dir, open_append, resolve_exec
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Server, Spec
@@ -167,11 +167,16 @@ def _start(
 ) -> int:
     server = _server(spec)
     try:
+        # The program root is about to run, walked again now (the preflight's check was minutes ago):
+        # a link on its way that another user could re-point is refused, and what runs is its real path.
+        program = resolve_exec(command.argv[0], what="[server].executable")
         for path in (server.log, pidfile_path(spec)):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            ensure_dir(os.path.dirname(path), 0o755)
         private_dir(os.path.dirname(state_file_path(spec)))
         # Never through a symlink, never left writable by others (the preflight checked its parents).
         log = os.fdopen(open_append(server.log), "ab")  # closed below, once the child holds its own copy
+    except UnsafePath as exc:
+        raise ActionError(f"{exc}; {FIX}") from None
     except OSError as exc:
         raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
     with log:
@@ -190,12 +195,12 @@ def _start(
         else:
             group = cgroups.prepare(spec)
             try:
-                proc = _spawn(command, log, group.path)
+                proc = _spawn(command, program, log, group.path)
             except _NoEntry as exc:  # made but not enterable (a delegated or threaded subtree)
                 if group.path is not None:
                     cgroups.empty_and_remove(group.path)
                 group = cgroups.Prepared(None, str(exc))
-                proc = _spawn(command, log, None)
+                proc = _spawn(command, program, log, None)
             pid = proc.pid
     checkpoint("server.spawned")  # running, and no pidfile names it yet
     launch = proc_id(pid)
@@ -240,12 +245,14 @@ class _NoEntry(Exception):
     """The child could not write itself into the cgroup: launch without one (the fallback path)."""
 
 
-def _spawn(command: LaunchCommand, log: Any, cgroup: str | None) -> subprocess.Popen[bytes]:
-    """The server in a session of its own and, given `cgroup`, in that cgroup before it execs."""
+def _spawn(command: LaunchCommand, program: str, log: Any, cgroup: str | None) -> subprocess.Popen[bytes]:
+    """The server (`program`, resolve_exec's real path of argv[0]) in a session of its own and, given
+    `cgroup`, in that cgroup before it execs."""
     entry = cgroups.Entry(cgroup) if cgroup is not None else None
     try:
         return subprocess.Popen(
             list(command.argv),
+            executable=program,
             env=dict(command.env),
             stdin=subprocess.DEVNULL,
             stdout=log,

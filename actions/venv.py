@@ -26,6 +26,7 @@ from reconcile.host import (
     which,
 )
 from reconcile.plan.records import ActionResult
+from reconcile.safety.filesafety import FIX, UnsafePath, resolve_exec
 from reconcile.safety.sensitive import redact_url
 
 if TYPE_CHECKING:
@@ -53,6 +54,21 @@ for dist in m.distributions():
         found[name] = dist.version
 print(json.dumps(found))
 """
+
+
+def _trusted_python(venv: Venv) -> str:
+    """The real path of [venv].python (a name is looked up on PATH), walked by the trust layer: root
+    runs it, so it and every directory on its way must be root's or ours (filesafety.resolve_exec)."""
+    found = venv.python if venv.python.startswith("/") else which(venv.python)
+    if found is None or not os.path.lexists(found):
+        raise ActionError(
+            f"[venv].python: interpreter {venv.python!r} not found: install it "
+            f"(e.g. apt-get install {os.path.basename(venv.python)}-venv) or name one on PATH"
+        )
+    try:
+        return resolve_exec(found, what="[venv].python")
+    except UnsafePath as exc:
+        raise ActionError(f"{exc}; {FIX}") from None
 
 
 def _python(venv: Venv) -> str:
@@ -219,7 +235,12 @@ def create(venv: Venv) -> ActionResult:
                 f"{venv.path} exists and is not a venv: move it aside (mv {venv.path} {venv.path}.old) "
                 "or set [venv].path elsewhere"
             )
-        argv = [venv.python, "-m", "venv", *(["--system-site-packages"] if venv.system_site_packages else [])]
+        argv = [
+            _trusted_python(venv),
+            "-m",
+            "venv",
+            *(["--system-site-packages"] if venv.system_site_packages else []),
+        ]
         if installer_for(venv) == "uv":
             # uv installs into a venv without pip: ensurepip was 63-70% of a from-scratch demo apply.
             argv.append("--without-pip")

@@ -133,11 +133,21 @@ class Demo:
         return env
 
     def cli(
-        self, *args: str, spec: Path | None = None, timeout: float = 180, kill_at: str | None = None
+        self,
+        *args: str,
+        spec: Path | None = None,
+        timeout: float = 180,
+        kill_at: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Run:
         argv = self.command(*args, spec=spec)
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=self.env(kill_at), cwd=str(self.root)
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**self.env(kill_at), **(env or {})},
+            cwd=str(self.root),
         )
         run = Run(argv, proc.returncode, proc.stdout, proc.stderr)
         self.runs.append(run)

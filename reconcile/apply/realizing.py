@@ -10,10 +10,12 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import Collection, Iterator
 
 from reconcile.digest import sha256_hex
 from reconcile.host import atomic_symlink, atomic_write, which
+from reconcile.safety.filesafety import open_dir
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -181,10 +183,16 @@ def share_files(store: str, new: str) -> int:
 
 
 def realizations(store: str) -> list[str]:
+    """The `<hash>-venv` realizations directly under `store`, listed through the trust walk (a store
+    behind a link another user can re-point is an UnsafePath, never listed)."""
     try:
-        names = os.listdir(store)
-    except OSError:
+        fd = open_dir(store)
+    except FileNotFoundError:
         return []
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
     return sorted(os.path.join(store, n) for n in names if _NAME.match(n))
 
 
@@ -224,12 +232,20 @@ def in_use_by_processes(paths: Collection[str]) -> set[str]:
 
 
 def remove(store: str, path: str) -> None:
-    """Delete one realization: only a `<hash>-venv` directory directly under the store, that we sealed."""
-    if not is_realization(path, store) or os.path.islink(path) or not os.path.isdir(path):
+    """Delete one realization: only a `<hash>-venv` directory directly under the store, that we sealed,
+    acting on the store's descriptor from the trust walk (never on a name resolved again)."""
+    name = os.path.basename(path.rstrip("/"))
+    if not is_realization(path, store):
         raise ValueError(f"{path} is not a realization under {store}")
-    # Renamed first, so a half-removed tree never looks like a realization again.
-    doomed = os.path.join(store, f".gc-{os.path.basename(path)}")
-    os.rename(path, doomed)
-    import shutil
+    fd = open_dir(store)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{path} is not a realization under {store}")
+        # Renamed first, so a half-removed tree never looks like a realization again.
+        os.rename(name, f".gc-{name}", src_dir_fd=fd, dst_dir_fd=fd)
+        import shutil
 
-    shutil.rmtree(doomed)
+        shutil.rmtree(f"/proc/self/fd/{fd}/.gc-{name}")  # the store we walked, by its descriptor
+    finally:
+        os.close(fd)

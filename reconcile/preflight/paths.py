@@ -4,41 +4,55 @@ every spec, so `plan` names the path and `apply` refuses before it touches anyth
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from reconcile.plan.records import Finding
-from reconcile.safety.filesafety import FIX, owners, parent_problem
+from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem, resolve_exec
+from reconcile.spec.roles import EXEC, spec_paths
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
+    from reconcile.spec.roles import Role
 
 
-def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int]]]:
-    """(what, path, who may own it and its parents) for each path apply writes or trusts."""
-    paths = [("[machine].state_dir", spec.machine.state_dir, owners())]
-    if spec.venv is not None:
-        paths.append(("[venv].path", spec.venv.path, owners()))
-    if spec.model is not None:
-        paths.append(("[model].dir", spec.model.dir, owners()))
-    if spec.api_key is not None:
-        import pwd
+def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int], Role]]:
+    """(key, path, who may own it and its parents, role) for each path the spec names
+    (reconcile.spec.roles), plus the default executable, <venv>/bin/vllm, when none is named."""
+    out = []
+    for p in spec_paths(spec):
+        if p.role.kind == "data":
+            continue  # a tree from outside: copied as data, whoever owns it
+        allowed = owners()
+        if p.key == "[api_key].file" and spec.api_key is not None:
+            import pwd
 
-        try:
-            extra = {pwd.getpwnam(spec.api_key.owner).pw_uid}
-        except KeyError:
-            extra = set()  # the api_key action says the user does not exist
-        paths.append(("[api_key].file", spec.api_key.file, owners(extra)))
-    server = spec.server
-    if server is not None:
-        paths.append(("[server].log", server.log, owners()))
-        if server.pidfile is not None:
-            paths.append(("[server].pidfile", server.pidfile, owners()))
-        if server.executable is not None:
-            paths.append(("[server].executable", server.executable, owners()))
-        for name, path in sorted(server.secret_files.items()):
-            paths.append((f"[server].secret_files.{name}", path, owners()))
-    return paths
+            with contextlib.suppress(KeyError):  # the api_key action says the user does not exist
+                allowed = owners({pwd.getpwnam(spec.api_key.owner).pw_uid})
+        out.append((p.key, p.path, allowed, p.role))
+    if spec.server is not None and spec.server.executable is None and spec.venv is not None:
+        out.append(("[server].executable", f"{spec.venv.path.rstrip('/')}/bin/vllm", owners(), EXEC))
+    return out
+
+
+def _exec_problem(path: str, allowed: frozenset[int]) -> str | None:
+    """Why root must not run `path` (None when it may); a program not there yet (pip makes it) is
+    held to the rule for what root writes."""
+    if not path.startswith("/"):
+        from reconcile.host import which
+
+        found = which(path)
+        if found is None:
+            return None  # the venv action says the interpreter is not there
+        path = found
+    if not os.path.lexists(path):
+        return parent_problem(path, allowed)
+    try:
+        resolve_exec(path, allowed)
+    except UnsafePath as exc:
+        return str(exc)
+    return None
 
 
 def symlinked_model_dir(model_dir: str) -> str | None:
@@ -59,8 +73,11 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
     out = []
     if spec.model is not None and (why := symlinked_model_dir(spec.model.dir)) is not None:
         out.append(Finding("paths.symlink", "error", why, "", {"path": spec.model.dir, "key": "[model].dir"}))
-    for what, path, allowed in watched_paths(spec):
-        problem = parent_problem(path, allowed)
+    for what, path, allowed, role in watched_paths(spec):
+        if role.kind == "exec":
+            problem = _exec_problem(path, allowed)
+        else:
+            problem = parent_problem(path, allowed, follow=role.kind == "read")
         if problem is not None:
             out.append(
                 Finding(

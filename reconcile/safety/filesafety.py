@@ -59,48 +59,169 @@ def _system_group_dir(st: os.stat_result) -> bool:
     return st.st_uid == 0 and not st.st_mode & 0o002 and st.st_gid <= SYSTEM_GID_MAX
 
 
-def parent_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
-    """Why another user could swap or plant `path` (None when nobody else can), by sshd's StrictModes
-    rule: each existing directory above it (symlinks resolved) is owned by root or us and is not
-    group/other-writable; a sticky world-writable directory (/tmp) is allowed only above a directory
-    of ours, never as the path's own directory. An existing `path` must be owned by one of them too."""
-    ok = owners() if allowed is None else frozenset(allowed)
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    while not os.path.lexists(parent) and parent != "/":  # what we will create is ours
-        parent = os.path.dirname(parent)
-    real = os.path.realpath(parent)
-    # The path's own directory, if it exists; else we make it, and its parent may be sticky.
-    own_dir = real if parent == os.path.dirname(path) else None
-    chain = [real]
-    while chain[-1] != "/":
-        chain.append(os.path.dirname(chain[-1]))
-    for directory in chain:  # from the path's own directory up to /
-        try:
-            st = os.stat(directory)
-        except OSError as exc:
-            return f"{directory}: cannot check it ({exc.strerror})"
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{directory} is not a directory"
-        if st.st_uid not in ok:
-            return f"{directory} is owned by {_who(st.st_uid)}, who could replace what is in it"
-        if st.st_mode & 0o022:
-            sticky = bool(st.st_mode & stat.S_ISVTX)
-            if _system_group_dir(st) and directory != own_dir:
-                continue
-            if not sticky or directory == own_dir:
-                what = "world" if st.st_mode & 0o002 else f"group-{_group(st.st_gid)}"
-                mode = stat.S_IMODE(st.st_mode)
-                return f"{directory} is {what}-writable (mode {mode:04o}): others can plant or swap files"
-    try:
-        own = os.lstat(path)
-    except FileNotFoundError:
+O_PATH = getattr(os, "O_PATH", 0o10000000)  # Linux: a handle on a name, without read permission
+_MAX_LINKS = 40  # what the kernel allows a path lookup (MAXSYMLINKS)
+
+
+class Walked:
+    """Where a walk ended: `dir_fd` (an O_PATH fd of the deepest existing directory, checked), its real
+    path `dir_real`, the `name` of the last component in it and that entry's lstat (None when it is
+    missing), and `missing`: the components below `name` that do not exist yet (empty when it exists
+    or when only `name` is missing). The caller closes `dir_fd` (close())."""
+
+    __slots__ = ("dir_fd", "dir_real", "missing", "name", "st")
+
+    def __init__(self, dir_fd: int, dir_real: str, name: str, st: os.stat_result | None, missing: list[str]):
+        self.dir_fd, self.dir_real, self.name, self.st, self.missing = dir_fd, dir_real, name, st, missing
+
+    @property
+    def real(self) -> str:
+        return os.path.join(self.dir_real, self.name, *self.missing) if self.name else self.dir_real
+
+    def close(self) -> None:
+        os.close(self.dir_fd)
+
+
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _dir_problem(
+    directory: str,
+    st: os.stat_result,
+    entry: tuple[str, os.stat_result] | None,
+    ok: frozenset[int],
+    *,
+    own: bool,
+) -> str | None:
+    """sshd's StrictModes for one directory we pass: owned by root or us (`ok`), not group/other
+    writable. Two exceptions, never for the path's `own` directory: a root directory that only a system
+    group may write (Ubuntu's /var/log), and a sticky one (/tmp) when the `entry` (name, lstat) we take
+    from it is ours: in a sticky directory only an entry's owner can rename or replace it."""
+    if st.st_uid not in ok:
+        return f"{directory} is owned by {_who(st.st_uid)}, who could replace what is in it"
+    if not st.st_mode & 0o022 or (not own and _system_group_dir(st)):
         return None
+    if st.st_mode & stat.S_ISVTX and not own:
+        if entry is None or entry[1].st_uid in ok:
+            return None
+        return (
+            f"{os.path.join(directory, entry[0])} is owned by {_who(entry[1].st_uid)}, who could replace it"
+        )
+    what = "world" if st.st_mode & 0o002 else f"group-{_group(st.st_gid)}"
+    mode = stat.S_IMODE(st.st_mode)
+    return f"{directory} is {what}-writable (mode {mode:04o}): others can plant or swap files"
+
+
+def walk(path: str, allowed: Collection[int] | None = None, *, follow_last: bool = False) -> Walked:
+    """The one path walk: from / one component at a time, each opened O_PATH|O_NOFOLLOW relative to
+    the last, never by name from the top again. Every directory it passes is held to _dir_problem,
+    symlinks' own directories included: a link is followed only from a directory that passed (so only
+    root or us can re-point it), and its target is walked the same way, `..` included. The last
+    component is followed when it is a link only with `follow_last`. Raises UnsafePath naming the
+    first directory another user could change, or a component that is not a directory."""
+    ok = owners() if allowed is None else frozenset(allowed)
+    todo = [c for c in os.path.abspath(path).split("/") if c][::-1]  # a stack: next component last
+    stack: list[tuple[int, str, os.stat_result]] = []
+    root = os.open("/", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    stack.append((root, "/", os.fstat(root)))
+    links = 0
+    try:
+        while True:
+            fd, where, dst = stack[-1]
+            if not todo:  # the path was / (or walked back to it)
+                return Walked(os.dup(fd), where, "", dst, [])
+            name = todo.pop()
+            if name == ".":
+                continue
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop()[0])
+                continue
+            last = not todo
+            try:
+                nfd = os.open(name, O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                rest = [c for c in todo[::-1] if c not in ("", ".")]
+                if ".." in rest:
+                    raise UnsafePath(
+                        f"{os.path.join(where, name)} does not exist, yet the path goes on through '..'"
+                    ) from None
+                # What we will create is ours; the directory is its own only when `name` is the last.
+                problem = _dir_problem(where, dst, None, ok, own=not rest)
+                if problem is not None:
+                    raise UnsafePath(problem) from None
+                return Walked(os.dup(fd), where, name, None, rest)
+            try:
+                st = os.fstat(nfd)
+                here = os.path.join(where, name)
+                if stat.S_ISLNK(st.st_mode) and not (last and not follow_last):
+                    problem = _dir_problem(where, dst, (name, st), ok, own=False)
+                    if problem is not None:
+                        raise UnsafePath(problem)
+                    links += 1
+                    if links > _MAX_LINKS:
+                        raise UnsafePath(f"{path}: more than {_MAX_LINKS} symlinks on the way")
+                    target = os.readlink(name, dir_fd=fd)
+                    if target.startswith("/"):
+                        while len(stack) > 1:
+                            os.close(stack.pop()[0])
+                    todo.extend(c for c in target.split("/")[::-1] if c)
+                    continue
+                if last or not stat.S_ISDIR(st.st_mode):
+                    if not last:
+                        raise UnsafePath(f"{here} is not a directory")
+                    problem = _dir_problem(where, dst, (name, st), ok, own=True)
+                    if problem is not None:
+                        raise UnsafePath(problem)
+                    return Walked(os.dup(fd), where, name, st, [])
+                problem = _dir_problem(where, dst, (name, st), ok, own=False)
+                if problem is not None:
+                    raise UnsafePath(problem)
+                stack.append((nfd, here, st))
+                nfd = -1
+            finally:
+                if nfd >= 0:
+                    os.close(nfd)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def parent_problem(path: str, allowed: Collection[int] | None = None, *, follow: bool = False) -> str | None:
+    """Why another user could swap, plant or re-point `path` (None when nobody else can): walk()'s
+    StrictModes rule on every directory on the way, links' own directories included, and an
+    existing `path` owned by root or us (when it is a link: the link, and with `follow` its target
+    walked the same way)."""
+    ok = owners() if allowed is None else frozenset(allowed)
+    try:
+        w = walk(path, ok)
+        if follow and w.st is not None and stat.S_ISLNK(w.st.st_mode):
+            if w.st.st_uid not in ok:
+                w.close()
+                return f"{w.real} is owned by {_who(w.st.st_uid)}, not by root or the user reconcile runs as"
+            w.close()
+            w = walk(path, ok, follow_last=True)
+    except UnsafePath as exc:
+        return str(exc)
     except OSError as exc:
-        return f"{path}: cannot check it ({exc.strerror})"
-    if own.st_uid not in ok:
-        return f"{path} is owned by {_who(own.st_uid)}, not by root or the user reconcile runs as"
-    return None
+        return f"{exc.filename or path}: cannot check it ({exc.strerror})"
+    try:
+        if w.st is not None and w.st.st_uid not in ok:
+            return f"{w.real} is owned by {_who(w.st.st_uid)}, not by root or the user reconcile runs as"
+        return None
+    finally:
+        w.close()
 
 
 def check_parents(path: str, what: str, allowed: Collection[int] | None = None) -> None:
@@ -114,25 +235,33 @@ FIX = "move it under a directory only root can write (/var/lib, /srv, /opt) or f
 
 
 def _walk(path: str, mode: int, *, create: bool) -> int:
-    """An fd of directory `path`, each component opened with O_NOFOLLOW below the resolved part
-    that exists and was checked; missing components are made with `mode` (then chmod: no umask)."""
-    path = os.path.abspath(path)
-    existing = path
-    while not os.path.lexists(existing) and existing != "/":
-        existing = os.path.dirname(existing)
-    rest = os.path.relpath(path, existing).split(os.sep) if existing != path else []
-    where = os.path.realpath(existing)
+    """An O_RDONLY fd of directory `path`, reached by walk() (every directory checked, no link
+    followed from a directory others may write); missing components are made with `mode` (then
+    fchmod: no umask), each opened O_NOFOLLOW right after its mkdir and checked to be ours."""
+    w = walk(path, follow_last=True)
     try:
-        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except NotADirectoryError:
-        raise UnsafePath(f"{where} is not a directory: move it aside or choose another path") from None
+        names = [w.name, *w.missing] if w.st is None else []
+        if w.st is not None and not stat.S_ISDIR(w.st.st_mode):
+            raise UnsafePath(f"{w.real} is not a directory: move it aside or choose another path")
+        if names and not create:
+            raise FileNotFoundError(
+                errno.ENOENT, "No such file or directory", os.path.join(w.dir_real, w.name)
+            )
+        start = os.path.join(w.dir_real, w.name) if w.st is not None else w.dir_real
+        fd = os.open(
+            w.name if w.st is not None and w.name else ".",
+            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+            dir_fd=w.dir_fd,
+        )
+    finally:
+        w.close()
+    where = start
     try:
-        for name in rest:
+        for name in names:
             made = False
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, mode, dir_fd=fd)
-                    made = True
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, mode, dir_fd=fd)
+                made = True
             where = os.path.join(where, name)
             try:
                 nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
@@ -153,31 +282,43 @@ def _walk(path: str, mode: int, *, create: bool) -> int:
     return fd
 
 
+def open_dir(path: str) -> int:
+    """An O_RDONLY descriptor of the existing directory `path`, reached by walk() (every directory on
+    the way checked, a link followed only from a directory only root or we can write). The caller
+    lists, renames and removes through it (dir_fd), never by the name again."""
+    return _walk(path, PRIVATE_DIR, create=False)
+
+
 def ensure_dir(path: str, mode: int = PRIVATE_DIR) -> None:
-    """Make directory `path` (and what is missing above it, with `mode`) without following a symlink
-    planted below the part that existed; `path` itself ends with exactly `mode` when it is PRIVATE_DIR
-    (state must stay private whatever made it first), else is only stripped of group/other write.
-    A `path` another user could swap (parent_problem) is an UnsafePath: nothing is made there."""
+    """Make directory `path` (and what is missing above it, with `mode`) through walk(): nothing is
+    made where another user could swap a component. `path` itself ends with exactly `mode` when it is
+    PRIVATE_DIR (state must stay private whatever made it first). An existing directory that others
+    may write is an UnsafePath, never chmodded: it may be shared (/tmp), and it is not ours to fix."""
     check_parents(path, "directory")
     fd = _walk(path, mode, create=True)
     try:
         st = os.fstat(fd)
-        want = mode if mode == PRIVATE_DIR else stat.S_IMODE(st.st_mode) & ~0o022
-        if stat.S_IMODE(st.st_mode) != want and st.st_uid == os.geteuid():
-            os.fchmod(fd, want)
+        if st.st_mode & 0o022 and stat.S_IMODE(st.st_mode) & ~mode & 0o022:
+            what = "world" if st.st_mode & 0o002 else f"group-{_group(st.st_gid)}"
+            raise UnsafePath(
+                f"directory {path}: {path} is {what}-writable (mode {stat.S_IMODE(st.st_mode):04o}): others "
+                f"can plant or swap files in it; {FIX}"
+            )
+        if mode == PRIVATE_DIR and stat.S_IMODE(st.st_mode) != mode and st.st_uid == os.geteuid():
+            os.fchmod(fd, mode)  # an older reconcile made state 0755: tighten it
     finally:
         os.close(fd)
 
 
 def open_nofollow(path: str, flags: int, mode: int = PRIVATE_FILE) -> int:
-    """os.open of `path` with O_NOFOLLOW, its parent reached by the no-symlink chain; a symlink at
-    `path` is an UnsafePath naming it."""
+    """os.open of `path` with O_NOFOLLOW, relative to its directory's fd from walk() (so every
+    directory on the way was checked); a symlink at `path` is an UnsafePath naming it."""
     directory, name = os.path.split(os.path.abspath(path))
     dfd = _walk(directory, PRIVATE_DIR, create=False)
     try:
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP or os.path.islink(path):  # the last component is a symlink
+        if exc.errno == errno.ELOOP:  # the last component is a symlink
             raise UnsafePath(
                 f"{path} is a symlink: reconcile does not follow links where it writes; remove it "
                 f"(rm {path}) and re-run"
@@ -187,16 +328,109 @@ def open_nofollow(path: str, flags: int, mode: int = PRIVATE_FILE) -> int:
         os.close(dfd)
 
 
+def open_regular(
+    path: str, *, max_bytes: int, allowed: Collection[int] | None = None, follow: bool = True
+) -> bytes:
+    """The bytes of a file root reads from a path the spec names (a key source, a secret file): reached
+    by walk() (a link only from a directory only root or us can write, when `follow`), opened
+    O_NONBLOCK (a FIFO never blocks us), fstat'ed on the fd: a regular file of root or `allowed`, at
+    most `max_bytes`. Anything else is an UnsafePath naming it; FileNotFoundError when absent."""
+    ok = owners() if allowed is None else frozenset(allowed)
+    w = walk(path, ok, follow_last=follow)
+    try:
+        if w.st is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        fd = os.open(w.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=w.dir_fd)
+    finally:
+        w.close()
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(
+                f"{path} is {_kind(st.st_mode)}, not a regular file: reconcile reads only regular files"
+            )
+        if st.st_uid not in ok:
+            raise UnsafePath(
+                f"{path} is owned by {_who(st.st_uid)}, not by root or the user reconcile runs as"
+            )
+        if st.st_size > max_bytes:
+            raise UnsafePath(f"{path} is {st.st_size} bytes, more than the {max_bytes} reconcile reads there")
+        data = os.read(fd, max_bytes + 1)
+        if len(data) > max_bytes:
+            raise UnsafePath(f"{path} grew past {max_bytes} bytes while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def resolve_exec(path: str, allowed: Collection[int] | None = None, *, what: str = "program") -> str:
+    """The real path of a program root will run, after walk() (links followed only from directories
+    only root or us can write): a regular, executable file of root or us that nobody else may write,
+    and, for a `#!` script, its interpreter held to the same rule. Raises UnsafePath naming the
+    problem. Why the caller then execs this name and not the fd (fexecve): a script run from
+    /proc/self/fd/N hands its interpreter that name, and vLLM's spawned workers re-import their main
+    module from it after the fd is gone; and systemd execs by name. Every directory on this real path
+    is one only root or us can change, so the name cannot be re-pointed by anyone else."""
+    ok = owners() if allowed is None else frozenset(allowed)
+    return _resolve_exec(path, ok, what, depth=0)
+
+
+def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
+    try:
+        w = walk(path, ok, follow_last=True)
+    except UnsafePath as exc:
+        if depth == 0:
+            raise
+        raise UnsafePath(f"{what}: {exc}") from None
+    try:
+        if w.st is None:
+            raise UnsafePath(f"{what} {path} does not exist")
+        real = w.real
+        fd = os.open(w.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=w.dir_fd)
+    except OSError as exc:
+        raise UnsafePath(f"{what} {path}: cannot open it ({exc.strerror})") from None
+    finally:
+        w.close()
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        if st.st_uid not in ok:
+            raise UnsafePath(f"{what} {path} is owned by {_who(st.st_uid)}, who could change what root runs")
+        if st.st_mode & 0o022:
+            who = "world" if st.st_mode & 0o002 else f"group-{_group(st.st_gid)}"
+            raise UnsafePath(f"{what} {path} is {who}-writable (mode {stat.S_IMODE(st.st_mode):04o})")
+        if not st.st_mode & 0o111:
+            raise UnsafePath(f"{what} {path} is not executable (mode {stat.S_IMODE(st.st_mode):04o})")
+        head = os.read(fd, 256)
+    finally:
+        os.close(fd)
+    if head.startswith(b"#!") and depth < 2:
+        words = head[2:].split(b"\n", 1)[0].split()
+        if words:
+            interp = words[0].decode("utf-8", "replace")
+            _resolve_exec(interp, ok, f"interpreter {interp} of {what} {path}", depth + 1)
+    return real
+
+
 def open_append(path: str, mode: int = 0o640) -> int:
     """An O_APPEND fd of a log (made with `mode`), never through a symlink, never left writable by
-    group or others, and only a regular file of root or us."""
-    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    group or others, and only a regular file of root or us (O_NONBLOCK: a FIFO there never blocks)."""
+    try:
+        fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a FIFO nobody reads
+            raise
+        raise UnsafePath(f"{path} is a FIFO, not a regular file: move it aside and re-run") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners():
             raise UnsafePath(f"{path} is not a regular file of root or ours: move it aside and re-run")
         if st.st_mode & 0o022:
             os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise

@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reconcile.record import Record
+from reconcile.spec import roles
 from reconcile.spec.values import (
     DURATION_PATTERN,
     DURATIONS,
@@ -51,7 +52,16 @@ class Expect(Record):
     allowed: str  # "an integer 1-65535": what to write instead
 
 
-AbsPath = Annotated[str, AfterValidator(absolute), Expect("an absolute path", "a path starting with /")]
+# Every path the spec names is typed with its role (reconcile.spec.roles: what root does with it);
+# reconcile.spec.roles.PATHS lists the same fields for the warm path, held to these by a test.
+_ABS = Expect("an absolute path", "a path starting with /")
+ReadPath = Annotated[str, AfterValidator(absolute), roles.READ, _ABS]
+WritePath = Annotated[str, AfterValidator(absolute), roles.WRITE, _ABS]
+ExecPath = Annotated[str, AfterValidator(absolute), roles.EXEC, _ABS]
+DeletePath = Annotated[str, AfterValidator(absolute), roles.DELETE, _ABS]
+LinkPath = Annotated[str, AfterValidator(absolute), roles.LINK, _ABS]
+DataPath = Annotated[str, AfterValidator(absolute), roles.DATA, _ABS]
+ExecCommand = Annotated[str, roles.EXEC]  # a name on PATH or an absolute path
 # For editors (`reconcile schema --json`): what a spec may hold, not the float it becomes.
 _DURATION_SCHEMA = {
     "anyOf": [
@@ -62,12 +72,8 @@ _DURATION_SCHEMA = {
 Duration = Annotated[
     float, BeforeValidator(spec_duration), WithJsonSchema(_DURATION_SCHEMA), Expect("a duration", DURATIONS)
 ]
-OwnDir = Annotated[
-    str,
-    AfterValidator(absolute),
-    AfterValidator(own_dir),
-    Expect("an absolute path", "a path starting with /"),
-]
+WriteDir = Annotated[str, AfterValidator(absolute), AfterValidator(own_dir), roles.WRITE_DIR, _ABS]
+SharedDir = Annotated[str, AfterValidator(absolute), roles.WRITE_DIR, _ABS]  # a system dir we write into
 EnvName = Annotated[
     str,
     AfterValidator(env_name),
@@ -111,7 +117,7 @@ class Machine(_Model):
     hostname: str | None = Field(
         None, description="Host this spec is for; plan warns when it runs elsewhere."
     )
-    state_dir: OwnDir = Field(
+    state_dir: WriteDir = Field(
         "/var/lib/reconcile", description="Where the lock, generations and last-run report live."
     )
     description: str = Field("", description="Free text shown in the plan header.")
@@ -135,8 +141,8 @@ class Gpu(_Model):
 
 
 class Cuda(_Model):
-    home: AbsPath = Field("/usr/local/cuda", description="CUDA_HOME: a symlink to the toolkit in use.")
-    target: AbsPath | None = Field(
+    home: LinkPath = Field("/usr/local/cuda", description="CUDA_HOME: a symlink to the toolkit in use.")
+    target: ReadPath | None = Field(
         None, description="Where `home` must point (None: leave the symlink alone, only check it)."
     )
     gpu_arch: list[GpuArch] = Field(
@@ -172,13 +178,13 @@ class AptRepository(_Model):
     ] = Field(default_factory=list, description="Components (empty for flat).")
     keyring: (
         Annotated[
-            AbsPath,
+            WritePath,
             AfterValidator(apt_keyring),
             Expect("a keyring path", "an absolute path without spaces, quotes, brackets, commas or #"),
         ]
         | None
     ) = Field(None, description="Keyring file used as signed-by (typically under /etc/apt/keyrings).")
-    key_source: AbsPath | None = Field(
+    key_source: ReadPath | None = Field(
         None, description="A local key file that apply copies to `keyring` when that is missing."
     )
     trusted: StrictBool = Field(
@@ -197,31 +203,35 @@ class Apt(_Model):
         default_factory=list, description='Packages that must be installed; "name=version" pins.'
     )
     repositories: list[AptRepository] = Field(default_factory=list, description="Extra apt sources.")
-    sources_dir: AbsPath = Field("/etc/apt/sources.list.d", description="Where repository files are written.")
+    sources_dir: SharedDir = Field(
+        "/etc/apt/sources.list.d", description="Where repository files are written."
+    )
 
 
 class Venv(_Model):
-    path: OwnDir = Field(description="The virtual environment's directory.")
-    python: str = Field("python3", description="Interpreter used to create it (a name on PATH or a path).")
+    path: WriteDir = Field(description="The virtual environment's directory.")
+    python: ExecCommand = Field(
+        "python3", description="Interpreter used to create it (a name on PATH or a path)."
+    )
     index_url: str | None = Field(None, description="pip --index-url.")
     extra_index_urls: list[str] = Field(default_factory=list, description="pip --extra-index-url, in order.")
     packages: Annotated[
         dict[PackageName, VersionSpec],
         Expect("a table", 'name = "version specifier" pairs, e.g. { vllm = ">=0.26", ninja = "*" }'),
     ] = Field(default_factory=dict, description='Distribution -> version specifier ("*" for any).')
-    wheelhouse: AbsPath | None = Field(
+    wheelhouse: ReadPath | None = Field(
         None, description="Install offline from this directory (--no-index --find-links)."
     )
     no_deps: StrictBool = Field(False, description="pip --no-deps (an explicit, complete package list).")
     system_site_packages: StrictBool = Field(False, description="Create with --system-site-packages.")
-    extra_site_packages: list[AbsPath] = Field(
+    extra_site_packages: list[ReadPath] = Field(
         default_factory=list,
         description="Other environments' site-packages made visible through a .pth file.",
     )
     installer: Literal["auto", "pip", "uv"] = Field(
         "auto", description="auto: uv when it is on PATH, else pip."
     )
-    store: AbsPath | None = Field(
+    store: DeletePath | None = Field(
         None,
         description="Build each venv once at <store>/<hash>-venv (hash of the interpreter, packages and "
         "indexes or wheelhouse) and make `path` a link to it: generations switch and roll back offline.",
@@ -231,8 +241,8 @@ class Venv(_Model):
 class Model(_Model):
     repo: str | None = Field(None, description='Hugging Face repo id, e.g. "nvidia/NVIDIA-Nemotron-...".')
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit and recorded.")
-    source: AbsPath | None = Field(None, description="A local directory to copy from instead of the hub.")
-    dir: OwnDir = Field(description="Where the model's files live.")
+    source: DataPath | None = Field(None, description="A local directory to copy from instead of the hub.")
+    dir: WriteDir = Field(description="Where the model's files live.")
     allow_patterns: list[str] = Field(default_factory=list, description="Only these files (globs).")
     max_workers: Int = Field(8, ge=1, le=64, description="Parallel downloads.")
     offline: StrictBool = Field(
@@ -260,7 +270,7 @@ class Model(_Model):
 
 
 class ApiKey(_Model):
-    file: AbsPath = Field(description="Key file: generated once, mode 0600, passed as VLLM_API_KEY.")
+    file: WritePath = Field(description="Key file: generated once, mode 0600, passed as VLLM_API_KEY.")
     owner: str = Field("root", description="Owner of the key file.")
     group: str | None = Field(None, description="Group of the key file (None: the owner's group).")
     mode: Annotated[str, Expect("a file mode", 'octal digits, e.g. "0600"')] = Field(
@@ -289,13 +299,13 @@ class Server(_Model):
         description='supervisor = "systemd": the unit\'s User= (default root). The account needs read access '
         "to the model dir and the GPU devices; its caches (~/.cache, ~/.triton, ~/.nv) stay writable.",
     )
-    executable: AbsPath | None = Field(None, description="The vllm executable (default: <venv>/bin/vllm).")
+    executable: ExecPath | None = Field(None, description="The vllm executable (default: <venv>/bin/vllm).")
     model: str | None = Field(None, description="What `vllm serve` is given (default: model.dir).")
     host: str = Field("127.0.0.1", description="--host.")
     port: Port = Field(8000, description="--port.")
     served_model_name: str | None = Field(None, description="--served-model-name.")
-    log: AbsPath = Field(description="Log file the server appends to.")
-    pidfile: AbsPath | None = Field(None, description="Pidfile (default: <state_dir>/<name>.pid).")
+    log: WritePath = Field(description="Log file the server appends to.")
+    pidfile: WritePath | None = Field(None, description="Pidfile (default: <state_dir>/<name>.pid).")
     startup_timeout: Duration = Field(900.0, description="How long to wait for /health = 200.")
     stop_timeout: Duration = Field(30.0, description="Grace period between SIGTERM and SIGKILL.")
     args: Annotated[dict[str, ArgValue], AfterValidator(flag_names)] = Field(
@@ -312,7 +322,7 @@ class Server(_Model):
         default_factory=list,
         description="Names in env whose values are sensitive although their names do not say so.",
     )
-    secret_files: dict[str, AbsPath] = Field(
+    secret_files: dict[str, ReadPath] = Field(
         default_factory=dict,
         description="Environment variables read from a file at each launch, e.g. "
         '{ HF_TOKEN = "/root/hf.token" }: the value never enters the spec, a record or a command line; '

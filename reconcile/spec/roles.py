@@ -1,0 +1,95 @@
+"""Every path a spec can name, with what root does with it: its role. The path preflight rule
+(reconcile.preflight.paths) checks each through reconcile.safety.filesafety's walk, and the actions
+open them through it. The models' path types carry the same roles (reconcile.spec.models: `ExecPath`,
+`WritePath`, ...); tests/test_path_trust.py holds this table to them, so no path field can be added
+to the spec without a role here, and so without a check.
+
+Plain data, no pydantic: a warm plan reads it from the spec cache's views.
+"""
+
+from __future__ import annotations
+
+from reconcile.record import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Role(Record):
+    kind: str  # read | write | write-dir | exec | delete | link | data
+    rule: str  # the rule that applies, in words (docs/security.md's table)
+
+
+READ = Role(
+    "read",
+    "root reads it and trusts what it says: every directory on the way, links' own included, root's or ours",
+)
+WRITE = Role(
+    "write",
+    "root writes it: every directory on the way and an existing file root's or ours, never a link",
+)
+WRITE_DIR = Role(
+    "write-dir", "root makes and writes under it: as write, and the directory itself not writable by others"
+)
+EXEC = Role(
+    "exec",
+    "root runs it: as read, and the file (and a script's interpreter) root's or ours, not writable by others",
+)
+DELETE = Role(
+    "delete", "root removes entries under it: as write-dir, walked by descriptor, never through a link"
+)
+LINK = Role("link", "root points this symlink: its directory root's or ours")
+DATA = Role("data", "a tree from outside, copied as data (regular files only, modes reduced, sizes bounded)")
+
+# (section, field, role). A section named "a.b" is a list of tables (apt.repositories).
+PATHS: tuple[tuple[str, str, Role], ...] = (
+    ("machine", "state_dir", WRITE_DIR),
+    ("cuda", "home", LINK),
+    ("cuda", "target", READ),
+    ("apt", "sources_dir", WRITE_DIR),
+    ("apt.repositories", "keyring", WRITE),
+    ("apt.repositories", "key_source", READ),
+    ("venv", "path", WRITE_DIR),
+    ("venv", "python", EXEC),
+    ("venv", "wheelhouse", READ),
+    ("venv", "extra_site_packages", READ),
+    ("venv", "store", DELETE),
+    ("model", "source", DATA),
+    ("model", "dir", WRITE_DIR),
+    ("api_key", "file", WRITE),
+    ("server", "executable", EXEC),
+    ("server", "log", WRITE),
+    ("server", "pidfile", WRITE),
+    ("server", "secret_files", READ),
+)
+
+
+class SpecPath(Record):
+    key: str  # "[server].executable", "[apt].repositories.cuda.key_source", "[server].secret_files.HF_TOKEN"
+    path: str
+    role: Role
+
+
+def spec_paths(spec: Any) -> list[SpecPath]:
+    """Every path `spec` names (a pydantic Spec or its cached view), with its key and role."""
+    out: list[SpecPath] = []
+    for section, field, role in PATHS:
+        top, _, sub = section.partition(".")
+        holder = getattr(spec, top, None)
+        if holder is None:
+            continue
+        tables = [(f"[{top}]", holder)]
+        if sub:
+            tables = [
+                (f"[{top}].{sub}.{getattr(t, 'name', i)}", t) for i, t in enumerate(getattr(holder, sub, ()))
+            ]
+        for where, table in tables:
+            value = getattr(table, field, None)
+            if isinstance(value, str):
+                out.append(SpecPath(f"{where}.{field}", value, role))
+            elif isinstance(value, dict):
+                out += [SpecPath(f"{where}.{field}.{k}", v, role) for k, v in sorted(value.items())]
+            elif isinstance(value, (list, tuple)):
+                out += [SpecPath(f"{where}.{field}[{i}]", v, role) for i, v in enumerate(value)]
+    return out
