@@ -14,10 +14,9 @@ import os
 import stat
 
 from reconcile.errors import SpecError
-from reconcile.safety.filesafety import owners, parent_problem
+from reconcile.safety.filesafety import UnsafePath, owners, parent_problem, walk
 
 MAX_BYTES = 1 << 20  # a spec, a base or a lock larger than 1 MiB is not one a person wrote
-_MAX_LINKS = 40  # as the kernel's own limit on links in one lookup
 FIX = (
     "reconcile reads a spec only when root or the user running it owns it and every directory above "
     "it, and nobody else can write them (sshd's StrictModes): chown root and chmod go-w what it "
@@ -27,51 +26,10 @@ OUTSIDE = "outside the repository {root} (validate reads only the repository it 
 
 
 def spec_file_problem(path: str) -> str | None:
-    """Why another user could change what `path` holds (None when only root or we can), by
-    filesafety.parent_problem: each symlink on the way must lie in such a directory and be root's or
-    ours (a link is followed only then), and the file it leads to is checked the same way."""
-    return _checked(path)[0]
-
-
-def _checked(path: str) -> tuple[str | None, str]:
-    """(spec_file_problem's answer, the path with its symlinks resolved: what to open)."""
-    links, real = _resolve(os.path.abspath(path))
-    if real is None:
-        return f"{path}: more than {_MAX_LINKS} symlinks on the way", path
-    for link in links:
-        if (problem := parent_problem(link)) is not None:
-            return problem, real
-    return parent_problem(real), real
-
-
-def _resolve(path: str, depth: int = 0) -> tuple[list[str], str | None]:
-    """(each symlink met, where it stands once the part before it is resolved; the real path)."""
-    links: list[str] = []
-    at = "/"
-    for name in path.split("/"):
-        if name in ("", "."):
-            continue
-        if name == "..":
-            at = os.path.dirname(at)
-            continue
-        step = os.path.join(at, name)
-        if not os.path.islink(step):
-            at = step
-            continue
-        if depth + len(links) >= _MAX_LINKS:
-            return links, None
-        links.append(step)
-        try:
-            target = os.readlink(step)
-        except OSError:
-            at = step  # gone meanwhile: the open below says what is there now
-            continue
-        more, resolved = _resolve(os.path.join(at, target), depth + len(links))
-        links += more
-        if resolved is None:
-            return links, None
-        at = resolved
-    return links, at
+    """Why another user could change what `path` holds (None when only root or we can): sshd's
+    StrictModes by filesafety's one walk, every directory from / (links' own directories included: a
+    link is followed only from a directory only root or we can write) and the file's owner."""
+    return parent_problem(path, follow=True)
 
 
 def read_trusted(path: str, display: str, *, missing_ok: bool = False) -> bytes | None:
@@ -79,10 +37,20 @@ def read_trusted(path: str, display: str, *, missing_ok: bool = False) -> bytes 
     else one SpecError naming the file, what is wrong and the fix. None: absent and `missing_ok`."""
     if missing_ok and not os.path.lexists(path):
         return None
-    problem, real = _checked(path)
+    problem = spec_file_problem(path)
     if problem is not None:
         raise SpecError(display, None, "", f"{problem}: {FIX}")
-    return _read(real, display, trusted=True)
+    try:  # the same walk again, for the directory's descriptor: the file is opened relative to it
+        w = walk(path, follow_last=True)
+    except (UnsafePath, OSError) as exc:  # changed since the check
+        raise SpecError(display, None, "", f"{exc}: {FIX}") from None
+    try:
+        if w.st is None:
+            raise SpecError(display, None, "", "cannot read (No such file or directory)")
+        fd = _open(w.name, display, w.dir_fd)
+    finally:
+        w.close()
+    return _judged(fd, display, trusted=True)
 
 
 def outside(path: str, root: str) -> bool:
@@ -98,18 +66,22 @@ def read_confined(path: str, display: str, root: str, *, missing_ok: bool = Fals
         raise SpecError(display, None, "", "is " + OUTSIDE.format(root=root))
     if missing_ok and not os.path.lexists(path):
         return None
-    return _read(os.path.realpath(path), display, trusted=False)
+    return _judged(_open(os.path.realpath(path), display), display, trusted=False)
 
 
-def _read(real: str, display: str, *, trusted: bool) -> bytes:
-    """Open `real` (symlinks already resolved and checked) without following a link put there since,
-    without blocking on a FIFO; judge the descriptor; read at most MAX_BYTES."""
+def _open(name: str, display: str, dir_fd: int | None = None) -> int:
+    """`name` opened without following a link put there since, without blocking on a FIFO."""
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise SpecError(display, None, "", f"became a symlink while it was read: {FIX}") from None
         raise SpecError(display, None, "", f"cannot read ({exc.strerror})") from None
+
+
+def _judged(fd: int, display: str, *, trusted: bool) -> bytes:
+    """The descriptor judged (a regular file; with `trusted`, root's or ours and writable by nobody
+    else) and read, at most MAX_BYTES; closed."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
