@@ -108,7 +108,7 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
         out["model_files_from"] = "source"
         base = _read_json(os.path.join(root, "config.json"), within)
         quant = _read_json(os.path.join(root, "hf_quant_config.json"), within)
-        files = _sizes(root)
+        files = _sizes(root, within)
     elif (known := _known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
@@ -164,12 +164,15 @@ def _weights_before_download(
     )
 
 
-def _sizes(root: str) -> dict[str, int]:
+def _sizes(root: str, within: str | None = None) -> dict[str, int]:
+    """Each file's size; `within` (validate): a file that links out of that repository is left out."""
     out: dict[str, int] = {}
     for dirpath, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".cache"]
         for n in names:
             full = os.path.join(dirpath, n)
+            if within is not None and outside(full, within):
+                continue
             try:
                 out[os.path.relpath(full, root)] = os.path.getsize(full)
             except OSError:
