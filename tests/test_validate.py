@@ -27,7 +27,8 @@ def test_the_bundled_specs_pass_and_a_base_is_checked_through_its_users() -> Non
 def test_a_bad_spec_and_a_preflight_error_fail_with_one_line_each(tmp_path: Path) -> None:
     fleet = tmp_path / "specs"
     fleet.mkdir()
-    demo = (REPO / "specs" / "cpu-demo.toml").read_text().replace("{spec_dir}", str(REPO / "specs"))
+    shutil.copytree(REPO / "specs" / "demo-model", fleet / "demo-model")  # validate reads only the fleet's
+    demo = (REPO / "specs" / "cpu-demo.toml").read_text().replace("{spec_dir}/..", str(REPO))
     (fleet / "good.toml").write_text(demo)
     (fleet / "too-long.toml").write_text(demo.replace("max-model-len = 2048", "max-model-len = 100000"))
     (fleet / "bad.toml").write_text(demo.replace("port = 18000", "port = true"))

@@ -12,10 +12,12 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from probes.common import Absent, Unavailable
+from reconcile.errors import ReconcileError
 from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
+from reconcile.spec.provenance import outside, read_confined
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -25,7 +27,16 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 
-def _read_json(path: str) -> Mapping[str, Any] | None:
+def _read_json(path: str, within: str | None = None) -> Mapping[str, Any] | None:
+    """A JSON object, or None. `within` (validate): read only inside that repository, as data (a
+    regular file, bounded; reconcile.spec.provenance), so no value from outside it reaches a finding."""
+    if within is not None:
+        try:
+            raw = read_confined(path, path, within, missing_ok=True)
+            data = None if raw is None else json.loads(raw)
+        except (ReconcileError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -72,7 +83,9 @@ def _gpus(
     return tuple(facts), foreign, ours
 
 
-def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
+def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[str, Any]:
+    """The model's config, files and weights as apply will lay them out. `within` (validate): a local
+    source outside that repository is neither read nor walked (its facts are then unknown)."""
     from actions.model_config import deep_merge
     from probes.model import JsonDoc, ModelObservation
 
@@ -89,21 +102,22 @@ def _model_facts(spec: Spec, obs: Observed) -> dict[str, Any]:
         base = doc.data if isinstance(doc, JsonDoc) else None
         quant = m.quant_config.data if isinstance(m.quant_config, JsonDoc) else None
         files = m.files
-    elif want.source:  # not copied yet: judge the source's files, as apply will lay them out
+    elif want.source and (within is None or not outside(want.source, within)):
+        # not copied yet: judge the source's files, as apply will lay them out
         root = want.source
         out["model_files_from"] = "source"
-        base = _read_json(os.path.join(root, "config.json"))
-        quant = _read_json(os.path.join(root, "hf_quant_config.json"))
-        files = _sizes(root)
+        base = _read_json(os.path.join(root, "config.json"), within)
+        quant = _read_json(os.path.join(root, "hf_quant_config.json"), within)
+        files = _sizes(root, within)
     elif (known := _known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
         out["model_files_from"] = "catalogue"
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
-        out["weights"] = _weights_before_download(spec, root, files)
+        out["weights"] = _weights_before_download(spec, root, files, within)
     out["hf_quant_config"] = quant
-    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"))
+    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"), within)
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
     return out
@@ -115,14 +129,16 @@ def _known_model(repo: str | None) -> dict[str, Any] | None:
     return known_model(repo)
 
 
-def _weights_before_download(spec: Spec, root: str, files: Mapping[str, int]) -> WeightsFact | None:
+def _weights_before_download(
+    spec: Spec, root: str, files: Mapping[str, int], within: str | None = None
+) -> WeightsFact | None:
     """The weights' size while no weight file is there: the safetensors index's total_size (model dir
     or local source), else the hub's listing (one cached metadata call; never when offline)."""
     from reconcile.engine.weightfiles import weight_files
 
     if weight_files(files):
         return None  # on disk: the memory rule counts the files themselves
-    index = _read_json(os.path.join(root, "model.safetensors.index.json"))
+    index = _read_json(os.path.join(root, "model.safetensors.index.json"), within)
     total = None
     if index:
         from reconcile.engine.weights import index_total  # the model's shape tables: only for an index
@@ -148,12 +164,15 @@ def _weights_before_download(spec: Spec, root: str, files: Mapping[str, int]) ->
     )
 
 
-def _sizes(root: str) -> dict[str, int]:
+def _sizes(root: str, within: str | None = None) -> dict[str, int]:
+    """Each file's size; `within` (validate): a file that links out of that repository is left out."""
     out: dict[str, int] = {}
     for dirpath, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".cache"]
         for n in names:
             full = os.path.join(dirpath, n)
+            if within is not None and outside(full, within):
+                continue
             try:
                 out[os.path.relpath(full, root)] = os.path.getsize(full)
             except OSError:
@@ -183,7 +202,8 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
     }
 
 
-def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
+def inputs_from(spec: Spec, obs: Observed, within: str | None = None) -> PreflightInputs:
+    """What the rules judge; `within`: the repository `validate` checks (nothing outside it is read)."""
     from probes.server import ServerObservation
     from probes.venv import VenvObservation
 
@@ -209,7 +229,7 @@ def inputs_from(spec: Spec, obs: Observed) -> PreflightInputs:
         kw.update(_venv_facts(obs.venv))
     elif isinstance(obs.venv, Absent):
         kw["venv_has_ninja"] = None
-    kw.update(_model_facts(spec, obs))
+    kw.update(_model_facts(spec, obs, within))
     if isinstance(obs.server, ServerObservation):
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
@@ -244,12 +264,13 @@ def _ninja_on_path(spec: Spec) -> str | None:
     return which("ninja", path=path)
 
 
-def findings_for(spec: Spec, obs: Observed) -> tuple[Finding, ...]:
+def findings_for(spec: Spec, obs: Observed, within: str | None = None) -> tuple[Finding, ...]:
     """run_preflight's findings; the rules' part remembered (reconcile.preflight.memo) while the spec,
-    the inputs and the rules' code are the same, so a converged plan imports no rule and no engine."""
+    the inputs and the rules' code are the same, so a converged plan imports no rule and no engine.
+    `within`: the repository `validate` checks (inputs_from)."""
     from reconcile.preflight.paths import path_findings
 
-    inputs = inputs_from(spec, obs)
+    inputs = inputs_from(spec, obs, within)
     found = path_findings(spec)  # reads the paths' owners and modes now: never remembered
     if spec.server is None:
         return found

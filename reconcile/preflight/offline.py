@@ -43,17 +43,30 @@ class SpecVerdict(Record):
     extended_by: tuple[str, ...] = ()  # a base: checked through the specs that extend it
 
 
-def _bases(paths: list[str]) -> dict[str, list[str]]:
+def repository_root(directory: str) -> str:
+    """The repository `validate` confines its reads to: the git work tree holding `directory` (found
+    by its `.git`, without running git in a repository under review), else `directory` itself."""
+    at = os.path.realpath(directory)
+    while True:
+        if os.path.lexists(os.path.join(at, ".git")):
+            return at
+        if at == "/":
+            return os.path.realpath(directory)
+        at = os.path.dirname(at)
+
+
+def _bases(paths: list[str], root: str) -> dict[str, list[str]]:
     """base path -> the specs of the directory that extend it (read as text: a spec that does not
-    parse is reported by its own load)."""
+    parse, or leads out of the repository, is reported by its own load)."""
     import re
+
+    from reconcile.spec.provenance import read_confined
 
     out: dict[str, list[str]] = {}
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError:
+            text = (read_confined(path, path, root) or b"").decode("utf-8", "replace")
+        except ReconcileError:
             continue
         for m in re.finditer(r'^\s*extends\s*=\s*"([^"]+)"', text, re.M):
             base = os.path.normpath(os.path.join(os.path.dirname(path), m.group(1)))
@@ -61,19 +74,21 @@ def _bases(paths: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def check_spec(path: str) -> SpecVerdict:
-    """One spec: loaded (lock file pins applied) and preflighted against what it declares."""
+def check_spec(path: str, root: str) -> SpecVerdict:
+    """One spec: loaded (lock file pins applied) and preflighted against what it declares. Its files
+    are data from a repository under review: nothing outside `root` is read (an `extends`, a lock or
+    the spec itself that leads out is an error that shows nothing of what is there)."""
     from reconcile.plan.prober import PROBE_NAMES, Observed
     from reconcile.preflight.gather import findings_for
     from reconcile.spec.loader import load_spec
     from reconcile.spec.pins import apply_lock_pins
 
     try:
-        loaded = apply_lock_pins(load_spec(path))
+        loaded = apply_lock_pins(load_spec(path, within=root), within=root)
     except ReconcileError as exc:
         return SpecVerdict(path, str(exc), ())
     nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))
-    found = findings_for(loaded.spec, nothing_probed)
+    found = findings_for(loaded.spec, nothing_probed, within=root)
     return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
 
 
@@ -83,14 +98,15 @@ def validate_dir(directory: str) -> list[SpecVerdict]:
     paths = sorted(glob.glob(os.path.join(directory, "*.toml")))
     if not paths:
         raise ReconcileError(f"{directory}: no *.toml spec in it")
-    bases = _bases(paths)
+    root = repository_root(directory)
+    bases = _bases(paths, root)
     out = []
     for path in paths:
         users = bases.get(os.path.normpath(path))
         if users:
             out.append(SpecVerdict(path, None, (), tuple(users)))
         else:
-            out.append(check_spec(path))
+            out.append(check_spec(path, root))
     return out
 
 

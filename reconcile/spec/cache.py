@@ -21,8 +21,10 @@ import sys
 import zlib
 
 from reconcile import __version__, private_cache
+from reconcile.errors import ReconcileError
 from reconcile.spec.key import content_key
 from reconcile.spec.loaded import LoadedSpec
+from reconcile.spec.provenance import read_trusted
 
 # 2: spec_view data, not pydantic objects. 3: validated again after new checks. 4: marshal, keyed
 # on content (3 and before: pickle, keyed on (mtime, size, inode, ctime)). 5: + each file's stamp.
@@ -57,11 +59,13 @@ def _key(text: str) -> tuple[int, str]:
 
 
 def _read_text(path: str) -> str | None:
+    """The file's text, read as the loader reads it (provenance: only a file that root or we alone can
+    change); None otherwise, a miss: the full load then says what is wrong."""
     try:
-        with open(path, "rb") as f:
-            # utf-8-sig's decoding (a leading BOM dropped), without importing its codec (~0.3 ms)
-            return f.read().removeprefix(b"\xef\xbb\xbf").decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+        raw = read_trusted(path, path)
+        # utf-8-sig's decoding (a leading BOM dropped), without importing its codec (~0.3 ms)
+        return None if raw is None else raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except (ReconcileError, UnicodeDecodeError):
         return None
 
 

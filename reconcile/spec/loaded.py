@@ -30,7 +30,7 @@ class LoadedSpec(Record):
 def find_spec(explicit: str | None, specs_dir: str = "specs", hostname: str | None = None) -> str:
     """`--spec PATH` if given, else specs/<hostname>.toml."""
     if explicit is not None:
-        if not os.path.isfile(explicit):
+        if not os.path.exists(explicit):  # what is there (a FIFO, a link) is the loader's to judge
             raise ReconcileError(f"--spec {explicit}: no such file (give the path of a spec file)")
         return explicit
     if hostname is None:
@@ -38,7 +38,7 @@ def find_spec(explicit: str | None, specs_dir: str = "specs", hostname: str | No
 
         hostname = socket.gethostname()
     candidate = os.path.join(specs_dir, f"{hostname}.toml")
-    if os.path.isfile(candidate):
+    if os.path.exists(candidate):
         return candidate
     raise ReconcileError(
         f"no spec: --spec not given and {candidate} does not exist "

@@ -22,6 +22,7 @@ from reconcile.spec.lines import Part, dotted, syntax_error
 from reconcile.spec.lines import Scan as _Scan  # tests reach the scanner here too
 from reconcile.spec.loaded import LoadedSpec, find_spec
 from reconcile.spec.models import Spec
+from reconcile.spec.provenance import OUTSIDE, outside, read_confined, read_trusted
 
 __all__ = [
     "LoadedSpec",
@@ -50,12 +51,11 @@ class _File(Record):
     lines: dict[str, int]
 
 
-def _read(display: str, abspath: str) -> _File:
-    try:
-        with open(abspath, "rb") as fh:
-            raw = fh.read()
-    except OSError as e:
-        raise SpecError(display, None, "", f"cannot read ({e.strerror})") from None
+def _read(display: str, abspath: str, within: str | None) -> _File:
+    """One spec file: its owner and every directory above it checked (reconcile.spec.provenance), or,
+    for `validate` (`within` a repository), read as data only inside that repository."""
+    raw = read_trusted(abspath, display) if within is None else read_confined(abspath, display, within)
+    assert raw is not None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -90,8 +90,8 @@ def _standard_toml(text: str) -> dict[str, Any] | None:
     return None
 
 
-def _read_chain(path: str) -> list[_File]:
-    chain = [_read(path, os.path.abspath(path))]
+def _read_chain(path: str, within: str | None) -> list[_File]:
+    chain = [_read(path, os.path.abspath(path), within)]
     while (target := chain[-1].doc.pop("extends", None)) is not None:
         here = chain[-1]
         where = (here.display, here.lines.get("extends"), "extends")
@@ -105,9 +105,11 @@ def _read_chain(path: str) -> list[_File]:
                 raise SpecError(*where, f"{show(target)} is this file itself (a spec cannot extend itself)")
             loop = " -> ".join([f.display for f in chain[real.index(os.path.realpath(nxt)) :]] + [display])
             raise SpecError(*where, f"{show(target)} makes a cycle: {loop} (bases cannot extend back)")
-        if not os.path.isfile(nxt):
+        if within is not None and outside(nxt, within):  # before a look at it: nothing of it is shown
+            raise SpecError(*where, f"{show(target)} is " + OUTSIDE.format(root=within))
+        if not os.path.exists(nxt):
             raise SpecError(*where, f"{show(target)} not found (looked at {nxt}; relative to this file)")
-        chain.append(_read(display, nxt))
+        chain.append(_read(display, nxt, within))
     return chain
 
 
@@ -269,15 +271,16 @@ def _finish(
     return LoadedSpec(spec, path, chain[0].text, digest, tuple(f.abspath for f in chain), resolved)
 
 
-def load_spec(path: str) -> LoadedSpec:
-    """Read, merge bases, resolve references, validate. Raises one `SpecError` (FILE:LINE: key: ...)."""
-    return load_spec_and_texts(path)[0]
+def load_spec(path: str, within: str | None = None) -> LoadedSpec:
+    """Read, merge bases, resolve references, validate. Raises one `SpecError` (FILE:LINE: key: ...).
+    `within`: a repository `validate` checks; its files are data, and nothing outside it is read."""
+    return load_spec_and_texts(path, within)[0]
 
 
-def load_spec_and_texts(path: str) -> tuple[LoadedSpec, tuple[str, ...]]:
+def load_spec_and_texts(path: str, within: str | None = None) -> tuple[LoadedSpec, tuple[str, ...]]:
     """`load_spec`, and the text of each file it read (the spec's, then its bases'): the spec cache
     keys on exactly what was validated, never on a later read that a concurrent edit could change."""
-    chain = _read_chain(path)
+    chain = _read_chain(path, within)
     merged: dict[str, Any] = {}
     origin: dict[str, int] = {}
     for rank in reversed(range(len(chain))):

@@ -13,6 +13,7 @@ import re
 
 from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
+from reconcile.spec.provenance import read_confined, read_trusted
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -49,14 +50,19 @@ def floating_model(spec: Spec) -> bool:
     return m is not None and m.repo is not None and not m.offline and not re.match(_COMMIT, m.revision)
 
 
-def read_lock(path: str) -> dict[str, Any] | None:
-    """The lock's document; None when there is none. A damaged lock is an error, never ignored."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
+def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
+    """The lock's document; None when there is none. A damaged lock is an error, never ignored. It
+    decides versions root installs: read as the spec is (reconcile.spec.provenance), only when root
+    or we alone can change it; `within` a repository that `validate` checks, only inside it."""
+    if within is None:
+        raw = read_trusted(path, path, missing_ok=True)
+    else:
+        raw = read_confined(path, path, within, missing_ok=True)
+    if raw is None:
         return None
-    except (OSError, ValueError) as exc:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError too
         raise ReconcileError(
             f"{path}: not a lock file ({exc}); run `reconcile lock` to write it again"
         ) from None
@@ -84,10 +90,11 @@ def _usable(lock: dict[str, Any], spec: Spec) -> tuple[dict[str, str], str | Non
     return pins, commit
 
 
-def apply_lock_pins(loaded: LoadedSpec) -> LoadedSpec:
+def apply_lock_pins(loaded: LoadedSpec, within: str | None = None) -> LoadedSpec:
     """The spec with the lock's pins as its desired state: `vllm = ">=0.26"` becomes "==0.26.1", the
-    model's `revision = "main"` its commit. Entries made for another specifier are left floating."""
-    lock = read_lock(lock_path(loaded))
+    model's `revision = "main"` its commit. Entries made for another specifier are left floating.
+    `within`: the repository `validate` checks (read_lock)."""
+    lock = read_lock(lock_path(loaded), within)
     if lock is None:
         return loaded
     spec = loaded.spec
