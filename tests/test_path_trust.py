@@ -9,8 +9,12 @@ link could be re-pointed between the preflight and the exec. Real users, links a
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,25 +40,38 @@ def tattler(path: Path, mark: Path, then: str) -> None:
     path.chmod(0o755)
 
 
-def test_an_executable_behind_a_link_in_nobodys_dir_never_runs_nobodys_code(seeded: Demo) -> None:
-    theirs = nobodys_dir(seeded.root / "theirs")
+@pytest.fixture
+def open_base() -> Iterator[Path]:
+    """A root directory (0755) outside pytest's 0700 tmp, so that `nobody` can reach its own
+    directory inside it and act there as itself (setpriv)."""
+    base = Path(tempfile.mkdtemp(prefix="reconcile-attack-", dir="/var/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv], check=True, timeout=30
+    )
+
+
+def test_an_executable_behind_a_link_in_nobodys_dir_never_runs_nobodys_code(
+    seeded: Demo, open_base: Path
+) -> None:
+    theirs = nobodys_dir(open_base / "theirs")
     link = theirs / "bin"
-    link.symlink_to(FAKE_VLLM.parent)  # at plan time: root's own fake vllm, root's directories
-    os.lchown(link, NOBODY, NOBODY)
+    as_nobody("ln", "-s", str(FAKE_VLLM.parent), str(link))  # at plan time: root's own fake vllm
     seeded.write_spec(lambda doc: doc["server"].__setitem__("executable", str(link / "vllm")))
     plan = seeded.cli("plan")
 
-    # Between plan and apply, nobody points the link at a directory of its own.
+    # Between plan and apply, nobody points the link at a directory of its own, as itself.
     mark = seeded.root / "ran-as"
     evil = theirs / "evil"
-    # (done as root for nobody, who cannot reach into pytest's 0700 tmp: the same changes nobody may make)
-    evil.mkdir()
-    tattler(evil / "vllm", mark, str(FAKE_VLLM))
+    as_nobody("mkdir", str(evil))
+    tattler(evil / "vllm", mark, str(FAKE_VLLM))  # written for nobody: root's mark file is in a 0700 dir
     os.chown(evil / "vllm", NOBODY, NOBODY)
-    os.chown(evil, NOBODY, NOBODY)
-    link.unlink()
-    link.symlink_to(evil)
-    os.lchown(link, NOBODY, NOBODY)
+    as_nobody("ln", "-sfn", str(evil), str(link))
     run = seeded.cli("apply")
 
     assert not mark.exists(), f"root ran nobody's program (uid {mark.read_text().strip()})"
@@ -372,3 +389,37 @@ def test_every_path_the_spec_names_is_refused_in_nobodys_directory(
         and f"{theirs} is owned by nobody" in f.message
         for f in found
     ), found
+
+
+def test_a_link_nobody_flips_during_apply_never_gets_root_to_run_its_program(
+    seeded: Demo, open_base: Path
+) -> None:
+    """The race, as nobody runs it: the link flips between root's directory and nobody's as fast as
+    `mv -T` goes, while root applies. The code before the layer checked the resolved target at plan
+    time and again in apply's preflight, then exec'd the name: on 34c0b95 root ran nobody's program
+    on the 10th apply (uid 0 in the mark). Now the link's own directory is nobody's: refused, always."""
+    theirs = nobodys_dir(open_base / "theirs")
+    link, evil = theirs / "bin", theirs / "evil"
+    as_nobody("mkdir", str(evil))
+    mark = seeded.root / "ran-as"
+    tattler(evil / "vllm", mark, str(FAKE_VLLM))
+    os.chown(evil / "vllm", NOBODY, NOBODY)
+    as_nobody("ln", "-s", str(FAKE_VLLM.parent), str(link))
+    seeded.write_spec(lambda doc: doc["server"].__setitem__("executable", str(link / "vllm")))
+    loop = (
+        f"end=$(($(date +%s)+120)); while [ $(date +%s) -lt $end ]; do "
+        f"ln -sfn {FAKE_VLLM.parent} {theirs}/t1 && mv -T {theirs}/t1 {link}; "
+        f"ln -sfn {evil} {theirs}/t2 && mv -T {theirs}/t2 {link}; done"
+    )
+    flip = subprocess.Popen(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sh", "-c", loop]
+    )
+    try:
+        for _ in range(6):
+            run = seeded.cli("apply")
+            assert run.returncode == 1 and "is owned by nobody" in run.output, run.output
+            assert not mark.exists(), f"root ran nobody's program (uid {mark.read_text().strip()})"
+    finally:
+        flip.kill()
+        flip.wait()
+    assert not seeded.server_pids()
