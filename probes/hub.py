@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from probes.common import Unavailable
 from reconcile.record import Record
+from reconcile.safety.display import shown
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
@@ -109,7 +110,7 @@ def listing(
         )
     except Exception as exc:  # huggingface_hub's errors (network, 401, 404) carry the hub's answer
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        reason = f"the hub did not list {repo}@{revision}: {first[:200]}"
+        reason = f"the hub did not list {repo}@{revision}: {shown(first, 200)}"
         _write_private(path + ".failed", reason)
         return Unavailable(reason)
     if not info.sha or not _COMMIT.match(info.sha):

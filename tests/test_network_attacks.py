@@ -196,3 +196,40 @@ def test_an_endless_metrics_answer_is_refused_at_its_cap(demo: Demo, strangers: 
     assert run.returncode is not None and run.seconds < 20, run
     assert run.peak_rss_kib < 200 * MIB, run.peak_rss_kib
     assert "/metrics: answer larger than 16 MiB: refused" in run.output, run.output
+
+
+# --- 5. output is data, not control -----------------------------------------------------------------
+
+
+def assert_no_raw_escapes(text: str) -> None:
+    for raw in RAW:
+        assert raw not in text, (raw, text)
+    assert not any(line.startswith("  ✓ server forged") for line in text.splitlines()), text
+
+
+def test_escape_sequences_in_version_and_model_ids_never_reach_the_terminal(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """Seen before: `status` printed /version's and /v1/models' escapes raw (a retitled, cleared terminal)."""
+    attacker(demo, strangers, "escapes", "*", ESCAPES)
+    for command in ("status", "plan"):
+        run = watched(demo, command)
+        assert run.returncode is not None, run
+        assert_no_raw_escapes(run.output)
+    status = watched(demo, "status").output
+    assert "vLLM 0.26.0\\u001b]0;pwned\\u0007\\u001b[2J\\u001b[5;5H\\u009b31m\\u2028\\n" in status, status
+    data = json.loads(watched(demo, "status", "--json").output)
+    assert data["server"]["version"].startswith("0.26.0\\u001b]0;pwned\\u0007")  # escaped as it came in
+
+
+def test_escape_sequences_in_a_failed_start_log_line_never_reach_the_terminal(demo: Demo) -> None:
+    line = "ValueError: no attention backend " + ESCAPES.split("\n")[0]  # a newline: the log's next line
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["FAKE_VLLM_FAIL_WITH_HEX"] = line.encode().hex()
+
+    demo.write_spec(edit)
+    run = watched(demo, "apply", wall=120)
+    assert run.returncode == 4, run.output  # not converged: the server did not start
+    assert_no_raw_escapes(run.output)
+    assert "no attention backend \\u001b]0;pwned" in run.output, run.output
