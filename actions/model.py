@@ -144,8 +144,14 @@ def _endpoint() -> str | None:
 def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[str, RemoteFile]]:
     from huggingface_hub import HfApi
 
+    from reconcile.host import hub_api_call
+
     def call() -> tuple[str, dict[str, RemoteFile]]:
-        info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, files_metadata=True)
+        api = HfApi(endpoint=endpoint)
+        info = hub_api_call(
+            lambda: api.model_info(repo, revision=revision, files_metadata=True),
+            str(api.endpoint),
+        )
         if not info.sha or not _COMMIT.match(info.sha):
             raise ActionError(f"{repo}@{revision}: the hub answered without a commit sha ({info.sha!r})")
         files = {

@@ -18,6 +18,10 @@ from reconcile.record import Record
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     import _socket
+    from collections.abc import Iterator
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 class ToolMissing(Exception):
@@ -368,6 +372,95 @@ def _dechunk(buf: bytearray, reader: _Reader, limit: int) -> bytes:
             buf += data
         out += buf[:size]
         del buf[: size + 2]
+
+
+HUB_API_LIMIT = 16 << 20  # a listing with every file's metadata: ~300 bytes a file
+HUB_API_DEADLINE_S = 60.0
+
+
+def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_DEADLINE_S) -> T:
+    """`call` (a huggingface_hub API call: a repo's listing) under a total deadline and a body cap.
+
+    huggingface_hub's own `timeout` bounds each read, so a hub or mirror that drips its answer holds
+    the call for ever: it runs in a thread, given up on at the deadline (HttpTooSlow). Its answers to
+    `/api/` are read through a counter (_bound_api_answer) that refuses more than HUB_API_LIMIT
+    bytes (HttpTooLarge), and a compressed one, whose size on the wire says nothing of its size.
+    Downloads (`/resolve/`) are not capped: they are as large as the model, and stream to disk.
+    """
+    import threading
+
+    from huggingface_hub import get_session
+
+    hooks = get_session().event_hooks
+    for kind, hook in (("request", _identity_for_api), ("response", _bound_api_answer)):
+        if hook not in hooks[kind]:
+            hooks[kind].append(hook)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="hub-api", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():  # left to its own per-read timeout; its body is capped all the same
+        raise HttpTooSlow(f"{what}: no complete answer within {deadline_s:g} s (slow or stuck hub)")
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
+def _is_api(url: Any) -> bool:
+    return "/api/" in str(url.path)
+
+
+def _identity_for_api(request: Any) -> None:
+    if _is_api(request.url):
+        request.headers["Accept-Encoding"] = "identity"
+
+
+def _bound_api_answer(response: Any) -> None:
+    if not _is_api(response.request.url):
+        return
+    what = f"{response.request.url.copy_with(query=None)}"
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise HttpTooLarge(f"{what}: a {encoding[:20]!r}-encoded answer (asked for identity): refused")
+    declared = response.headers.get("content-length", "")
+    if _DIGITS.fullmatch(declared) and (len(declared) > 18 or int(declared) > HUB_API_LIMIT):
+        raise HttpTooLarge(
+            f"{what}: answer larger than {size_text(HUB_API_LIMIT)} (Content-Length: {declared}): refused"
+        )
+    # The client reads only a SyncByteStream of its own httpx (httpx, or httpx2 for huggingface_hub 2.x)
+    stream = response.stream
+    base = next((c for c in type(stream).__mro__ if c.__name__ == "SyncByteStream"), object)
+    capped = _CAPPED.get(base) or _CAPPED.setdefault(base, type("CappedStream", (_CappedStream, base), {}))
+    response.stream = capped(stream, HUB_API_LIMIT, what)
+
+
+_CAPPED: dict[type, type] = {}
+
+
+class _CappedStream:
+    """A response body that raises HttpTooLarge once more than `limit` bytes have come."""
+
+    def __init__(self, stream: Any, limit: int, what: str) -> None:
+        self.stream, self.limit, self.what, self.seen = stream, limit, what, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.stream:
+            self.seen += len(chunk)
+            if self.seen > self.limit:
+                self.close()
+                raise HttpTooLarge(f"{self.what}: answer larger than {size_text(self.limit)}: refused")
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 def fsync_dir(path: str) -> None:

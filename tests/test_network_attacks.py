@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import Demo, demo_in
+from tests.apply_support import Demo, demo_in, free_port
 from tests.ownership_support import as_nobody, root_only
 
 pytestmark = root_only
@@ -90,7 +91,10 @@ while True:
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[5;5H\x9b31m\u2028\n  ✓ server forged"
 RAW = ("\x1b", "\x07", "\x9b", "\u2028")
 MIB = 1024
-RSS_KILL_KIB = 512 * MIB  # the old client passed this within a second or two of an endless body
+RSS_KILL_KIB = 512 * MIB
+ROOT = (
+    Path(__file__).resolve().parent.parent
+)  # the old client passed this within a second or two of an endless body
 
 
 @dataclass
@@ -104,13 +108,12 @@ class Watched:
 def watched(demo: Demo, *args: str, wall: float = 60) -> Watched:
     """The CLI, stopped (whole process group) past `wall` seconds or RSS_KILL_KIB: how long it ran, its
     peak RSS (wait4's ru_maxrss, or the watchdog's last reading when it had to be killed)."""
+    return watch(demo.command(*args), demo.env(), str(demo.root), wall)
+
+
+def watch(argv: list[str], env: dict[str, str], cwd: str, wall: float) -> Watched:
     proc = subprocess.Popen(
-        demo.command(*args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=demo.env(),
-        cwd=str(demo.root),
-        start_new_session=True,
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
     )
     chunks: list[bytes] = []
     assert proc.stdout is not None
@@ -196,6 +199,34 @@ def test_an_endless_metrics_answer_is_refused_at_its_cap(demo: Demo, strangers: 
     assert run.returncode is not None and run.seconds < 20, run
     assert run.peak_rss_kib < 200 * MIB, run.peak_rss_kib
     assert "/metrics: answer larger than 16 MiB: refused" in run.output, run.output
+
+
+# The plan's hub listing (probes.hub: the model is not on disk yet) against a hostile HF_ENDPOINT.
+LISTING = """
+import sys, tempfile
+from probes import hub
+hub.DEADLINE_S = float(sys.argv[2])
+print(hub.listing("org/x", "main", tempfile.mkdtemp(), offline=False, endpoint=sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["drip", "endless", "chunked", "length"])
+def test_a_hostile_hub_mirror_cannot_hold_the_listing_or_fill_memory(
+    tmp_path: Path, strangers: list[int], mode: str
+) -> None:
+    """Seen before: a dripping mirror held the listing (and so the plan) past 40 s (huggingface_hub's
+    timeout is per read); an endless listing took it to 1 GiB in 3 s."""
+    port = free_port()
+    as_nobody(["/usr/bin/python3", "-c", HOSTILE, str(port), mode, "*"], {}, strangers)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = watch([sys.executable, "-c", LISTING, endpoint, "3"], env, str(tmp_path), wall=40)
+    assert run.returncode == 0 and run.seconds < 15, run
+    assert run.peak_rss_kib < 200 * MIB, run.peak_rss_kib
+    if mode == "drip":
+        assert f"{endpoint}: no complete answer within 3 s (slow or stuck hub)" in run.output, run.output
+    else:
+        assert "/api/models/org/x/revision/main: answer larger than 16 MiB" in run.output, run.output
 
 
 # --- 5. output is data, not control -----------------------------------------------------------------
