@@ -161,9 +161,14 @@ class HttpResponse(Record):
     headers: Mapping[str, str]
 
     def json(self) -> object:
+        """The body as JSON; ValueError when it is not (nested too deeply included: within the 1 MiB
+        cap, `[[[[...` makes json raise RecursionError)."""
         import json
 
-        return json.loads(self.body or b"null")
+        try:
+            return json.loads(self.body or b"null")
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 class HttpUnreachable(Exception):

@@ -181,3 +181,8 @@ def test_a_complete_answer_returns_without_waiting_for_the_close() -> None:
 def test_digits_that_are_not_ascii_are_not_an_answer(head: bytes) -> None:
     _took, got = _timed(_serve_once([(head, 0)]), timeout=5)
     assert type(got) is HttpUnreachable, got
+
+
+def test_json_nested_too_deeply_is_not_json() -> None:
+    with pytest.raises(ValueError, match="nested too deeply"):
+        HttpResponse(200, b"[" * 500_000, {}).json()
