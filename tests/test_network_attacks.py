@@ -54,6 +54,7 @@ def attack(c, path):
             c.sendall(block)
     elif mode == "escapes":
         data = {"/version": {"version": "0.26.0" + ESC},
+                "/v1/chat/completions": {"choices": [{"message": {"content": "Paris" + ESC}}]},
                 "/v1/models": {"object": "list",
                                "data": [{"id": "m" + ESC, "root": "r" + ESC, "max_model_len": 2048}]}}
         body = json.dumps(data.get(path, {})).encode()
@@ -66,6 +67,10 @@ def serve(c):
             if not chunk:
                 return
             data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
+        while length and len(body) < length[0]:
+            body += c.recv(65536)
         path = data.split(b" ", 2)[1].decode()
         if target in ("*", path):
             attack(c, path)
@@ -243,10 +248,12 @@ def test_escape_sequences_in_version_and_model_ids_never_reach_the_terminal(
 ) -> None:
     """Seen before: `status` printed /version's and /v1/models' escapes raw (a retitled, cleared terminal)."""
     attacker(demo, strangers, "escapes", "*", ESCAPES)
-    for command in ("status", "plan"):
+    for command in ("check", "status", "plan"):
         run = watched(demo, command)
         assert run.returncode is not None, run
         assert_no_raw_escapes(run.output)
+    check = watched(demo, "check").output
+    assert "✓ chat       answered: Paris\\u001b]0;pwned\\u0007" in check, check
     status = watched(demo, "status").output
     assert "vLLM 0.26.0\\u001b]0;pwned\\u0007\\u001b[2J\\u001b[5;5H\\u009b31m\\u2028\\n" in status, status
     data = json.loads(watched(demo, "status", "--json").output)
