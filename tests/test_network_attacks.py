@@ -68,7 +68,8 @@ def serve(c):
                 return
             data += chunk
         head, _, body = data.partition(b"\r\n\r\n")
-        length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
+        lines = head.lower().split(b"\r\n")
+        length = [int(h.split(b":")[1]) for h in lines if h.startswith(b"content-length:")]
         while length and len(body) < length[0]:
             body += c.recv(65536)
         path = data.split(b" ", 2)[1].decode()
