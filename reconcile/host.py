@@ -420,7 +420,10 @@ def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_D
 
 
 def _is_api(url: Any) -> bool:
-    return "/api/" in str(url.path)
+    """An API answer (JSON), not a file: a mirror may serve the hub under a prefix (/hf/api/...), and a
+    repo may hold a file under api/ (.../resolve/main/api/x.json)."""
+    path = str(url.path)
+    return "/api/" in path and "/resolve/" not in path
 
 
 def _identity_for_api(request: Any) -> None:
@@ -437,9 +440,8 @@ def _bound_api_answer(response: Any) -> None:
         raise HttpTooLarge(f"{what}: a {encoding[:20]!r}-encoded answer (asked for identity): refused")
     declared = response.headers.get("content-length", "")
     if _DIGITS.fullmatch(declared) and (len(declared) > 18 or int(declared) > HUB_API_LIMIT):
-        raise HttpTooLarge(
-            f"{what}: answer larger than {size_text(HUB_API_LIMIT)} (Content-Length: {declared}): refused"
-        )
+        cap = size_text(HUB_API_LIMIT)
+        raise HttpTooLarge(f"{what}: answer larger than {cap} (Content-Length: {declared[:40]}): refused")
     # The client reads only a SyncByteStream of its own httpx (httpx, or httpx2 for huggingface_hub 2.x)
     stream = response.stream
     base = next((c for c in type(stream).__mro__ if c.__name__ == "SyncByteStream"), object)

@@ -186,3 +186,20 @@ def test_digits_that_are_not_ascii_are_not_an_answer(head: bytes) -> None:
 def test_json_nested_too_deeply_is_not_json() -> None:
     with pytest.raises(ValueError, match="nested too deeply"):
         HttpResponse(200, b"[" * 500_000, {}).json()
+
+
+@pytest.mark.parametrize(
+    ("path", "capped"),
+    [
+        ("/api/models/org/x/revision/main", True),
+        ("/hf/api/models/org/x", True),  # a mirror under a prefix
+        ("/org/x/resolve/abc/model.safetensors", False),
+        ("/org/x/resolve/abc/api/x.json", False),  # a file that happens to sit under api/
+    ],
+)
+def test_only_the_hubs_api_answers_are_capped(path: str, capped: bool) -> None:
+    from types import SimpleNamespace
+
+    from reconcile.host import _is_api
+
+    assert _is_api(SimpleNamespace(path=path)) is capped
