@@ -18,6 +18,7 @@ from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
+from reconcile.safety.display import shown
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 
@@ -237,7 +238,8 @@ class ReadinessFailure(Record):
 
 
 def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int = 2_000_000) -> list[str]:
-    """The log's lines written since `offset` (at most the last `limit` bytes), secrets masked."""
+    """The log's lines written since `offset` (at most the last `limit` bytes), secrets masked, each
+    fit for one line of output (control characters escaped: the server's log is data from outside)."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
@@ -247,7 +249,7 @@ def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int =
         return []
     for secret in mask:
         text = text.replace(secret, SENSITIVE)
-    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    return [shown(line.rstrip("\r")) for line in text.split("\n") if line.strip()]
 
 
 def diagnoses(lines: list[str]) -> tuple[str, ...]:

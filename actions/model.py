@@ -96,7 +96,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
             path = paths[name]
             if name != "config.json" and os.path.isfile(path) and os.path.getsize(path) != size:
                 os.unlink(path)
-        quiet = None if progress else _quiet_tqdm()
+        quiet = _bars() if progress else _quiet_tqdm()
         _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
         _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)
@@ -144,8 +144,14 @@ def _endpoint() -> str | None:
 def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[str, RemoteFile]]:
     from huggingface_hub import HfApi
 
+    from reconcile.host import hub_api_call
+
     def call() -> tuple[str, dict[str, RemoteFile]]:
-        info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, files_metadata=True)
+        api = HfApi(endpoint=endpoint)
+        info = hub_api_call(
+            lambda: api.model_info(repo, revision=revision, files_metadata=True),
+            str(api.endpoint),
+        )
         if not info.sha or not _COMMIT.match(info.sha):
             raise ActionError(f"{repo}@{revision}: the hub answered without a commit sha ({info.sha!r})")
         files = {
@@ -234,6 +240,21 @@ def _action_error(exc: Exception, repo: str, revision: str, endpoint: str | None
         f"{repo}: the hub at {hub} failed {_ATTEMPTS} times ({type(exc).__name__}: {first}); check the "
         "network or HF_ENDPOINT, or set [model].offline = true with the files in place"
     )
+
+
+def _bars() -> Any:
+    """huggingface_hub's progress bars, drawn on the terminal itself (sys.__stderr__), not through the
+    CLI's SafeStream, which would show their carriage returns and cursor moves as text. What they
+    print is the library's own drawing, the file names in it checked first (_refuse_names)."""
+    import sys
+
+    from huggingface_hub.utils.tqdm import tqdm
+
+    class Bars(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{"file": sys.__stderr__, **kwargs})  # type: ignore[no-untyped-call]
+
+    return Bars
 
 
 def _quiet_tqdm() -> Any:

@@ -12,6 +12,7 @@ import ctypes
 
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile.record import Record
+from reconcile.safety.display import shown
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def _processes(nvml: Any, handle: object) -> tuple[GpuProcess, ...] | Unavailabl
 def process_name(pid: int, proc: str = "/proc") -> str | None:
     try:
         with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().rstrip("\n")
+            return shown(f.read().rstrip("\n"))  # the process sets its own comm: data from outside
     except OSError:
         return None
 

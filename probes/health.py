@@ -14,6 +14,7 @@ from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
+from reconcile.safety.display import shown
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ def probe(spec: Spec) -> HealthObservation:
     version: str | None = None
     try:
         body = _json(http_request("GET", host, port, "/version", timeout=timeout))
-        version = body.get("version") if isinstance(body, dict) else None
+        found = body.get("version") if isinstance(body, dict) else None
+        version = shown(found) if isinstance(found, str) else None
         headers = _headers(spec)
         guard = _guard(spec) if headers else None
         models = http_request(
@@ -128,14 +130,20 @@ def probe(spec: Spec) -> HealthObservation:
     if models.status == 200 and isinstance(data, dict) and isinstance(data.get("data"), list):
         for card in data["data"]:
             if isinstance(card, dict) and isinstance(card.get("id"), str):
-                mml = card.get("max_model_len")
-                cards.append(ModelCard(card["id"], card.get("root"), mml if isinstance(mml, int) else None))
+                mml, root = card.get("max_model_len"), card.get("root")
+                cards.append(
+                    ModelCard(
+                        shown(card["id"]),
+                        shown(root) if isinstance(root, str) else None,
+                        mml if isinstance(mml, int) else None,
+                    )
+                )
     elif models.status == 401:
         error = "/v1/models answered 401: the server refused the key" + (
             "" if spec.api_key else " (the spec has no [api_key])"
         )
     else:
-        error = f"/v1/models answered {models.status}: {models.body[:200].decode(errors='replace')}"
+        error = f"/v1/models answered {models.status}: {shown(models.body[:200].decode(errors='replace'))}"
     return HealthObservation(url, state, health.status, version, models.status, tuple(cards), error)
 
 
@@ -162,9 +170,8 @@ _WEATHER_TOOL = {
 def answer(status: int, body: bytes, limit: int = 300) -> str:
     """The server's answer as `reconcile check` shows it when a step fails: HTTP status and the body,
     trimmed to one line (an empty error message is shown as such, not hidden)."""
-    text = body.decode("utf-8", errors="replace").strip().replace("\n", " ")
-    shown = text if len(text) <= limit else text[: limit - 1] + "…"
-    return f"HTTP {status}: {shown or '(empty body)'}"
+    text = shown(body.decode("utf-8", errors="replace").strip().replace("\n", " "), limit)
+    return f"HTTP {status}: {text or '(empty body)'}"
 
 
 def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
@@ -222,7 +229,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
         content = message.get("content")
         answer = content.strip() if isinstance(content, str) else ""
         if status == 200 and answer:
-            steps.append(CheckStep("chat", True, f"answered: {answer[:120]}"))
+            steps.append(CheckStep("chat", True, f"answered: {shown(answer, 120)}"))
         else:
             steps.append(CheckStep("chat", False, raw if status != 200 else f"no answer text; {raw}"))
         if server.args.get("reasoning-parser"):
@@ -270,5 +277,6 @@ def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) ->
             return CheckStep("tool_call", False, raw)
         return CheckStep("tool_call", False, f"no tool call with JSON arguments in the answer; {raw}")
     if fn.get("name") != "get_weather" or not isinstance(arguments, dict):
-        return CheckStep("tool_call", False, f"unexpected tool call {fn.get('name')}({fn.get('arguments')})")
-    return CheckStep("tool_call", True, f"get_weather({json.dumps(arguments)})")
+        called = shown(f"{fn.get('name')}({fn.get('arguments')})", 300)
+        return CheckStep("tool_call", False, f"unexpected tool call {called}")
+    return CheckStep("tool_call", True, f"get_weather({shown(json.dumps(arguments), 300)})")

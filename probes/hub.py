@@ -16,11 +16,13 @@ from collections.abc import Mapping
 
 from probes.common import Unavailable
 from reconcile.record import Record
+from reconcile.safety.display import shown
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
 FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on the hub again for this
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0  # huggingface_hub's, for each read
+DEADLINE_S = 30.0  # for the whole listing (reconcile.host.hub_api_call): a plan does not wait longer
 
 
 class HubListing(Record):
@@ -103,13 +105,18 @@ def listing(
         return Unavailable(failed)
     from huggingface_hub import HfApi
 
+    from reconcile.host import hub_api_call
+
+    api = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None)
     try:
-        info = HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or None).model_info(
-            repo, revision=revision, files_metadata=True, timeout=TIMEOUT_S
+        info = hub_api_call(
+            lambda: api.model_info(repo, revision=revision, files_metadata=True, timeout=TIMEOUT_S),
+            str(api.endpoint),
+            DEADLINE_S,
         )
     except Exception as exc:  # huggingface_hub's errors (network, 401, 404) carry the hub's answer
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        reason = f"the hub did not list {repo}@{revision}: {first[:200]}"
+        reason = f"the hub did not list {repo}@{revision}: {shown(first, 200)}"
         _write_private(path + ".failed", reason)
         return Unavailable(reason)
     if not info.sha or not _COMMIT.match(info.sha):

@@ -24,6 +24,8 @@ RUNNING, WAITING, KV_USAGE = (
     "vllm:kv_cache_usage_perc",
 )
 GENERATED = "vllm:generation_tokens_total"
+# vLLM's exposition grows with its histograms (a few hundred KiB for one model); 16 MiB is room to spare.
+METRICS_LIMIT = 16 << 20
 OLD_KV_USAGE = "vllm:gpu_cache_usage_perc"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\d+)?$")
 
@@ -56,7 +58,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 def _read(host: str, port: int, timeout: float) -> dict[str, float]:
-    resp = http_request("GET", host, port, "/metrics", timeout=timeout)
+    resp = http_request("GET", host, port, "/metrics", timeout=timeout, limit=METRICS_LIMIT)
     if resp.status != 200:
         raise ParseError(f"/metrics answered {resp.status}", resp.body[:500].decode(errors="replace"))
     return parse_prometheus(resp.body.decode(errors="replace"))

@@ -9,6 +9,7 @@ every few minutes (issue 18). Every user-facing error, a usage error included, i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -395,6 +396,23 @@ def parse(words: Sequence[str]) -> argparse.Namespace | SimpleNamespace | int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Everything printed goes through SafeStream (reconcile/safety/display.py): a control character
+    in a string from outside (a server's answer, a log line, a process title) is shown escaped,
+    never acted on by the terminal, wherever in the code it is printed."""
+    from reconcile.safety.display import SafeStream
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(out), SafeStream(err)
+    try:
+        return _main(argv)
+    finally:
+        for wrapper in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                wrapper.flush()
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     if isinstance(args, int):
         return args

@@ -1,7 +1,8 @@
 """The one seam between reconcile and the machine: subprocesses, HTTP, atomic file writes.
 
 Probes and actions call these instead of `subprocess`/`http.client` directly, so every command
-we run is bounded by a timeout and every write is atomic. Tests run them for real.
+we run is bounded by a timeout, every HTTP exchange by a deadline and a body cap, and every write is
+atomic. Tests run them for real.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from reconcile.record import Record
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
     import _socket
+    from collections.abc import Iterator
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 class ToolMissing(Exception):
@@ -156,13 +161,41 @@ class HttpResponse(Record):
     headers: Mapping[str, str]
 
     def json(self) -> object:
+        """The body as JSON; ValueError when it is not (nested too deeply included: within the 1 MiB
+        cap, `[[[[...` makes json raise RecursionError)."""
         import json
 
-        return json.loads(self.body or b"null")
+        try:
+            return json.loads(self.body or b"null")
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 class HttpUnreachable(Exception):
-    """Nothing answered (refused, reset, timed out)."""
+    """No usable answer: refused, reset, not HTTP, too slow or too large (the two subclasses)."""
+
+
+class HttpTooSlow(HttpUnreachable):
+    """The exchange's deadline passed before the answer was complete (a slow or stuck listener)."""
+
+
+class HttpTooLarge(HttpUnreachable):
+    """The answer's body (or its head) is larger than the request's cap: refused, not read on."""
+
+
+JSON_LIMIT = 1 << 20  # a JSON endpoint's answer (/health, /version, /v1/models, a chat): 1 MiB
+HEAD_LIMIT = 64 << 10  # the status line and headers
+_CHUNK_LINE_LIMIT = 4096  # a chunk-size line, extensions included
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: it takes "²", which int() refuses
+_STATUS = re.compile(r"[0-9]{3}")
+
+
+def size_text(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
 
 
 def http_request(
@@ -174,14 +207,23 @@ def http_request(
     headers: Mapping[str, str] | None = None,
     body: bytes | None = None,
     timeout: float = 5.0,
+    limit: int = JSON_LIMIT,
     before_send: Callable[[], None] | None = None,
 ) -> HttpResponse:
     """One HTTP/1.1 request with `Connection: close` over a plain socket. `before_send` runs once the
     connection is made and before a byte is sent; what it raises propagates (the key guard's refusal).
 
+    `timeout` is the whole exchange's deadline (connect, send and every read together), not a
+    per-read timeout: a listener that drips a byte every second is cut off when it passes
+    (HttpTooSlow). `limit` caps the body (HttpTooLarge): a Content-Length above it is refused
+    before the body is read, a chunked or unframed body as soon as it grows past it.
+
     Not http.client: it imports the email package (~20-30 ms), a tenth of a converged plan, for
     the three loopback GETs the health probe makes.
     """
+    import time
+
+    deadline = time.monotonic() + timeout
     shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets
     url = f"http://{shown}:{port}{path}"
     lines = [
@@ -194,40 +236,100 @@ def http_request(
     if body is not None:
         lines.append(f"Content-Length: {len(body)}")
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
-    chunks: list[bytes] = []
     # An ASCII host as bytes: given a str, getaddrinfo imports the idna codec (~2-4 ms) to encode it.
     address = host.encode("ascii") if host.isascii() else host
     try:
-        sock = _connect(address, port, timeout)
-        try:
-            if before_send is not None:
-                before_send()
-            sock.sendall(request)
-            while data := sock.recv(65536):
-                chunks.append(data)
-        finally:
-            sock.close()
+        sock = _connect(address, port, deadline)
+    except TimeoutError:
+        raise HttpTooSlow(f"{url}: no connection within {timeout:g} s") from None
     except OSError as exc:
         raise HttpUnreachable(f"{url}: {exc}") from exc
-    head, sep, rest = b"".join(chunks).partition(b"\r\n\r\n")
+    try:
+        if before_send is not None:
+            before_send()
+        _settimeout(sock, deadline)
+        sock.sendall(request)
+        return _answer(_Reader(sock, deadline), limit, url)
+    except TimeoutError:
+        raise HttpTooSlow(
+            f"{url}: no complete answer within {timeout:g} s (slow or stuck listener)"
+        ) from None
+    except OSError as exc:
+        raise HttpUnreachable(f"{url}: {exc}") from exc
+    finally:
+        sock.close()
+
+
+def _settimeout(sock: _socket.socket, deadline: float) -> None:
+    import time
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    sock.settimeout(left)
+
+
+class _Reader:
+    """recv() under the exchange's deadline: each read may wait only for what is left of it."""
+
+    def __init__(self, sock: _socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+
+    def recv(self, size: int = 65536) -> bytes:
+        _settimeout(self.sock, self.deadline)
+        return self.sock.recv(size)
+
+
+def _answer(reader: _Reader, limit: int, url: str) -> HttpResponse:
+    buf = bytearray()
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        if len(buf) > HEAD_LIMIT:
+            raise HttpTooLarge(f"{url}: answer headers larger than {size_text(HEAD_LIMIT)}: refused")
+        data = reader.recv()
+        if not data:
+            break
+        buf += data
+    head = bytes(buf[:end] if end >= 0 else buf[:200])
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     parts = status_line.split()
-    if not sep or len(parts) < 2 or not parts[1].isdigit():
+    if end < 0 or len(parts) < 2 or not _STATUS.fullmatch(parts[1]):
         raise HttpUnreachable(f"{url}: not an HTTP response ({status_line[:80]!r})")
+    del buf[: end + 4]
     found = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+
+    def too_large(declared: str = "") -> HttpTooLarge:
+        return HttpTooLarge(f"{url}: answer larger than {size_text(limit)}{declared}: refused")
+
     if found.get("transfer-encoding", "").lower() == "chunked":
         try:
-            rest = _dechunk(rest)
+            body = _dechunk(buf, reader, limit)
         except ValueError:
             raise HttpUnreachable(f"{url}: a malformed chunked body") from None
-    elif found.get("content-length", "").isdigit():
-        rest = rest[: int(found["content-length"])]
-    return HttpResponse(int(parts[1]), rest, found)
+        except OverflowError:
+            raise too_large() from None
+    elif "content-length" in found:
+        declared = found["content-length"]
+        if not _DIGITS.fullmatch(declared):
+            raise HttpUnreachable(f"{url}: a malformed Content-Length ({declared[:40]!r})")
+        if len(declared) > 18 or int(declared) > limit:
+            raise too_large(f" (Content-Length: {declared[:40]})")
+        want = int(declared)
+        while len(buf) < want and (data := reader.recv(min(65536, want - len(buf)))):
+            buf += data
+        body = bytes(buf[:want])
+    else:  # the body ends when the listener closes
+        while data := reader.recv():
+            buf += data
+            if len(buf) > limit:
+                raise too_large()
+        body = bytes(buf)
+    return HttpResponse(int(parts[1]), body, found)
 
 
-def _connect(host: str | bytes, port: int, timeout: float) -> _socket.socket:
+def _connect(host: str | bytes, port: int, deadline: float) -> _socket.socket:
     """socket.create_connection, on the C module itself: socket.py (with selectors, array and its
-    enums) costs ~3-4 ms to import. Each address in turn; the last one's error when none connects."""
+    enums) costs ~3-4 ms to import. Each address in turn, within what is left of the deadline; the
+    last one's error when none connects."""
     import _socket
 
     error: OSError | None = None
@@ -235,26 +337,137 @@ def _connect(host: str | bytes, port: int, timeout: float) -> _socket.socket:
         sock = None
         try:
             sock = _socket.socket(family, kind, proto)
-            sock.settimeout(timeout)
+            _settimeout(sock, deadline)
             sock.connect(address)
             return sock
         except OSError as exc:
             error = exc
             if sock is not None:
                 sock.close()
+            if isinstance(exc, TimeoutError):
+                break
     raise error if error is not None else OSError("getaddrinfo returns an empty list")
 
 
-def _dechunk(data: bytes) -> bytes:
+def _dechunk(buf: bytearray, reader: _Reader, limit: int) -> bytes:
+    """A chunked body, decoded as it arrives (ValueError: malformed; OverflowError: over `limit`).
+    What is kept is the body so far and one chunk's framing, however the listener frames it."""
     out = bytearray()
-    while data:
-        size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+    while True:
+        while (i := buf.find(b"\r\n")) < 0:
+            if len(buf) > _CHUNK_LINE_LIMIT:
+                raise ValueError("a chunk-size line too long")
+            data = reader.recv()
+            if not data:
+                raise ValueError("the body ends inside a chunk-size line")
+            buf += data
+        digits = bytes(buf[:i]).split(b";")[0].strip()
+        if not _HEX.fullmatch(digits):
+            raise ValueError(f"not a chunk size: {digits[:20]!r}")
+        size = int(digits, 16)
+        del buf[: i + 2]
         if size == 0:
-            break
-        out += data[:size]
-        data = data[size + 2 :]
-    return bytes(out)
+            return bytes(out)  # trailers, if any, are not read
+        if len(out) + size > limit:
+            raise OverflowError
+        while len(buf) < size + 2:
+            data = reader.recv(min(65536, size + 2 - len(buf)))
+            if not data:
+                raise ValueError("the body ends inside a chunk")
+            buf += data
+        out += buf[:size]
+        del buf[: size + 2]
+
+
+HUB_API_LIMIT = 16 << 20  # a listing with every file's metadata: ~300 bytes a file
+HUB_API_DEADLINE_S = 60.0
+
+
+def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_DEADLINE_S) -> T:
+    """`call` (a huggingface_hub API call: a repo's listing) under a total deadline and a body cap.
+
+    huggingface_hub's own `timeout` bounds each read, so a hub or mirror that drips its answer holds
+    the call for ever: it runs in a thread, given up on at the deadline (HttpTooSlow). Its answers to
+    `/api/` are read through a counter (_bound_api_answer) that refuses more than HUB_API_LIMIT
+    bytes (HttpTooLarge), and a compressed one, whose size on the wire says nothing of its size.
+    Downloads (`/resolve/`) are not capped: they are as large as the model, and stream to disk.
+    """
+    import threading
+
+    from huggingface_hub import get_session
+
+    hooks = get_session().event_hooks
+    for kind, hook in (("request", _identity_for_api), ("response", _bound_api_answer)):
+        if hook not in hooks[kind]:
+            hooks[kind].append(hook)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="hub-api", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():  # left to its own per-read timeout; its body is capped all the same
+        raise HttpTooSlow(f"{what}: no complete answer within {deadline_s:g} s (slow or stuck hub)")
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
+def _is_api(url: Any) -> bool:
+    """An API answer (JSON), not a file: a mirror may serve the hub under a prefix (/hf/api/...), and a
+    repo may hold a file under api/ (.../resolve/main/api/x.json)."""
+    path = str(url.path)
+    return "/api/" in path and "/resolve/" not in path
+
+
+def _identity_for_api(request: Any) -> None:
+    if _is_api(request.url):
+        request.headers["Accept-Encoding"] = "identity"
+
+
+def _bound_api_answer(response: Any) -> None:
+    if not _is_api(response.request.url):
+        return
+    what = f"{response.request.url.copy_with(query=None)}"
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise HttpTooLarge(f"{what}: a {encoding[:20]!r}-encoded answer (asked for identity): refused")
+    declared = response.headers.get("content-length", "")
+    if _DIGITS.fullmatch(declared) and (len(declared) > 18 or int(declared) > HUB_API_LIMIT):
+        cap = size_text(HUB_API_LIMIT)
+        raise HttpTooLarge(f"{what}: answer larger than {cap} (Content-Length: {declared[:40]}): refused")
+    # The client reads only a SyncByteStream of its own httpx (httpx, or httpx2 for huggingface_hub 2.x)
+    stream = response.stream
+    base = next((c for c in type(stream).__mro__ if c.__name__ == "SyncByteStream"), object)
+    capped = _CAPPED.get(base) or _CAPPED.setdefault(base, type("CappedStream", (_CappedStream, base), {}))
+    response.stream = capped(stream, HUB_API_LIMIT, what)
+
+
+_CAPPED: dict[type, type] = {}
+
+
+class _CappedStream:
+    """A response body that raises HttpTooLarge once more than `limit` bytes have come."""
+
+    def __init__(self, stream: Any, limit: int, what: str) -> None:
+        self.stream, self.limit, self.what, self.seen = stream, limit, what, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.stream:
+            self.seen += len(chunk)
+            if self.seen > self.limit:
+                self.close()
+                raise HttpTooLarge(f"{self.what}: answer larger than {size_text(self.limit)}: refused")
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 def fsync_dir(path: str) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from reconcile.identity import MARKER, deployment_id, state_file_path
 from reconcile.ownership.cgroups import cgroup_procs, deployment_cgroup
 from reconcile.record import Record
+from reconcile.safety.display import shown
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def read_stat(pid: int) -> ProcStat | None:
     f = tail.split()
     if len(f) < 20 or f[0] in (b"Z", b"X"):
         return None
-    comm = head.partition(b"(")[2].decode(errors="replace")
+    comm = shown(head.partition(b"(")[2].decode(errors="replace"))  # the process sets it: data, not text
     return ProcStat(pid, comm, int(f[1]), int(f[2]), int(f[3]), int(f[6]), int(f[19]))
 
 

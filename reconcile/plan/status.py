@@ -60,6 +60,8 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
         )
     if health.get("models_status") == 401:
         problems.append("/v1/models refused our key (401)")
+    elif health.get("error") and not health.get("foreign_listener"):
+        problems.append(str(health["error"]))  # refused, too slow, too large, not HTTP, an error answer
     if server.served_model_name and models and all(m.get("id") != server.served_model_name for m in models):
         problems.append(f"served name {server.served_model_name!r} not in /v1/models")
     if want_len is not None and models:

@@ -47,6 +47,7 @@ class WeightsFact(Record):
 class PortHolder(Record):
     pid: int | None
     name: str
+    answer: str | None = None  # why its /health gave no usable answer (too slow, too large, not HTTP)
 
 
 class PreflightInputs(Record):

@@ -235,7 +235,11 @@ def inputs_from(spec: Spec, obs: Observed, within: str | None = None) -> Preflig
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
         if listener.state == "foreign":
             cmd = one_line(listener.cmdline, 80) or listener.name or "?"
-            kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}")
+            health = obs.health
+            answer = (
+                getattr(health, "error", None) if getattr(health, "state", None) == "not_listening" else None
+            )
+            kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}", answer)
     return PreflightInputs(**kw)
 
 

@@ -205,6 +205,8 @@ def _port(c: RuleContext) -> list[Finding]:
     port, state, holder = c.server.port, c.inputs.port_state, c.inputs.port_holder
     if state == "other":
         who = f"{holder.name} (pid {holder.pid})" if holder else "another process"
+        if holder and holder.answer:
+            who += f"; {holder.answer}"
         return [
             finding("host.port", "error", f"port {port} is held by {who}", "stop it, or change [server] port")
         ]

@@ -200,7 +200,10 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     if not load_model(engine.pid, model, stop):
         stop_children([engine])
         return 0
-    failure = os.environ.get("FAKE_VLLM_FAIL_WITH")
+    # _HEX: a line with bytes a spec cannot hold (control characters), as a hostile model's code could log
+    failure = os.environ.get("FAKE_VLLM_FAIL_WITH") or bytes.fromhex(
+        os.environ.get("FAKE_VLLM_FAIL_WITH_HEX", "")
+    ).decode("utf-8", "replace")
     if failure:
         print(f"(EngineCore_DP0 pid={engine.pid}) {failure}", flush=True)
         print(

@@ -1,0 +1,70 @@
+"""Strings from outside (server answers, log lines, process titles, hub names), made safe to show.
+
+`shown()` makes one outside string fit for one line; `SafeStream` is the chokepoint: reconcile.cli
+writes everything it prints through it, so whatever string a new call site forgets to pass through
+`shown()` still reaches the terminal or the journal without a control character.
+"""
+
+from __future__ import annotations
+
+import re
+
+from reconcile.safety.names import CONTROL
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
+
+# A control character is shown as its escape: `\n`, `\t`, `\r`, else `\u001b` (C0, DEL, C1, U+2028 and
+# U+2029). Visible, it says what was there, and each form is also a valid JSON escape, so `--json`
+# output that passes through SafeStream stays JSON and decodes to the same string.
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+# What reconcile itself writes: the colours of reconcile.plan.render (reset, bold, dim, red, green,
+# yellow, magenta, bold red, bold green) and a progress line's carriage return + erase-line
+# (reconcile.apply.progress). Only these pass SafeStream; no title, screen, cursor or clipboard
+# sequence does, and no colour that hides text (SGR 8, black on black).
+OWN_SEQUENCE = re.compile(r"\x1b\[(?:0|1|2|3[1235]|1;3[12])m|\r\x1b\[K")
+_STREAM = re.compile(rf"({OWN_SEQUENCE.pattern})|[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape(char: str) -> str:
+    return _NAMED.get(char) or f"\\u{ord(char):04x}"
+
+
+def shown(text: str, limit: int | None = None) -> str:
+    """`text` from outside, for one line of output: every control character (newline included)
+    escaped, cut to `limit` characters (with `…`) when given."""
+    out = CONTROL.sub(lambda m: escape(m.group()), text)
+    if limit is not None and len(out) > limit:
+        return out[: limit - 1] + "…"
+    return out
+
+
+def _stream_part(m: re.Match[str]) -> str:
+    return m.group(1) or escape(m.group())
+
+
+def for_stream(text: str) -> str:
+    """What SafeStream writes for `text`: newlines, tabs and reconcile's own sequences kept, every
+    other control character escaped."""
+    return _STREAM.sub(_stream_part, text)
+
+
+class SafeStream:
+    """A text stream (stdout, stderr) that writes nothing with a control character other than a
+    newline, a tab and reconcile's own colours. Everything else is the stream's own."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(for_stream(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
+        return getattr(self.stream, name)
