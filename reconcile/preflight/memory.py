@@ -152,13 +152,16 @@ def _memory(c: RuleContext) -> list[Finding]:
     if not e.fits:
         # vLLM: "To serve at least one request with the models's max seq len (N), (X GiB KV cache is
         # needed, which is larger than the available KV cache memory (Y GiB)" (kv_cache_utils.py).
-        msg = (
-            f"one request of {length} needs {size(e.one_request)}/GPU of cache; about "
-            f"{size(e.available_for_cache)} is left after weights and overhead "
+        left = (
+            f"{size(e.available_for_cache)} is what {e.budget_source} gives the cache"
+            if e.budget_source != "gpu-memory-utilization"
+            else f"about {size(e.available_for_cache)} is left after weights and overhead "
             f"(estimated{', weights too' if est else ''})"
         )
+        msg = f"one request of {length} needs {size(e.one_request)}/GPU of cache; {left}"
+        raise_it = e.budget_source.removeprefix("--")
         fix = (
-            f"set {c.arg('max-model-len')} <= {e.max_len_that_fits}, or raise gpu-memory-utilization, "
+            f"set {c.arg('max-model-len')} <= {e.max_len_that_fits}, or raise {raise_it}, "
             'use kv-cache-dtype = "fp8", or raise tensor-parallel-size'
         )
         return [finding("memory.fit", "error", msg, fix, **evidence)]
