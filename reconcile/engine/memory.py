@@ -179,14 +179,18 @@ class MemoryEstimate(Record):
         )
 
 
-def hybrid_manager(args: Mapping[str, Any], specs: tuple[LayerSpec, ...]) -> bool:
-    """Whether vLLM keeps separate KV cache groups. It turns its hybrid manager off by default for
-    chunked local attention (Llama 4: a latency regression), and --disable-hybrid-kv-cache-manager
-    turns it off for every model."""
+def hybrid_manager(
+    args: Mapping[str, Any], specs: tuple[LayerSpec, ...], env: Mapping[str, str] | None = None
+) -> bool:
+    """Whether vLLM keeps separate KV cache groups (VllmConfig's hybrid KV cache manager rules).
+    --disable-hybrid-kv-cache-manager turns it off for every model. Chunked local attention (Llama 4)
+    turns it off only with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0: vLLM 0.26's default
+    for that variable is 1 (vllm/envs.py), so the chunked layers keep only their chunk."""
     flag = args.get("disable-hybrid-kv-cache-manager")
     if isinstance(flag, bool):
         return not flag
-    return not any(s.kind == CHUNKED for s in specs)
+    allow = (env or {}).get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "1").strip()
+    return allow not in ("0", "") or not any(s.kind == CHUNKED for s in specs)
 
 
 def gpu_layout(
@@ -216,6 +220,7 @@ def estimate(
     pp: int = 1,
     capability: int | None = None,
     build: Build | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> MemoryEstimate:
     """The memory table's numbers from config.json, the weight files and the server's flags
     (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
@@ -223,7 +228,7 @@ def estimate(
     disable-hybrid-kv-cache-manager, attention-backend, kv-cache-memory-bytes,
     num-gpu-blocks-override). `total_bytes` is CUDA's total (see
     cuda_total). `capability` (9.0 -> 90) and `build` (engine.attention.scan_build of the venv) pick
-    an MLA model's backend and so its block size."""
+    an MLA model's backend and so its block size; `env` is the server's environment."""
     resolved = resolve(config)
     shape = model_shape(resolved.config)
     serve = model_dtype(_str(args.get("dtype")), shape)
@@ -263,7 +268,7 @@ def estimate(
         mamba_mode=mamba_mode,
         backend_block=backend.block_size if backend else None,
     )
-    layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
+    layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs, env))
     block = layout.min_block_size if layout else 16
     files = weight_files(file_sizes)
     notes = []

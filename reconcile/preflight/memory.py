@@ -61,6 +61,7 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
             pp=c.pp,
             capability=cc[0] if (cc := capability(c)) else None,
             build=c.inputs.attention_build,
+            env=c.server.env,
         )
     except ShapeError as exc:
         return str(exc)
