@@ -164,6 +164,7 @@ MODELS.update(
                 "sliding_window": 128,
                 "sliding_window_pattern": 4,
                 "max_position_embeddings": 131072,
+                "tie_word_embeddings": True,  # commandr.py asserts it
             },
         ),
         # Llama 4 text: RoPE layers chunked (attention_chunk_size), every 4th NoPE and global; MoE.

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
+from reconcile.engine.architectures import layer_head_dim
 from reconcile.record import Record
 
 # A str, not a pathlib.Path: pathlib (with urllib.parse and ipaddress) costs ~5-9 ms to import.
@@ -137,11 +138,12 @@ def _zamba2_blocks(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
 
 def layer_geometry(cfg: Mapping[str, Any]) -> tuple[int, int]:
     """(KV heads, head size) of the attention layers where the model's vLLM code computes them itself
-    instead of reading config.json (the family's `vllm_layer` rule); 0 where it reads the config."""
+    instead of reading config.json (the family's `vllm_layer` rule, else the architecture's in
+    engine.architectures); 0 where it reads the config."""
     entry = table()["families"].get(str(cfg.get("model_type", "")))
     rule = entry.get("vllm_layer") if isinstance(entry, Mapping) else None
     if not isinstance(rule, Mapping):
-        return 0, 0
+        return 0, layer_head_dim(cfg) or 0
     kv = _computed(cfg, str(rule["num_kv_heads"])) if "num_kv_heads" in rule else None
     head = _computed(cfg, str(rule["head_dim"])) if "head_dim" in rule else None
     return kv or 0, head or 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from reconcile.engine import memory
+from reconcile.engine.architectures import coverage
+from reconcile.engine.families import text_part
 from reconcile.engine.kvspec import MAMBA
 from reconcile.engine.memory import GiB, size
 from reconcile.engine.shape import ShapeError
@@ -46,6 +48,12 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
     gpu = _gpu(c)
     if isinstance(gpu, str):
         return gpu
+    cov = coverage(config, text_part(config)[0])
+    if cov.status == "not modelled":
+        return (
+            f"vLLM {cov.vllm} serves {cov.arch}, but reconcile does not model its KV cache: {cov.why} "
+            "(docs/preflight.md, the architecture table)"
+        )
     length, how = served_len(c)
     try:
         e = memory.estimate(
@@ -77,6 +85,8 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
             note = f"weights estimated from config.json: {guess.how} (not downloaded yet)"
             e = e._replace(weights_total=guess.total_bytes, weight_files=0, notes=(note,))
             source = f"estimated: {guess.how}"
+    if cov.note:
+        e = e._replace(notes=(*e.notes, cov.note))
     if weights_scale != 1.0:
         e = e._replace(weights_total=int(e.weights_total * weights_scale))
     return Sizing(e, source, how)
