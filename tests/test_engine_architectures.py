@@ -77,3 +77,9 @@ def test_an_architecture_whose_attention_ignores_head_dim_is_sized_from_hidden()
     assert {s.head_size for s in layer_specs(qwen)} == {3584 // 28}
     stays = {**load("llama-3.1-8b"), "head_dim": 256}  # LlamaAttention reads head_dim
     assert {s.head_size for s in layer_specs(stays)} == {256}
+
+
+def test_the_docs_table_lists_every_architecture_with_its_status() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "preflight.md").read_text()
+    for arch, e in table()["architectures"].items():
+        assert f"| {arch} | {e['module']} | {e['status']} |" in docs, arch

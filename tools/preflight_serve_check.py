@@ -1,8 +1,10 @@
-"""Real `vllm serve` on tiny random models of 6 architectures vs reconcile's prediction (issue 14, b).
+"""Real `vllm serve` on tiny random models vs reconcile's prediction (issue 14, b; issue 28).
 
 Dense, MoE, MLA, sliding window, interleaved local/global and a Mamba hybrid (NemotronH, served with
 prefix caching off and on: vLLM 0.26's "none" and "all" Mamba cache modes), plus two verdict cases
-(a dense model whose derived length does not fit, a sliding-window one that does). Each model is
+(a dense model whose derived length does not fit, a sliding-window one that does). Issue 28 adds
+Cohere2, Llama 4 text, Granite-4.0-H, Zamba2, NemotronH Nano's 52-layer pattern at 262,144 tokens,
+and three verdicts with the cache sized by --kv-cache-memory-bytes (one with CUDA graphs on). Each model is
 built offline with transformers, served with --enforce-eager at a small gpu-memory-utilization, and
 its log's "Available KV cache memory", "GPU KV cache size: N tokens", attention backend, block size
 and Mamba cache mode, or its refusal, set beside reconcile's figures. Resumable per model

@@ -9,6 +9,7 @@ and how its attention sizes a head (`head_dim = hidden_size // total_num_heads` 
 fallback). Evidence: the corpus configs the config oracle builds (tests/data/model_configs) and the
 served rows of tools/preflight_serve_check.py.
 Usage: python3 tools/vllm_architectures.py SITE_DIR_WITH_VLLM [VERSION]  (rewrites the JSON)
+       python3 tools/vllm_architectures.py --markdown  (the table for docs/preflight.md)
 """
 
 from __future__ import annotations
@@ -111,7 +112,29 @@ def entry(arch: str, module: str, src: str, evidence: list[str]) -> dict[str, ob
     return out
 
 
+def markdown() -> str:
+    """The table docs/preflight.md shows, from the JSON."""
+    data = json.loads(OUT.read_text())
+    lines = [
+        "| architecture | vLLM module | status | oracle rows, or what is not modelled |",
+        "| --- | --- | --- | --- |",
+    ]
+    for arch, e in data["architectures"].items():
+        rows = ", ".join(e.get("evidence", ())) or "none yet"
+        what = e.get("why") or rows
+        when = "; ".join(
+            f"not modelled when {k} is set: {v}" for k, v in e.get("not_modelled_when", {}).items()
+        )
+        head = "heads from hidden_size" if e.get("layer_head_dim") else ""
+        extra = "; ".join(x for x in (head, when) if x)
+        lines.append(f"| {arch} | {e['module']} | {e['status']} | {what}{f' ({extra})' if extra else ''} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--markdown"]:
+        print(markdown())
+        return 0
     site = Path(argv[0])
     version = argv[1] if len(argv) > 1 else "0.26.0"
     models = site / "vllm" / "model_executor" / "models"
