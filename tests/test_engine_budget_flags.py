@@ -52,3 +52,21 @@ def test_the_plan_refuses_what_the_flag_cannot_hold() -> None:
     assert "16.00 GiB/GPU of cache; 3.00 GiB is what --kv-cache-memory-bytes gives the cache" in f.message
     assert "raise kv-cache-memory-bytes" in f.fix
     assert "--kv-cache-memory-bytes: as given; vLLM skips its memory profile" in f.evidence["table"]
+
+
+def test_mamba_block_size_is_the_base_of_all_modes_attention_block() -> None:
+    from tests.test_engine_memory import _reference
+
+    nemotron = load("nemotron-h-nano")
+    # _align_hybrid_block_size, "all" mode: lcm(base, 16) x ceil(4,168 tokens a Mamba state / it);
+    # the base is the SSD chunk (128) unless --mamba-block-size sets it.
+    blocks = [_reference(nemotron, **{"enable-prefix-caching": True, **a}).layout for a in
+              ({}, {"mamba-block-size": 256}, {"mamba-block-size": "1000"})]  # fmt: skip
+    assert [lay.min_block_size for lay in blocks if lay] == [128 * 33, 256 * 17, 2000 * 3]  # lcm(1000, 16)
+    off = _reference(nemotron, **{"mamba-block-size": 256}).layout  # prefix caching off: no effect
+    assert off is not None and off.min_block_size == _reference(nemotron).layout.min_block_size  # type: ignore[union-attr]
+
+
+def test_batched_tokens_are_read_as_vllm_reads_them() -> None:
+    assert _llama(**{"max-num-batched-tokens": "4K"}).batched_tokens == 4096
+    assert _llama(**{"max-num-batched-tokens": 2048}).batched_tokens == 2048

@@ -206,13 +206,15 @@ def layer_specs(
     max_model_len: int = 0,
     mamba_mode: str = "none",
     backend_block: int | None = None,
+    mamba_block_size: int | None = None,
 ) -> tuple[LayerSpec, ...]:
     """The KV-cache spec of every cache-holding layer on one GPU, in layer order.
 
     `pp_rank` None: all layers (PP ranks are projected by engine.kvgroups). `block_size` is
     --block-size; else `backend_block`, the block the attention backend prefers (an MLA backend's:
     engine.attention.mla_backend), else 16. Hybrid Mamba models get vLLM's attention block size and
-    Mamba padding on top of it.
+    Mamba padding on top of it; `mamba_block_size` is --mamba-block-size (the base of "all" mode's
+    attention block instead of the SSD chunk).
     """
     resolved = config if isinstance(config, Resolved) else resolve(config)
     cfg = resolved.config
@@ -238,7 +240,8 @@ def layer_specs(
             align = bs
             needed = align * _cdiv(mamba_page, align * align_token)
             if mamba_mode == "all":  # prefix caching of Mamba state: blocks of whole SSD kernel chunks
-                chunk = math.lcm(config_int(cfg, "mamba_chunk_size", "chunk_size", default=256), align)
+                base = mamba_block_size or config_int(cfg, "mamba_chunk_size", "chunk_size", default=256)
+                chunk = math.lcm(base, align)  # --mamba-block-size replaces the SSD chunk as the base
                 needed = chunk * _cdiv(_cdiv(mamba_page, align_token), chunk)
             if bs < needed:
                 bs = needed

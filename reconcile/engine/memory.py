@@ -226,7 +226,7 @@ def estimate(
     (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
     mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager, block-size, enable-prefix-caching,
     disable-hybrid-kv-cache-manager, attention-backend, kv-cache-memory-bytes,
-    num-gpu-blocks-override). `total_bytes` is CUDA's total (see
+    num-gpu-blocks-override, mamba-block-size). `total_bytes` is CUDA's total (see
     cuda_total). `capability` (9.0 -> 90) and `build` (engine.attention.scan_build of the venv) pick
     an MLA model's backend and so its block size; `env` is the server's environment."""
     resolved = resolve(config)
@@ -241,8 +241,7 @@ def estimate(
     batched, seqs = default_batch(total_bytes, gpu)
     seqs_arg = args.get("max-num-seqs")
     seqs = int(seqs_arg) if isinstance(seqs_arg, int) else seqs
-    batched_arg = args.get("max-num-batched-tokens")
-    batched = int(batched_arg) if isinstance(batched_arg, int) else batched
+    batched = human_int(args.get("max-num-batched-tokens")) or batched  # "8K" as vLLM reads it
     block_arg = args.get("block-size")
     user_block = int(block_arg) if isinstance(block_arg, int) and not isinstance(block_arg, bool) else None
     backend = None
@@ -267,12 +266,13 @@ def estimate(
         max_model_len=max_model_len or 0,
         mamba_mode=mamba_mode,
         backend_block=backend.block_size if backend else None,
+        mamba_block_size=_int_flag(args.get("mamba-block-size")),
     )
     layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs, env))
     block = layout.min_block_size if layout else 16
     files = weight_files(file_sizes)
     notes = []
-    override = human_int(args.get("num-gpu-blocks-override"))
+    override = _int_flag(args.get("num-gpu-blocks-override"))
     if not files:
         notes.append("no weight files seen (model not downloaded yet?): weights counted as 0")
     return MemoryEstimate(
@@ -315,6 +315,13 @@ def estimate(
         kv_cache_memory_bytes=human_int(args.get("kv-cache-memory-bytes")) or None,
         blocks_override=override,
     )
+
+
+def _int_flag(value: object) -> int | None:
+    """A plain int flag (vLLM's argparse `int`: no "1K" forms), as the spec writes it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
 
 
 def _str(value: object) -> str | None:
