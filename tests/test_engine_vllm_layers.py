@@ -11,6 +11,7 @@ from reconcile.engine import memory
 from reconcile.engine.kvgroups import kv_layout
 from reconcile.engine.kvspec import CHUNKED, FULL, MAMBA, SLIDING, layer_specs, mamba_state
 from reconcile.engine.memory import GiB, estimate
+from reconcile.engine.servedefaults import hybrid_manager
 from reconcile.engine.shape import model_shape
 
 # The sizes the served tiny models use: hidden 256, 4 heads, 2 KV heads.
@@ -59,17 +60,17 @@ def test_llama4_chunks_its_rope_layers_and_keeps_the_hybrid_manager() -> None:
     assert [s.kind for s in layer_specs({k: v for k, v in cfg.items() if k != "no_rope_layers"})] == [
         s.kind for s in specs
     ]
-    assert memory.hybrid_manager({}, specs)  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1
+    assert hybrid_manager({}, specs)  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1
     lay = kv_layout(specs, hybrid_manager=True)
     page = 16 * 2 * 64 * 2 * 2  # 8,192 B a block a layer
     # 2 full + 6 chunked: group size 2, 1 full + 3 chunked groups. One request of 131,072 tokens with
     # 16,384 in flight: full 8,192 blocks, chunked ceil(min(8,192 + 16,384, 131,072) / 16) = 1,536 each.
     assert (len(lay.groups), lay.group_size) == (4, 2)
     assert lay.one_request_bytes(131072, 16384) == 2 * page * (8192 + 3 * 1536)
-    off = memory.hybrid_manager({}, specs, {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "0"})
+    off = hybrid_manager({}, specs, {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "0"})
     whole = kv_layout(specs, hybrid_manager=off)
     assert not off and whole.one_request_bytes(131072, 16384) == 8 * page * 8192  # every layer full
-    assert not memory.hybrid_manager({"disable-hybrid-kv-cache-manager": True}, specs)
+    assert not hybrid_manager({"disable-hybrid-kv-cache-manager": True}, specs)
 
 
 def test_granite_4_h_mamba_inner_size_is_expand_times_hidden() -> None:

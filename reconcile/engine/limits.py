@@ -66,6 +66,13 @@ def human_int(value: object) -> int | None:
     return int(value.strip()) if value.strip().isdigit() else None
 
 
+def int_flag(value: object) -> int | None:
+    """A plain int flag (vLLM's argparse `int`: no "1K" forms), as the spec writes it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
 def parse_max_model_len(value: object) -> int | None:
     """A spec's max-model-len as vLLM reads it; None for "auto"/-1 (fit to memory).
 

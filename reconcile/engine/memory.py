@@ -28,9 +28,9 @@ from reconcile.engine.budget import (
 from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
 from reconcile.engine.families import resolve
 from reconcile.engine.kvgroups import KVLayout, kv_layout
-from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
-from reconcile.engine.limits import human_int
-from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, on, v2_runner
+from reconcile.engine.kvspec import MAMBA, LayerSpec, layer_specs, pp_layers
+from reconcile.engine.limits import human_int, int_flag
+from reconcile.engine.servedefaults import hybrid_manager, in_flight_tokens, mamba_cache_mode, on, v2_runner
 from reconcile.engine.shape import ModelShape, model_shape
 from reconcile.engine.weightfiles import weight_files
 from reconcile.record import Record
@@ -179,20 +179,6 @@ class MemoryEstimate(Record):
         )
 
 
-def hybrid_manager(
-    args: Mapping[str, Any], specs: tuple[LayerSpec, ...], env: Mapping[str, str] | None = None
-) -> bool:
-    """Whether vLLM keeps separate KV cache groups (VllmConfig's hybrid KV cache manager rules).
-    --disable-hybrid-kv-cache-manager turns it off for every model. Chunked local attention (Llama 4)
-    turns it off only with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0: vLLM 0.26's default
-    for that variable is 1 (vllm/envs.py), so the chunked layers keep only their chunk."""
-    flag = args.get("disable-hybrid-kv-cache-manager")
-    if isinstance(flag, bool):
-        return not flag
-    allow = (env or {}).get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "1").strip()
-    return allow not in ("0", "") or not any(s.kind == CHUNKED for s in specs)
-
-
 def gpu_layout(
     specs: tuple[LayerSpec, ...], pp: int, layers: int, hybrid_manager: bool = True
 ) -> KVLayout | None:
@@ -266,13 +252,13 @@ def estimate(
         max_model_len=max_model_len or 0,
         mamba_mode=mamba_mode,
         backend_block=backend.block_size if backend else None,
-        mamba_block_size=_int_flag(args.get("mamba-block-size")),
+        mamba_block_size=int_flag(args.get("mamba-block-size")),
     )
     layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs, env))
     block = layout.min_block_size if layout else 16
     files = weight_files(file_sizes)
     notes = []
-    override = _int_flag(args.get("num-gpu-blocks-override"))
+    override = int_flag(args.get("num-gpu-blocks-override"))
     if not files:
         notes.append("no weight files seen (model not downloaded yet?): weights counted as 0")
     return MemoryEstimate(
@@ -315,13 +301,6 @@ def estimate(
         kv_cache_memory_bytes=human_int(args.get("kv-cache-memory-bytes")) or None,
         blocks_override=override,
     )
-
-
-def _int_flag(value: object) -> int | None:
-    """A plain int flag (vLLM's argparse `int`: no "1K" forms), as the spec writes it."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
 
 
 def _str(value: object) -> str | None:
