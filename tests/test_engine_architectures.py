@@ -83,3 +83,12 @@ def test_the_docs_table_lists_every_architecture_with_its_status() -> None:
     docs = (Path(__file__).resolve().parent.parent / "docs" / "preflight.md").read_text()
     for arch, e in table()["architectures"].items():
         assert f"| {arch} | {e['module']} | {e['status']} |" in docs, arch
+
+
+def test_an_architecture_outside_the_table_is_laid_out_with_a_note() -> None:
+    mistral3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+                "text_config": _corpus("mistral-7b-instruct-v0.3")}  # fmt: skip
+    c = coverage(mistral3)
+    assert c.status == "unlisted" and c.note is not None
+    assert c.note.startswith("Mistral3ForConditionalGeneration is not among vLLM 0.26.0's text-generation")
+    assert coverage({"model_type": "llama"}).note is None  # no architectures: nothing to say

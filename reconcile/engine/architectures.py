@@ -37,8 +37,8 @@ class Coverage(Record):
             )
         if self.status == "unlisted" and self.arch:
             return (
-                f"{self.arch} is not a text-generation architecture of vLLM {self.vllm}'s registry: "
-                "laid out as a plain decoder"
+                f"{self.arch} is not among vLLM {self.vllm}'s text-generation architectures (multimodal, or "
+                "unknown to it): its language model is laid out by the generic rules, unchecked"
             )
         return None
 
