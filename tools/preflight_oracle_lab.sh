@@ -3,6 +3,8 @@
 # wheelhouse parts were staged in /tmp/stage (one call per part: shared/gpu-lab/stage.sh add).
 #   call 1: the config oracle (29 rows, 8 jobs) and the serve cases mla, mamba-hybrid-pc (~5.5 min)
 #   call 2: the other 7 serve cases (~8 min); both share ORACLE_STATE, so a timed-out call resumes.
+#   28a, 28b: issue 28's cases (--kv-cache-memory-bytes verdicts; Cohere2, Llama 4, Granite-4.0-H,
+#   NemotronH's padded groups, Zamba2), ~5 and ~4 min.
 # usage: OUT=dir tools/preflight_oracle_lab.sh 1|2      results: $OUT/preflight-{oracle,serve}.{json,md}
 set -u
 cd "$(dirname "$0")/.."
@@ -19,7 +21,11 @@ case "${1:-}" in
      timeout 240 tools/preflight_oracle.sh --serve mla mamba-hybrid-pc > "$OUT/serve.log" 2>&1 ;;
   2) timeout 540 tools/preflight_oracle.sh --serve dense moe sliding interleaved mamba-hybrid dense-nofit \
        sliding-fits > "$OUT/serve.log" 2>&1 ;;
-  *) echo "usage: OUT=dir tools/preflight_oracle_lab.sh 1|2" >&2; exit 2 ;;
+  # Issue 28: the budget-flag verdicts and the families the corpus never served, in two calls.
+  28a) timeout 560 tools/preflight_oracle.sh --serve dense-kvbytes-nofit dense-kvbytes-fits mamba-kvbytes-graphs \
+         cohere2 llama4-text > "$OUT/serve.log" 2>&1 ;;
+  28b) timeout 560 tools/preflight_oracle.sh --serve granite-h nemotronh-pad zamba2 > "$OUT/serve.log" 2>&1 ;;
+  *) echo "usage: OUT=dir tools/preflight_oracle_lab.sh 1|2|28a|28b" >&2; exit 2 ;;
 esac
 echo "serve rc=$?"
 cat "$OUT"/preflight-oracle.md "$OUT"/preflight-serve.md 2>/dev/null

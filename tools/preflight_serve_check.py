@@ -1,8 +1,10 @@
-"""Real `vllm serve` on tiny random models of 6 architectures vs reconcile's prediction (issue 14, b).
+"""Real `vllm serve` on tiny random models vs reconcile's prediction (issue 14, b; issue 28).
 
 Dense, MoE, MLA, sliding window, interleaved local/global and a Mamba hybrid (NemotronH, served with
 prefix caching off and on: vLLM 0.26's "none" and "all" Mamba cache modes), plus two verdict cases
-(a dense model whose derived length does not fit, a sliding-window one that does). Each model is
+(a dense model whose derived length does not fit, a sliding-window one that does). Issue 28 adds
+Cohere2, Llama 4 text, Granite-4.0-H, Zamba2, NemotronH Nano's 52-layer pattern at 262,144 tokens,
+and three verdicts with the cache sized by --kv-cache-memory-bytes (one with CUDA graphs on). Each model is
 built offline with transformers, served with --enforce-eager at a small gpu-memory-utilization, and
 its log's "Available KV cache memory", "GPU KV cache size: N tokens", attention backend, block size
 and Mamba cache mode, or its refusal, set beside reconcile's figures. Resumable per model
@@ -150,11 +152,123 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# Issue 28: architectures the corpus never served, each with the family's own rule.
+_NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # NemotronH Nano's 52 layers
+MODELS.update(
+    {
+        # Command-R7B's shape: 3 sliding (128) : 1 global, heads from hidden_size (commandr.py).
+        "cohere2": (
+            "Cohere2Config",
+            {
+                "num_hidden_layers": 8,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "sliding_window": 128,
+                "sliding_window_pattern": 4,
+                "max_position_embeddings": 131072,
+                "tie_word_embeddings": True,  # commandr.py asserts it
+            },
+        ),
+        # Llama 4 text: RoPE layers chunked (attention_chunk_size), every 4th NoPE and global; MoE.
+        "llama4-text": (
+            "Llama4TextConfig",
+            {
+                "num_hidden_layers": 8,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 64,
+                "attention_chunk_size": 1024,
+                "intermediate_size_mlp": 512,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 1,
+                "max_position_embeddings": 131072,
+            },
+        ),
+        # Granite-4.0-H: Mamba-2 3:1 with NoPE attention, MoE; Mamba inner size = expand x hidden.
+        "granite-h": (
+            "GraniteMoeHybridConfig",
+            {
+                "num_hidden_layers": 8,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "layer_types": ["mamba", "mamba", "mamba", "attention"] * 2,
+                "mamba_n_heads": 8,
+                "mamba_n_groups": 2,
+                "mamba_d_state": 64,
+                "mamba_d_conv": 4,
+                "mamba_expand": 2,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "shared_intermediate_size": 512,
+                "position_embedding_type": "nope",
+                "max_position_embeddings": 131072,
+            },
+        ),
+        # Zamba2: a Mamba-2 mixer in every layer, the shared attention block in the "hybrid" ones.
+        "zamba2": (
+            "Zamba2Config",
+            {
+                "num_hidden_layers": 6,
+                "num_attention_heads": 4,
+                "layers_block_type": ["mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba"],
+                "n_mamba_heads": 8,
+                "mamba_d_state": 64,
+                "mamba_expand": 2,
+                "num_mem_blocks": 1,
+                "use_mamba_kernels": False,
+                "max_position_embeddings": 131072,
+            },
+        ),
+        # NemotronH Nano's 52-layer pattern and Mamba dims at 262,144 tokens on a small budget:
+        # 2,096-token blocks, 6 attention + 23 Mamba layers (vLLM pads one: "Add 1 padding layers").
+        "nemotronh-pad": (
+            "NemotronHConfig",
+            {
+                "hybrid_override_pattern": _NANO_PATTERN,
+                "num_hidden_layers": len(_NANO_PATTERN),
+                "num_attention_heads": 32,
+                "num_key_value_heads": 2,
+                "head_dim": 128,
+                "mamba_num_heads": 64,
+                "mamba_head_dim": 64,
+                "n_groups": 8,
+                "ssm_state_size": 128,
+                "chunk_size": 128,
+                "conv_kernel": 4,
+                "expand": 2,
+                "n_routed_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 128,
+                "moe_shared_expert_intermediate_size": 128,
+                "mamba_ssm_cache_dtype": "float32",
+                "use_mamba_kernels": False,
+                "max_position_embeddings": 262144,
+            },
+        ),
+    }
+)
 # The same tiny NemotronH with --enable-prefix-caching: vLLM 0.26 keeps its Mamba state per block
 # ("all" mode: attention blocks of whole SSD chunks, as many Mamba blocks as attention blocks), the
 # mode the reference spec's 7.52 GiB/GPU comes from.
-MODELS["mamba-hybrid-pc"] = MODELS["mamba-hybrid"]
-SERVE_ARGS: dict[str, dict[str, Any]] = {"mamba-hybrid-pc": {"enable-prefix-caching": True}}
+# Verdicts with the KV cache sized by --kv-cache-memory-bytes (vLLM then ignores the utilization):
+# the dense model's 4,096 tokens (8 MiB) against 4 MiB and 64 MiB, and the NemotronH with CUDA graphs
+# on, where 6 MiB holds one request but fewer Mamba blocks than the default max-num-seqs.
+SAME_MODEL = {
+    "mamba-hybrid-pc": "mamba-hybrid",
+    "dense-kvbytes-nofit": "dense",
+    "dense-kvbytes-fits": "dense",
+    "mamba-kvbytes-graphs": "mamba-hybrid",
+}
+SERVE_ARGS: dict[str, dict[str, Any]] = {
+    "mamba-hybrid-pc": {"enable-prefix-caching": True},
+    "dense-kvbytes-nofit": {"kv-cache-memory-bytes": "4M"},
+    "dense-kvbytes-fits": {"kv-cache-memory-bytes": "64M"},
+    "mamba-kvbytes-graphs": {"kv-cache-memory-bytes": "6M", "enforce-eager": False},
+    "nemotronh-pad": {"gpu-memory-utilization": 0.03},
+}
+for _name, _base in SAME_MODEL.items():
+    MODELS[_name] = MODELS[_base]
+
 ARCH = {
     "LlamaConfig": "LlamaForCausalLM",
     "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
@@ -162,6 +276,10 @@ ARCH = {
     "MistralConfig": "MistralForCausalLM",
     "Gemma3TextConfig": "Gemma3ForCausalLM",
     "NemotronHConfig": "NemotronHForCausalLM",
+    "Cohere2Config": "Cohere2ForCausalLM",
+    "Llama4TextConfig": "Llama4ForCausalLM",
+    "GraniteMoeHybridConfig": "GraniteMoeHybridForCausalLM",
+    "Zamba2Config": "Zamba2ForCausalLM",
 }
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",
@@ -212,7 +330,7 @@ def build(name: str, out: Path) -> None:
 
 
 SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail", "logged_backend",
-               "logged_block_size", "logged_mamba_mode")  # fmt: skip
+               "logged_block_size", "logged_mamba_mode", "logged_lines", "refused_mamba")  # fmt: skip
 
 
 # Issue 19: on the two-GPU lab kind NVLink multicast must stay off (shared/gpu-lab/README.md).
@@ -224,10 +342,13 @@ MULTI_GPU_ENV = {
 
 
 def serve(
-    model: Path, port: int, log: Path, flags: dict[str, Any], timeout: float = 240, tp: int = 1
+    model: Path, port: int, log: Path, flags: dict[str, Any], timeout: float = 180, tp: int = 1
 ) -> dict[str, Any]:
     """Start `vllm serve`, wait until it is up or has exited, stop it; what its log says."""
-    extra = [f"--{k}" if v is True else f"--{k}={v}" for k, v in flags.items()]
+    eager = flags.get("enforce-eager", True) is not False
+    util = flags.get("gpu-memory-utilization", UTIL)
+    skip = ("enforce-eager", "gpu-memory-utilization")
+    extra = [f"--{k}" if v is True else f"--{k}={v}" for k, v in flags.items() if k not in skip]
     cmd = [
         sys.executable,
         "-m",
@@ -238,9 +359,9 @@ def serve(
         str(port),
         "--host",
         "127.0.0.1",
-        "--enforce-eager",
+        *(["--enforce-eager"] if eager else []),
         "--gpu-memory-utilization",
-        str(UTIL),
+        str(util),
         *(["--tensor-parallel-size", str(tp)] if tp > 1 else []),
         *extra,
     ]
@@ -272,7 +393,18 @@ def serve(
     # Platform.update_block_size_for_backend: phase 1 (a backend's own block) and the hybrid alignment
     block = re.findall(r"Setting (?:kv cache|attention) block size to (\d+)", text)
     mode = re.findall(r"Mamba cache mode is set to '(\w+)'|Prefix caching in Mamba cache '(\w+)'", text)
+    # What vLLM says of its layout and its refusals, kept whole for the report (issue 28).
+    said = [
+        line.split("] ", 1)[-1][:300]
+        for line in text.splitlines()
+        if re.search(
+            r"padding layers|Padding mamba page|Maximum concurrency|block size to|KV cache is needed|"
+            r"exceeds available Mamba|Hybrid KV cache manager|kv_cache_memory_bytes config|Error|error:",
+            line,
+        )
+    ][-20:]
     return {
+        "logged_lines": said,
         "logged_backend": backend[-1] if backend else None,
         # No line is no evidence: the tiny NemotronH without prefix caching logs none, yet its capacity
         # from the logged memory needs reconcile's 144-token pages (0.26.0 on the H200, 2026-12-01).
@@ -280,6 +412,7 @@ def serve(
         "logged_mamba_mode": next((a or b for a, b in reversed(mode)), None),
         "started": up,
         "refused_kv": "larger than the available KV cache memory" in text,
+        "refused_mamba": "exceeds available Mamba cache" in text,
         "logged_tokens": int(tokens[-1].replace(",", "")) if tokens else None,
         "available_gib": float(avail[-1]) if avail else None,
         "seconds": round(seconds, 1),
@@ -294,7 +427,8 @@ HOST: dict[str, Any] = {"capability": None, "build": None}
 def _estimate(model: Path, total: int, name: str, tp: int = 1) -> MemoryEstimate:
     config = json.loads((model / "config.json").read_text())
     files = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
-    d = derive_max_model_len(config, "0.26.0")
+    flags = SERVE_ARGS.get(name, {})
+    length = flags.get("max-model-len") or derive_max_model_len(config, "0.26.0").default
     build: Build | None = HOST["build"]
     return estimate(
         config,
@@ -303,9 +437,9 @@ def _estimate(model: Path, total: int, name: str, tp: int = 1) -> MemoryEstimate
         tp=tp,
         total_bytes=total,
         gpu="NVIDIA H200",
-        utilization=UTIL,
-        max_model_len=d.default,
-        args={"enforce-eager": True, **SERVE_ARGS.get(name, {})},
+        utilization=float(flags.get("gpu-memory-utilization", UTIL)),
+        max_model_len=length,
+        args={"enforce-eager": True, **flags},
         capability=HOST["capability"],
         build=build,
     )
@@ -313,7 +447,15 @@ def _estimate(model: Path, total: int, name: str, tp: int = 1) -> MemoryEstimate
 
 def predict(model: Path, total: int, name: str, tp: int = 1) -> dict[str, Any]:
     e = _estimate(model, total, name, tp)
+    # A verdict is vLLM's: one request fits, and with CUDA graphs each of max-num-seqs has a Mamba block.
+    mamba = e.layout is not None and any(g.kind == "mamba" for g in e.layout.groups)
+    graphs = SERVE_ARGS.get(name, {}).get("enforce-eager", True) is False
+    blocks = e.layout.num_blocks(e.available_for_cache) if e.layout is not None else 0
+    starts = e.fits and not (mamba and graphs and e.max_num_seqs > blocks)
     return {
+        "starts": starts,
+        "padding_layers": e.layout.padding_layers if e.layout is not None else 0,
+        "groups": len(e.layout.groups) if e.layout is not None else 0,
         "backend": e.attention_backend.name if e.attention_backend else None,
         "block_size": e.layout.min_block_size if e.layout else None,
         "mamba_mode": e.mamba_mode,
@@ -362,9 +504,9 @@ def main(argv: list[str]) -> int:
     rows = []
     for i, name in enumerate(argv or list(MODELS)):
         done = state / f"{name}.json"
-        model = state / "models" / name
+        model = state / "models" / SAME_MODEL.get(name, name)
         if not (model / "config.json").exists():
-            build(name, model)
+            build(SAME_MODEL.get(name, name), model)
         # Resumable: what vLLM logged is kept per model; reconcile's prediction is made afresh.
         flags = SERVE_ARGS.get(name, {})
         logged = (
@@ -378,7 +520,14 @@ def main(argv: list[str]) -> int:
             row["layout_tokens"] = layout_tokens(model, total, row["available_gib"], name, tp)
         logged, predicted = row["logged_tokens"], row["predicted_tokens"]
         row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
-        row["verdict_agrees"] = row["fits"] == row["started"]
+        row["verdict_agrees"] = row["starts"] == row["started"]
+        # What re-predicting off the lab needs: the model's config.json and its files' sizes.
+        row["config"] = json.loads((model / "config.json").read_text())
+        row["file_sizes"] = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
+        if (state / f"{name}.log").exists():
+            logs = out_dir / "serve-logs"
+            logs.mkdir(exist_ok=True)
+            (logs / f"{name}.log").write_text((state / f"{name}.log").read_text(errors="replace")[-200_000:])
         # What the capacity rests on: the block size (MLA: the backend's), and a hybrid's Mamba mode.
         row["layout_agrees"] = row["logged_block_size"] in (None, row["block_size"]) and (
             row["logged_mamba_mode"] is None or row["mamba_mode"] == row["logged_mamba_mode"]
@@ -396,7 +545,8 @@ def main(argv: list[str]) -> int:
     ]
     for r in rows:
         lines.append(
-            f"| {r['name']} | {r['max_model_len']:,} | {r['fits']} | {r['started']} | {r['logged_tokens']} | "
+            f"| {r['name']} | {r['max_model_len']:,} | {r['starts']} | {r['started']} | "
+            f"{r['logged_tokens']} | "
             f"{r['predicted_tokens']:,} | {r['capacity_error_pct']}% | {r.get('layout_tokens')} | "
             f"{r['available_gib']} / {r['available_predicted_gib']} | "
             f"{r['logged_block_size']} / {r['block_size']} | {r['logged_mamba_mode']} / {r['mamba_mode']} | "

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
+from reconcile.engine.architectures import layer_head_dim
 from reconcile.record import Record
 
 # A str, not a pathlib.Path: pathlib (with urllib.parse and ipaddress) costs ~5-9 ms to import.
@@ -106,7 +107,51 @@ def _interval_types(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None
     return str(rule["source"])
 
 
+def _llama4_chunks(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """Llama 4: vLLM's Llama4Attention reads no_rope_layers, not layer_types: a RoPE layer (1) with an
+    attention_chunk_size is chunked local attention, a NoPE layer (0) global. transformers fills an
+    empty no_rope_layers with 1 except every no_rope_layer_interval-th layer."""
+    rule = entry["llama4_chunks"]
+    layers = _num(cfg, "num_hidden_layers") or 0
+    rope = cfg.get("no_rope_layers")
+    if not isinstance(rope, list) or len(rope) != layers:
+        interval = _num(cfg, "no_rope_layer_interval") or int(rule["interval_default"])
+        rope = [int((i + 1) % interval != 0) for i in range(layers)]
+        cfg["no_rope_layers"] = rope
+    chunked = isinstance(cfg.get("attention_chunk_size"), int)
+    cfg["layer_types"] = ["chunked_attention" if r and chunked else "full_attention" for r in rope]
+    return str(rule["source"])
+
+
+def _zamba2_blocks(cfg: dict[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """Zamba2's layers_block_type: "hybrid" (Mamba + the shared attention block) at hybrid_layer_ids."""
+    rule = entry["zamba2_blocks"]
+    if isinstance(cfg.get("layers_block_type"), list):
+        return None
+    ids = cfg.get("hybrid_layer_ids")
+    layers = _num(cfg, "num_hidden_layers") or 0
+    if not isinstance(ids, list):
+        return None
+    cfg["layers_block_type"] = ["hybrid" if i in ids else "mamba" for i in range(layers)]
+    return str(rule["source"])
+
+
+def layer_geometry(cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """(KV heads, head size) of the attention layers where the model's vLLM code computes them itself
+    instead of reading config.json (the family's `vllm_layer` rule, else the architecture's in
+    engine.architectures); 0 where it reads the config."""
+    entry = table()["families"].get(str(cfg.get("model_type", "")))
+    rule = entry.get("vllm_layer") if isinstance(entry, Mapping) else None
+    if not isinstance(rule, Mapping):
+        return 0, layer_head_dim(cfg) or 0
+    kv = _computed(cfg, str(rule["num_kv_heads"])) if "num_kv_heads" in rule else None
+    head = _computed(cfg, str(rule["head_dim"])) if "head_dim" in rule else None
+    return kv or 0, head or 0
+
+
 _DERIVE: Mapping[str, Callable[[dict[str, Any], Mapping[str, Any]], str | None]] = {
+    "llama4_chunks": _llama4_chunks,
+    "zamba2_blocks": _zamba2_blocks,
     "period": _pattern_types,
     "qwen_window": _qwen_window,
     "jamba_blocks": _jamba_blocks,

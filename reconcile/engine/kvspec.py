@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reconcile.engine.attention import DEFAULT_BLOCK
-from reconcile.engine.families import Resolved, resolve
-from reconcile.engine.shape import ShapeError, config_int
+from reconcile.engine.families import Resolved, layer_geometry, resolve
+from reconcile.engine.shape import MAMBA2_KEYS, ShapeError, config_int
 from reconcile.record import Record
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
@@ -23,6 +23,12 @@ ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)
 _ATTN_NAMES = {"*", "attention", "full_attention", "global", "hybrid"}
 _MAMBA1 = {"jamba", "mamba", "falcon_mamba"}  # Mamba-1 mixers: (conv, ssm) of expand x hidden
 _MAMBA_NAMES = {"m", "mamba", "mamba2", "linear_attention", "linear"}
+_EVERY_LAYER_MAMBA = {"zamba2"}
+# Mamba-2 inner size (vLLM's get_mamba_state_shape_from_config of each model): NemotronH's is heads x
+# head_dim; Granite-4.0-H's, Zamba2's and Mamba2's expand x hidden_size; Falcon-H1's mamba_d_ssm, else
+# expand x hidden_size.
+_INNER_FROM_EXPAND = {"granitemoehybrid": "mamba_expand", "zamba2": "mamba_expand", "mamba2": "expand",
+                      "falcon_h1": "mamba_expand"}  # fmt: skip
 
 
 class LayerSpec(Record):
@@ -97,6 +103,10 @@ def layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
                 break
     if str(cfg.get("model_type", "")).startswith("falcon_h1"):
         return tuple((attn, MAMBA) for _ in range(config_int(cfg, "num_hidden_layers")))
+    if str(cfg.get("model_type", "")) in _EVERY_LAYER_MAMBA and names is not None:
+        # Zamba2: every layer runs a Mamba mixer; a "hybrid" one also runs the shared attention
+        # block, with a KV cache of its own (vllm zamba2.py: one Attention per hybrid layer).
+        return tuple((FULL, MAMBA) if n == "hybrid" else (MAMBA,) for n in names)
     if names is None:
         return tuple((attn,) for _ in range(config_int(cfg, "num_hidden_layers", "n_layer", "num_layers")))
     out: list[tuple[str, ...]] = []
@@ -133,12 +143,16 @@ def mamba_state(cfg: Mapping[str, Any], tp: int, conv_bytes: int, ssm_bytes: int
         kernel = config_int(cfg, "linear_conv_kernel_dim")
         conv = (kernel - 1, (2 * kh * kd + vh * vd) // tp)
         return MambaState((conv, (vh // tp, vd, kd)), (conv_bytes, ssm_bytes))
-    heads = config_int(cfg, "mamba_num_heads", "mamba_n_heads")  # Mamba-2
-    head_dim = config_int(cfg, "mamba_head_dim", "mamba_d_head")
-    state = config_int(cfg, "ssm_state_size", "mamba_d_state", "state_size")
-    groups = config_int(cfg, "n_groups", "mamba_n_groups", default=1)
-    kernel = config_int(cfg, "conv_kernel", "mamba_d_conv")
+    # Mamba-2, under each model's names (Zamba2: n_mamba_heads, mamba_headdim, mamba_ngroups).
+    heads = config_int(cfg, *MAMBA2_KEYS["heads"])
+    head_dim = config_int(cfg, *MAMBA2_KEYS["head_dim"])
+    state = config_int(cfg, *MAMBA2_KEYS["state"])
+    groups = config_int(cfg, *MAMBA2_KEYS["groups"], default=1)
+    kernel = config_int(cfg, *MAMBA2_KEYS["kernel"])
     inner = config_int(cfg, "mamba_d_ssm", default=heads * head_dim)
+    expand = _INNER_FROM_EXPAND.get(mt)
+    if expand and not (mt == "falcon_h1" and isinstance(cfg.get("mamba_d_ssm"), int)):
+        inner = int(float(cfg.get(expand) or 2) * config_int(cfg, "hidden_size"))
     if groups % tp:  # vLLM replicates groups so each head shard has its group
         groups += tp - groups
     conv = (kernel - 1, (inner + 2 * groups * state) // tp)
@@ -156,13 +170,26 @@ def pp_layers(num_layers: int, pp: int, rank: int) -> range:
 
 
 def attention_geometry(cfg: Mapping[str, Any], tp: int) -> tuple[int, int]:
-    """(KV heads per GPU, head size) vLLM's ModelConfig.get_num_kv_heads / get_head_size give."""
+    """(KV heads per GPU, head size) of the model's attention layers as vLLM's model code builds
+    them: a family's own rule where its code ignores config.json (engine.families.layer_geometry:
+    Cohere2's head size is hidden_size // heads whatever head_dim says), else ModelConfig's view."""
+    kv, head = config_geometry(cfg, tp)
+    if isinstance(cfg.get("kv_lora_rank"), int):
+        return kv, head
+    layer_kv, layer_head = layer_geometry(cfg)
+    return (max(1, layer_kv // tp) if layer_kv else kv), (layer_head or head)
+
+
+def config_geometry(cfg: Mapping[str, Any], tp: int) -> tuple[int, int]:
+    """(KV heads per GPU, head size) vLLM's ModelConfig.get_num_kv_heads / get_head_size give
+    (model_arch_config_convertor: head_dim, hidden_size_per_head, else hidden_size // heads). The
+    hybrid Mamba alignment sizes the attention page from these, not from the layers."""
     if isinstance(cfg.get("kv_lora_rank"), int):
         return 1, int(cfg["kv_lora_rank"]) + config_int(cfg, "qk_rope_head_dim", default=0)
     heads = config_int(cfg, "num_attention_heads", "n_head")
     kv = config_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
     hidden = config_int(cfg, "hidden_size", "d_model", "n_embd")
-    head = config_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads)
+    head = config_int(cfg, "head_dim", "hidden_size_per_head", "attention_head_dim", default=hidden // heads)
     return max(1, kv // tp), head
 
 
@@ -179,41 +206,51 @@ def layer_specs(
     max_model_len: int = 0,
     mamba_mode: str = "none",
     backend_block: int | None = None,
+    mamba_block_size: int | None = None,
 ) -> tuple[LayerSpec, ...]:
     """The KV-cache spec of every cache-holding layer on one GPU, in layer order.
 
     `pp_rank` None: all layers (PP ranks are projected by engine.kvgroups). `block_size` is
     --block-size; else `backend_block`, the block the attention backend prefers (an MLA backend's:
     engine.attention.mla_backend), else 16. Hybrid Mamba models get vLLM's attention block size and
-    Mamba padding on top of it.
+    Mamba padding on top of it; `mamba_block_size` is --mamba-block-size (the base of "all" mode's
+    attention block instead of the SSD chunk).
     """
     resolved = config if isinstance(config, Resolved) else resolve(config)
     cfg = resolved.config
     kinds = layer_kinds(cfg)
     rank_layers = set(range(len(kinds))) if pp_rank is None else set(pp_layers(len(kinds), pp, pp_rank))
-    kv_heads, head = attention_geometry(cfg, tp) if any(k != (MAMBA,) and k for k in kinds) else (0, 0)
+    has_attention = any(k != (MAMBA,) and k for k in kinds)
+    kv_heads, head = attention_geometry(cfg, tp) if has_attention else (0, 0)
     has_mla = any(MLA in k for k in kinds)
     # Platform.update_block_size_for_backend, phase 1: the user's block, else the backend's preferred.
     bs = block_size or backend_block or DEFAULT_BLOCK
     one_token = kv_heads * head * (1 if has_mla else 2) * kv_dtype_bytes
+    # _align_hybrid_block_size sizes the attention page from ModelConfig's heads, not the layers'.
+    align_kv, align_head = config_geometry(cfg, tp) if has_attention else (0, 0)
+    align_token = align_kv * align_head * (1 if has_mla else 2) * kv_dtype_bytes
     mamba: MambaState | None = None
     mamba_page = 0
     if any(MAMBA in k for k in kinds):
         mamba = mamba_state(cfg, tp, mamba_conv_bytes, mamba_ssm_bytes)
         mamba_page = sum(math.prod(s) * b for s, b in zip(mamba.shapes, mamba.dtype_bytes, strict=True))
-        if one_token:
+        if align_token:
             # _align_hybrid_block_size: the kernel alignment is max(the backend's smallest block, the
             # phase-1 block), which is the phase-1 block for every backend vLLM would select.
             align = bs
-            needed = align * _cdiv(mamba_page, align * one_token)
+            needed = align * _cdiv(mamba_page, align * align_token)
             if mamba_mode == "all":  # prefix caching of Mamba state: blocks of whole SSD kernel chunks
-                chunk = math.lcm(config_int(cfg, "mamba_chunk_size", "chunk_size", default=256), align)
-                needed = chunk * _cdiv(_cdiv(mamba_page, one_token), chunk)
+                base = mamba_block_size or config_int(cfg, "mamba_chunk_size", "chunk_size", default=256)
+                chunk = math.lcm(base, align)  # --mamba-block-size replaces the SSD chunk as the base
+                needed = chunk * _cdiv(_cdiv(mamba_page, align_token), chunk)
             if bs < needed:
                 bs = needed
-            if bs * one_token < mamba_page:
-                bs = _cdiv(mamba_page, one_token)
+            if bs * align_token < mamba_page:
+                bs = _cdiv(mamba_page, align_token)
     attn_page = bs * one_token
+    # The Mamba page is padded to ModelConfig's attention page; where the layers' page is larger,
+    # unify_kv_cache_spec_page_size pads it again (engine.kvgroups).
+    mamba_padded = max(mamba_page, bs * align_token) if align_token else mamba_page
     # Without prefix caching a Mamba "block" is a whole sequence (vLLM: mamba_block_size =
     # max_model_len); unknown length (auto): the attention block, so token counts stay sane.
     mamba_block = bs if mamba_mode in ("align", "all") or not max_model_len else max_model_len
@@ -225,7 +262,7 @@ def layer_specs(
         for kind in held:
             if kind == MAMBA:
                 assert mamba is not None
-                page = max(mamba_page, attn_page) if one_token else mamba_page
+                page = mamba_padded
                 out.append(
                     LayerSpec(index, MAMBA, 0, 0, 0, None, mamba_block, page, mamba.shapes, mamba.dtype_bytes)
                 )

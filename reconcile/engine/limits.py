@@ -48,6 +48,31 @@ class MaxLenError(ValueError):
     """A max-model-len value vLLM's parser would reject."""
 
 
+def human_int(value: object) -> int | None:
+    """A flag vLLM parses with human_readable_int ("3G" = 3 x 2**30, "3g" = 3 x 10**9, "4096"); None
+    when the value is not one (vllm/utils/argparse_utils.py)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str):
+        return None
+    m = _HUMAN.fullmatch(value.strip())
+    if m:
+        number, suffix = m.groups()
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        return None if "." in number else int(number) * _BINARY[suffix]
+    return int(value.strip()) if value.strip().isdigit() else None
+
+
+def int_flag(value: object) -> int | None:
+    """A plain int flag (vLLM's argparse `int`: no "1K" forms), as the spec writes it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
 def parse_max_model_len(value: object) -> int | None:
     """A spec's max-model-len as vLLM reads it; None for "auto"/-1 (fit to memory).
 

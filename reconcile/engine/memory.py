@@ -28,8 +28,9 @@ from reconcile.engine.budget import (
 from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
 from reconcile.engine.families import resolve
 from reconcile.engine.kvgroups import KVLayout, kv_layout
-from reconcile.engine.kvspec import CHUNKED, MAMBA, LayerSpec, layer_specs, pp_layers
-from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, on, v2_runner
+from reconcile.engine.kvspec import MAMBA, LayerSpec, layer_specs, pp_layers
+from reconcile.engine.limits import human_int, int_flag
+from reconcile.engine.servedefaults import hybrid_manager, in_flight_tokens, mamba_cache_mode, on, v2_runner
 from reconcile.engine.shape import ModelShape, model_shape
 from reconcile.engine.weightfiles import weight_files
 from reconcile.record import Record
@@ -103,6 +104,15 @@ class MemoryEstimate(Record):
     mamba_mode: str = "none"
     in_flight_tokens: int = 16384  # vLLM's max_in_flight_tokens (engine.budget.in_flight_tokens)
     attention_backend: Backend | None = None  # the MLA backend vLLM picks (MLA models only)
+    kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes: the cache size, budget ignored
+    blocks_override: int | None = None  # --num-gpu-blocks-override: the cache's block count
+
+    @property
+    def budget_source(self) -> str:
+        """What sized the cache: vLLM's profile of the budget, or a flag that replaces it."""
+        if self.blocks_override is not None:
+            return "--num-gpu-blocks-override"
+        return "--kv-cache-memory-bytes" if self.kv_cache_memory_bytes else "gpu-memory-utilization"
 
     @property
     def budget(self) -> int:
@@ -126,7 +136,14 @@ class MemoryEstimate(Record):
 
     @property
     def available_for_cache(self) -> int:
-        """What vLLM would report as "Available KV cache memory" (estimate)."""
+        """What vLLM would report as "Available KV cache memory" (estimate). vLLM 0.26's
+        Worker.determine_available_memory returns --kv-cache-memory-bytes as it is, without a memory
+        profile and whatever gpu-memory-utilization says; get_kv_cache_configs then replaces it by
+        --num-gpu-blocks-override x the bytes of one block, for the startup check and the capacity."""
+        if self.blocks_override is not None and self.layout is not None and self.layout.groups:
+            return self.blocks_override * self.layout.block_bytes
+        if self.kv_cache_memory_bytes:
+            return self.kv_cache_memory_bytes
         return self.budget - self.weights_per_gpu - self.overhead.total
 
     @property
@@ -162,16 +179,6 @@ class MemoryEstimate(Record):
         )
 
 
-def hybrid_manager(args: Mapping[str, Any], specs: tuple[LayerSpec, ...]) -> bool:
-    """Whether vLLM keeps separate KV cache groups. It turns its hybrid manager off by default for
-    chunked local attention (Llama 4: a latency regression), and --disable-hybrid-kv-cache-manager
-    turns it off for every model."""
-    flag = args.get("disable-hybrid-kv-cache-manager")
-    if isinstance(flag, bool):
-        return not flag
-    return not any(s.kind == CHUNKED for s in specs)
-
-
 def gpu_layout(
     specs: tuple[LayerSpec, ...], pp: int, layers: int, hybrid_manager: bool = True
 ) -> KVLayout | None:
@@ -199,13 +206,15 @@ def estimate(
     pp: int = 1,
     capability: int | None = None,
     build: Build | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> MemoryEstimate:
     """The memory table's numbers from config.json, the weight files and the server's flags
     (`args` keys without "--": kv-cache-dtype, dtype, max-num-seqs, max-num-batched-tokens,
     mamba-ssm-cache-dtype, mamba-cache-dtype, enforce-eager, block-size, enable-prefix-caching,
-    disable-hybrid-kv-cache-manager, attention-backend). `total_bytes` is CUDA's total (see
+    disable-hybrid-kv-cache-manager, attention-backend, kv-cache-memory-bytes,
+    num-gpu-blocks-override, mamba-block-size). `total_bytes` is CUDA's total (see
     cuda_total). `capability` (9.0 -> 90) and `build` (engine.attention.scan_build of the venv) pick
-    an MLA model's backend and so its block size."""
+    an MLA model's backend and so its block size; `env` is the server's environment."""
     resolved = resolve(config)
     shape = model_shape(resolved.config)
     serve = model_dtype(_str(args.get("dtype")), shape)
@@ -218,8 +227,7 @@ def estimate(
     batched, seqs = default_batch(total_bytes, gpu)
     seqs_arg = args.get("max-num-seqs")
     seqs = int(seqs_arg) if isinstance(seqs_arg, int) else seqs
-    batched_arg = args.get("max-num-batched-tokens")
-    batched = int(batched_arg) if isinstance(batched_arg, int) else batched
+    batched = human_int(args.get("max-num-batched-tokens")) or batched  # "8K" as vLLM reads it
     block_arg = args.get("block-size")
     user_block = int(block_arg) if isinstance(block_arg, int) and not isinstance(block_arg, bool) else None
     backend = None
@@ -244,11 +252,13 @@ def estimate(
         max_model_len=max_model_len or 0,
         mamba_mode=mamba_mode,
         backend_block=backend.block_size if backend else None,
+        mamba_block_size=int_flag(args.get("mamba-block-size")),
     )
-    layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs))
+    layout = gpu_layout(specs, pp, shape.layers, hybrid_manager(args, specs, env))
     block = layout.min_block_size if layout else 16
     files = weight_files(file_sizes)
     notes = []
+    override = int_flag(args.get("num-gpu-blocks-override"))
     if not files:
         notes.append("no weight files seen (model not downloaded yet?): weights counted as 0")
     return MemoryEstimate(
@@ -288,6 +298,8 @@ def estimate(
             batched, pp, on(args, "async-scheduling"), v2_runner(config, shape)
         ),
         attention_backend=backend,
+        kv_cache_memory_bytes=human_int(args.get("kv-cache-memory-bytes")) or None,
+        blocks_override=override,
     )
 
 

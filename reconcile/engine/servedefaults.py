@@ -1,5 +1,5 @@
 """vLLM 0.26's serve-time defaults that size the KV cache: the Mamba cache mode (prefix caching),
-the model runner and the tokens in flight. Used by engine.memory.estimate.
+the model runner, the tokens in flight and the hybrid KV cache manager. Used by engine.memory.estimate.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from reconcile.engine.kvspec import CHUNKED, LayerSpec
 from reconcile.engine.shape import ModelShape
 
 
@@ -71,3 +72,17 @@ def on(args: Mapping[str, Any], flag: str, default: bool = True) -> bool:
     if args.get(flag) is True:
         return True
     return default
+
+
+def hybrid_manager(
+    args: Mapping[str, Any], specs: tuple[LayerSpec, ...], env: Mapping[str, str] | None = None
+) -> bool:
+    """Whether vLLM keeps separate KV cache groups (VllmConfig's hybrid KV cache manager rules).
+    --disable-hybrid-kv-cache-manager turns it off for every model. Chunked local attention (Llama 4)
+    turns it off only with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0: vLLM 0.26's default
+    for that variable is 1 (vllm/envs.py), so the chunked layers keep only their chunk."""
+    flag = args.get("disable-hybrid-kv-cache-manager")
+    if isinstance(flag, bool):
+        return not flag
+    allow = (env or {}).get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "1").strip()
+    return allow not in ("0", "") or not any(s.kind == CHUNKED for s in specs)

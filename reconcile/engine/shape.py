@@ -10,11 +10,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.families import resolve
+from reconcile.engine.families import layer_geometry, resolve
 from reconcile.record import Record
 
 _ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid"}
 _MAMBA = {"m", "mamba", "mamba2", "linear_attention"}
+# Mamba-2 dims under each family's names: NemotronH, Granite/Falcon-H1 (mamba_n_heads, mamba_d_head),
+# Zamba2 (n_mamba_heads, mamba_headdim, mamba_ngroups), Mamba2ForCausalLM (num_heads, head_dim).
+MAMBA2_KEYS = {
+    "heads": ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads"),
+    "head_dim": ("mamba_head_dim", "mamba_d_head", "mamba_headdim"),
+    "state": ("ssm_state_size", "mamba_d_state", "state_size"),
+    "groups": ("n_groups", "mamba_n_groups", "mamba_ngroups"),
+    "kernel": ("conv_kernel", "mamba_d_conv"),
+}
 
 
 class ShapeError(ValueError):
@@ -99,20 +108,18 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     mamba = None
     if str(cfg.get("model_type", "")).startswith("falcon_h1"):
         mamba_layers = layers  # every Falcon-H1 layer runs attention and Mamba side by side
+    if str(cfg.get("model_type", "")) == "zamba2":
+        mamba_layers = layers  # every Zamba2 layer has a Mamba mixer; "hybrid" ones attention too
     if mamba_layers:
         # Mamba-1 (Jamba) has no heads; Qwen3-Next's linear attention names its dims differently.
         mamba = MambaShape(
             layers=mamba_layers,
-            num_heads=config_int(
-                cfg, "mamba_num_heads", "mamba_n_heads", "linear_num_value_heads", default=0
-            ),
-            head_dim=config_int(cfg, "mamba_head_dim", "mamba_d_head", "linear_value_head_dim", default=0),
-            state_size=config_int(
-                cfg, "ssm_state_size", "state_size", "mamba_d_state", "linear_key_head_dim", default=0
-            ),
-            n_groups=config_int(cfg, "n_groups", "mamba_n_groups", "linear_num_key_heads", default=1),
+            num_heads=config_int(cfg, *MAMBA2_KEYS["heads"], "linear_num_value_heads", default=0),
+            head_dim=config_int(cfg, *MAMBA2_KEYS["head_dim"], "linear_value_head_dim", default=0),
+            state_size=config_int(cfg, *MAMBA2_KEYS["state"], "linear_key_head_dim", default=0),
+            n_groups=config_int(cfg, *MAMBA2_KEYS["groups"], "linear_num_key_heads", default=1),
             conv_kernel=config_int(
-                cfg, "conv_kernel", "mamba_d_conv", "mamba_conv_kernel", "linear_conv_kernel_dim", default=4
+                cfg, *MAMBA2_KEYS["kernel"], "mamba_conv_kernel", "linear_conv_kernel_dim", default=4
             ),
             ssm_dtype=_ssm_dtype(cfg),
         )
@@ -122,9 +129,12 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         layers=layers,
         attention_layers=attention,
         num_attention_heads=heads,
-        num_kv_heads=config_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads),
-        # NemotronH: head_dim 128 while hidden_size / heads = 84; the explicit key wins.
-        head_dim=config_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads),
+        num_kv_heads=layer_geometry(cfg)[0]
+        or config_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads),
+        # NemotronH: head_dim 128 while hidden_size / heads = 84; the explicit key wins, except where
+        # the model's vLLM code ignores it (engine.families.layer_geometry: Cohere2, Qwen2, ...).
+        head_dim=layer_geometry(cfg)[1]
+        or config_int(cfg, "head_dim", "attention_head_dim", default=hidden // heads),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         vocab_size=config_int(cfg, "vocab_size", default=0),
         layer_source=source,

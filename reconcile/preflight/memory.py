@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from reconcile.engine import memory
+from reconcile.engine.architectures import coverage
+from reconcile.engine.families import text_part
 from reconcile.engine.kvspec import MAMBA
 from reconcile.engine.memory import GiB, size
 from reconcile.engine.shape import ShapeError
@@ -46,6 +48,12 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
     gpu = _gpu(c)
     if isinstance(gpu, str):
         return gpu
+    cov = coverage(config, text_part(config)[0])
+    if cov.status == "not modelled":
+        return (
+            f"vLLM {cov.vllm} serves {cov.arch}, but reconcile does not model its KV cache: {cov.why} "
+            "(docs/preflight.md, the architecture table)"
+        )
     length, how = served_len(c)
     try:
         e = memory.estimate(
@@ -61,6 +69,7 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
             pp=c.pp,
             capability=cc[0] if (cc := capability(c)) else None,
             build=c.inputs.attention_build,
+            env=c.server.env,
         )
     except ShapeError as exc:
         return str(exc)
@@ -76,6 +85,8 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
             note = f"weights estimated from config.json: {guess.how} (not downloaded yet)"
             e = e._replace(weights_total=guess.total_bytes, weight_files=0, notes=(note,))
             source = f"estimated: {guess.how}"
+    if cov.note:
+        e = e._replace(notes=(*e.notes, cov.note))
     if weights_scale != 1.0:
         e = e._replace(weights_total=int(e.weights_total * weights_scale))
     return Sizing(e, source, how)
@@ -152,13 +163,16 @@ def _memory(c: RuleContext) -> list[Finding]:
     if not e.fits:
         # vLLM: "To serve at least one request with the models's max seq len (N), (X GiB KV cache is
         # needed, which is larger than the available KV cache memory (Y GiB)" (kv_cache_utils.py).
-        msg = (
-            f"one request of {length} needs {size(e.one_request)}/GPU of cache; about "
-            f"{size(e.available_for_cache)} is left after weights and overhead "
+        left = (
+            f"{size(e.available_for_cache)} is what {e.budget_source} gives the cache"
+            if e.budget_source != "gpu-memory-utilization"
+            else f"about {size(e.available_for_cache)} is left after weights and overhead "
             f"(estimated{', weights too' if est else ''})"
         )
+        msg = f"one request of {length} needs {size(e.one_request)}/GPU of cache; {left}"
+        raise_it = e.budget_source.removeprefix("--")
         fix = (
-            f"set {c.arg('max-model-len')} <= {e.max_len_that_fits}, or raise gpu-memory-utilization, "
+            f"set {c.arg('max-model-len')} <= {e.max_len_that_fits}, or raise {raise_it}, "
             'use kv-cache-dtype = "fp8", or raise tensor-parallel-size'
         )
         return [finding("memory.fit", "error", msg, fix, **evidence)]

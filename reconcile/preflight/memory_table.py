@@ -35,6 +35,13 @@ def memory_table(e: memory.MemoryEstimate, weights: str = "files") -> str:
         ("weights", _weights_how(e, weights), size(e.weights_per_gpu)),
         ("KV per token", kv_how, f"{e.kv_per_token:,} B"),
     ]
+    if e.budget_source != "gpu-memory-utilization":  # vLLM sizes the cache from the flag, not the budget
+        how = (
+            f"{e.blocks_override:,} blocks x {size(e.layout.block_bytes)}"
+            if e.blocks_override is not None and e.layout is not None
+            else "as given; vLLM skips its memory profile"
+        )
+        rows.append(("KV cache memory", f"{e.budget_source}: {how}", size(e.available_for_cache)))
     if e.max_model_len is not None:
         # vLLM's startup check counts whole blocks (and sliding layers only their window), so this is
         # not simply KV per token x tokens.
@@ -68,7 +75,9 @@ def memory_table(e: memory.MemoryEstimate, weights: str = "files") -> str:
         ),
         (
             "headroom" if e.headroom >= 0 else "short by",
-            "budget - weights - overhead - KV at max-model-len - Mamba state",
+            "budget - weights - overhead - KV at max-model-len - Mamba state"
+            if e.budget_source == "gpu-memory-utilization"
+            else "KV cache memory - KV at max-model-len - Mamba state",
             size(abs(e.headroom)),
         ),
         (

@@ -1,0 +1,94 @@
+"""The architecture table (issue 28): every text-generation architecture of the pinned vLLM's
+registry has a status, the plan names the ones it does not model instead of guessing, and the
+architectures' own head-size rules are applied."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reconcile.engine.architectures import coverage, table
+from reconcile.engine.kvspec import layer_specs
+from tests.test_preflight import findings, load, spec, the
+from tests.test_preflight_memory import H100, NO_PARSER
+
+CORPUS = Path(__file__).resolve().parent / "data" / "model_configs"
+
+
+def _corpus(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((CORPUS / f"{name}.json").read_text())["config"]
+    return data
+
+
+def _fit(config: dict[str, Any]) -> Any:
+    s = spec(server={"args": {"tensor-parallel-size": 1, "max-model-len": 4096, **NO_PARSER}})
+    return the(
+        findings(s, gpus=(H100,), model_config=config, hf_quant_config=None,
+                 model_file_sizes={"model.safetensors": 10**9}),
+        "memory.fit",
+    )  # fmt: skip
+
+
+def test_every_architecture_has_a_status_and_its_reason() -> None:
+    archs = table()["architectures"]
+    assert len(archs) > 130 and table()["vllm"] == "0.26.0"
+    for arch, e in archs.items():
+        assert e["status"] in ("verified", "modelled", "not modelled"), arch
+        assert (e["status"] == "not modelled") == bool(e.get("why")), arch
+        assert (e["status"] == "verified") == bool(e.get("evidence")), arch
+    # Every corpus model the config oracle builds is verified, by its row.
+    for f in CORPUS.glob("*.json"):
+        c = coverage(_corpus(f.stem))
+        assert c.status == "verified" and f"oracle: {f.stem}" in c.evidence, f.stem
+
+
+def test_the_plan_names_an_architecture_it_does_not_model() -> None:
+    kimi = {**load("llama-3.1-8b"), "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear"}
+    f = _fit(kimi)
+    assert f.severity == "warning"
+    assert f.message == (
+        "memory not checked: vLLM 0.26.0 serves KimiLinearForCausalLM, but reconcile does not model its "
+        "KV cache: recurrent state (kda_state_shape) of kimi_linear.py (docs/preflight.md, the architecture "
+        "table)"
+    )
+
+
+def test_a_config_that_switches_on_an_unmodelled_cache_is_named_too() -> None:
+    v3 = _corpus("deepseek-v3")
+    assert coverage(v3).status == "verified"
+    sparse = coverage({**v3, "index_topk": 2048})
+    assert sparse.status == "not modelled" and sparse.why.startswith("a sparse-attention indexer cache")
+    assert "index_topk is set" in _fit({**v3, "index_topk": 2048}).message
+
+
+def test_an_unchecked_architecture_says_so_beside_its_figures() -> None:
+    olmoe = {**load("llama-3.1-8b"), "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe"}
+    f = _fit(olmoe)
+    assert f.severity == "info"
+    assert "OlmoeForCausalLM: laid out by the generic rules" in f.evidence["table"]
+    assert "no oracle row has checked it against vLLM 0.26.0 yet" in f.evidence["table"]
+    assert "no oracle row" not in _fit(load("llama-3.1-8b")).evidence["table"]  # verified: no note
+
+
+def test_an_architecture_whose_attention_ignores_head_dim_is_sized_from_hidden() -> None:
+    # Qwen2Attention: head_dim = hidden_size // total_num_heads, whatever config.json says.
+    qwen = {**_corpus("qwen2.5-7b"), "head_dim": 256}
+    assert {s.head_size for s in layer_specs(qwen)} == {3584 // 28}
+    stays = {**load("llama-3.1-8b"), "head_dim": 256}  # LlamaAttention reads head_dim
+    assert {s.head_size for s in layer_specs(stays)} == {256}
+
+
+def test_the_docs_table_lists_every_architecture_with_its_status() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "preflight.md").read_text()
+    for arch, e in table()["architectures"].items():
+        assert f"| {arch} | {e['module']} | {e['status']} |" in docs, arch
+
+
+def test_an_architecture_outside_the_table_is_laid_out_with_a_note() -> None:
+    mistral3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+                "text_config": _corpus("mistral-7b-instruct-v0.3")}  # fmt: skip
+    c = coverage(mistral3)
+    assert c.status == "unlisted" and c.note is not None
+    assert c.note.startswith("Mistral3ForConditionalGeneration is not among vLLM 0.26.0's text-generation")
+    assert coverage({"model_type": "llama"}).note is None  # no architectures: nothing to say
