@@ -64,6 +64,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/apply/realized.py": (1, STATE),
     "reconcile/apply/realizing.py": (13, BELOW),
     "reconcile/apply/saved_plan.py": (1, OPERATOR),
+    "reconcile/engine/architectures.py": (1, OURS),
     "reconcile/engine/attention.py": (1, BELOW),
     "reconcile/engine/catalogue.py": (1, OURS),
     "reconcile/engine/families.py": (1, OURS),
