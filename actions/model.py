@@ -31,6 +31,7 @@ from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import TREE_UMASK, umask
 from reconcile.safety.names import name_problem
+from reconcile.safety.untrusted import JSON_LIMIT, free_bytes, read_regular
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
@@ -126,8 +127,8 @@ def _refuse_names(names: Iterable[str], where: str, fix: str) -> None:
 
 def _human(n: int) -> str:
     size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
             break
         size /= 1024
     return f"{size:.1f} {unit}"
@@ -291,6 +292,7 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     names = [n for n in names if n not in (MANIFEST, BACKUP) and selected(n, model.allow_patterns)]
     if not names:
         raise ActionError(f"[model].source {source}: no file matches allow_patterns {model.allow_patterns}")
+    _refuse_past_free_space(source, model.dir, names)
     recorded = (_read_manifest(model.dir) or {}).get("source_files")
     copied, entries = copy_files(source, model.dir, names, recorded if isinstance(recorded, dict) else {})
     sizes = {n: e["size"] for n, e in entries.items()}
@@ -303,11 +305,40 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     return ActionResult(True, f"{model.dir}: copied {len(copied)} of {len(names)} files from {source}")
 
 
+def _refuse_past_free_space(source: str, model_dir: str, names: Iterable[str]) -> None:
+    """The source's files that the model dir does not hold at their size must fit the free space of its
+    filesystem, by apparent size: a sparse file (1 TiB of holes in a few blocks) counts whole, so it
+    can never make the copy (which keeps holes) or its hashing the length of a full disk."""
+    need: dict[str, int] = {}
+    for name in names:
+        try:
+            size = os.stat(os.path.join(source, name)).st_size
+        except OSError:
+            continue  # gone since the walk: the copy names it
+        try:
+            have: int | None = os.stat(original_path(model_dir, name)).st_size
+        except OSError:
+            have = None
+        if have != size:
+            need[name] = size
+    where = model_dir
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    free = free_bytes(where)
+    total = sum(need.values())
+    if total > free:
+        largest = max(need, key=lambda n: need[n])
+        raise ActionError(
+            f"[model].source {source}: the files to copy are {_human(total)} ({largest}: "
+            f"{_human(need[largest])}, apparent size), more than the {_human(free)} free on {where}'s "
+            "filesystem: refused, nothing copied (free space there, or remove files from the source)"
+        )
+
+
 def _read_manifest(model_dir: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(model_dir, MANIFEST), "rb") as f:
-            data = json.load(f)
-    except (FileNotFoundError, ValueError):
+    try:  # as data: a FIFO or a huge file in its place is no record (and never a hang)
+        data = json.loads(read_regular(os.path.join(model_dir, MANIFEST), JSON_LIMIT))
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 

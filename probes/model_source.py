@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 
 from reconcile.safety.source_content import content_changed, selected
+from reconcile.safety.untrusted import NotRegular, not_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -20,7 +21,9 @@ def source_drift(
     """Source files the copy does not match: absent or of another size in the model dir, or whose
     bytes differ from those recorded at copy (an edit that kept the size). A file only touched
     (same bytes, new stamp) is listed as "NAME (touched)": apply re-records it without copying.
-    Without recorded hashes (a copy by an older reconcile) every file counts as unrecorded."""
+    Without recorded hashes (a copy by an older reconcile) every file counts as unrecorded.
+    A source file that is not a regular file (a FIFO, a device, a socket) raises NotRegular naming it
+    (relative to the source): apply refuses to copy it, so the plan says so."""
     out = []
     for root, dirs, files in os.walk(source):
         dirs[:] = sorted(d for d in dirs if d != ".cache")
@@ -33,6 +36,8 @@ def source_drift(
                 st = os.stat(path)
             except OSError:
                 continue
+            if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
+                raise NotRegular(rel, what)
             if have.get(rel) != st.st_size:
                 out.append(rel)
                 continue

@@ -5,6 +5,8 @@ Rows of reconcile.resources; probe: probes.model; actions: actions.model, action
 
 from __future__ import annotations
 
+import os
+
 from probes.common import Invalid, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed, giB
@@ -28,6 +30,12 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     origin = f"{want.repo}@{want.revision}" if want.repo else (want.source or "?")
     if isinstance(m, ProbeFailure):
         return failed("model.files", m, "model")
+    drift_walks = isinstance(m, ModelObservation) and isinstance(m.record, DownloadRecord)
+    refused = None  # with a record, source_drift below walks the source
+    if want.source and not want.repo and not drift_walks:
+        refused = _source_refusal(want.source, want.allow_patterns)
+    if refused is not None:
+        return refused
     if not isinstance(m, ModelObservation):
         verb = "download" if want.repo else "copy"
         return Change(
@@ -61,7 +69,10 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                 diffs.append(FieldDiff("source", record.source, want.source))
             from probes.model_source import source_drift  # by content: a same-size edit is drift
 
-            drift = source_drift(want.source, on_disk, want.allow_patterns, record.source_files)
+            try:
+                drift = source_drift(want.source, on_disk, want.allow_patterns, record.source_files)
+            except OSError as exc:  # NotRegular: a FIFO, a device (never opened), named
+                return _refused(want.source, exc)
             if drift:
                 diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
     if diffs:
@@ -87,6 +98,28 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     if isinstance(record, DownloadRecord) and record.source:
         origin = record.source
     return Ok("model.files", f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
+
+
+def _source_refusal(source: str, patterns: list[str]) -> Item | None:
+    """A source file apply would refuse to copy (not a regular file), named; a walk without hashing."""
+    from probes.model_source import source_drift
+
+    try:
+        source_drift(source, {}, patterns, {})
+    except OSError as exc:
+        return _refused(source, exc)
+    return None
+
+
+def _refused(source: str, exc: OSError) -> Change:
+    name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
+    return Change(
+        "model.files",
+        "~",
+        f"[model].source {source}: {name} is {exc.strerror}: refused",
+        "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
+        actionable=False,
+    )
 
 
 def _same_revision(record: Any, revision: str) -> bool:

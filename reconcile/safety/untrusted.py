@@ -1,0 +1,191 @@
+"""Files from outside read as data: a regular file only (a FIFO, device or socket is refused by name,
+never opened), opened non-blocking and without following a link, `fstat`ed, read within a bound;
+modes reduced to 0644/0755; copies that keep holes and stop at the size seen. One module, so the
+path-trust layer (filesafety) can route every such open through itself in one place.
+
+Used by the model source copy and its hashing walk, the model dir's JSON files, the API key and
+`[server] secret_files`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
+JSON_LIMIT = 64 << 20  # config.json, the download record (≈200 bytes a file: 300,000 files)
+_CHUNK = 1 << 20
+_ZEROS = bytes(_CHUNK)
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symlink"),
+    (stat.S_ISREG, "a regular file"),
+)
+
+
+class NotRegular(OSError):
+    """A path from outside that is not a regular file (or changed under us); `strerror` says what it
+    is: "a FIFO, not a regular file". An OSError, so a caller's `except OSError` names it."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(errno.EINVAL, what, path)
+
+
+class TooLarge(OSError):
+    """A file from outside larger than its bound."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"larger than {limit} bytes, more than such a file holds", path)
+
+
+def kind(st_mode: int) -> str:
+    """What a file is, for a message: "a FIFO", "a character device", "a regular file"."""
+    for test, name in _KINDS:
+        if test(st_mode):
+            return name
+    return "not a file"
+
+
+def not_regular(st_mode: int) -> str | None:
+    """None for a regular file, else "a FIFO, not a regular file" (and so on)."""
+    return None if stat.S_ISREG(st_mode) else f"{kind(st_mode)}, not a regular file"
+
+
+def reduced_mode(st_mode: int) -> int:
+    """The mode a copy of a file from outside gets: 0755 when any x bit was set, else 0644; never
+    setuid, setgid, sticky or writable by others."""
+    return 0o755 if st_mode & 0o111 else 0o644
+
+
+def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    """An fd (blocking again, close-on-exec) of the regular file at `path`, and its fstat.
+
+    Checked before the open (a device's open can act, a FIFO's can wait) and after it on the fd:
+    the file opened is the one checked. `follow` = False: a symlink at `path` is refused (O_NOFOLLOW);
+    True is for a name whose links the caller has already judged (a source tree's allowed links).
+    Raises NotRegular, or the OSError of the open (FileNotFoundError for a missing file)."""
+    before = os.stat(path) if follow else os.lstat(path)
+    if (what := not_regular(before.st_mode)) is not None:
+        raise NotRegular(path, what)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link put there since the lstat
+            raise NotRegular(path, "a symlink, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if (what := not_regular(st.st_mode)) is not None:
+            raise NotRegular(path, what)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise NotRegular(path, "replaced while it was opened")
+        import fcntl  # a regular file never blocks, but what we hand on should behave as a plain open
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path: str, limit: int, *, follow: bool = False) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them (TooLarge beyond)."""
+    fd, _st = open_regular(path, follow=follow)
+    try:
+        parts, have = [], 0
+        while have <= limit and (chunk := os.read(fd, min(_CHUNK, limit + 1 - have))):
+            parts.append(chunk)
+            have += len(chunk)
+    finally:
+        os.close(fd)
+    if have > limit:
+        raise TooLarge(path, limit)
+    return b"".join(parts)
+
+
+def data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
+    """The (start, end) ranges of `fd` below `size` that hold data; the rest are holes (read as zeros).
+    Where the filesystem cannot say (no SEEK_DATA), one range: all of it."""
+    ranges: list[tuple[int, int]] = []
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole from here to the end
+                    break
+                raise
+            if start >= size:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            ranges.append((start, end))
+            offset = end
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return [(0, size)] if size else []
+    return ranges
+
+
+def sha256_fd(fd: int, size: int) -> str:
+    """The sha256 of the first `size` bytes of `fd` (the size fstat saw: a file that grows while it is
+    read is hashed as it was), holes hashed as the zeros they read as, without reading them."""
+    import hashlib  # OpenSSL; ~3-5 ms to import, so only when a file is hashed
+
+    h = hashlib.sha256()
+    offset = 0
+    for start, end in data_ranges(fd, size):
+        _zeros(h.update, start - offset)
+        for chunk in _chunks(fd, start, end):
+            h.update(chunk)
+        offset = end
+    _zeros(h.update, size - offset)
+    return h.hexdigest()
+
+
+def copy_fd(src: int, dst: int, size: int) -> None:
+    """Copy the first `size` bytes of `src` into the empty file `dst`, holes kept as holes: a sparse
+    file stays sparse, and a file that grows meanwhile is copied as fstat saw it."""
+    for start, end in data_ranges(src, size):
+        offset = start
+        for chunk in _chunks(src, start, end):
+            view = memoryview(chunk)
+            while view:
+                n = os.pwrite(dst, view, offset)
+                view, offset = view[n:], offset + n
+    os.ftruncate(dst, size)
+
+
+def _chunks(fd: int, start: int, end: int) -> Iterator[bytes]:
+    offset = start
+    while offset < end:
+        chunk = os.pread(fd, min(_CHUNK, end - offset), offset)
+        if not chunk:  # shrank since its fstat: what was seen is gone, so no copy or hash of it
+            raise OSError(errno.EAGAIN, "it shrank while it was read (apply again once it is stable)")
+        yield chunk
+        offset += len(chunk)
+
+
+def _zeros(update: Callable[[bytes], object], n: int) -> None:
+    while n > 0:
+        update(_ZEROS[: min(n, _CHUNK)])
+        n -= _CHUNK
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes an ordinary write may still use on `directory`'s filesystem (statvfs f_bavail: the
+    filesystem's reserve for root stays untouched)."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
