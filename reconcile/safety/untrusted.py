@@ -90,9 +90,7 @@ def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_resul
             raise NotRegular(path, what)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             raise NotRegular(path, "replaced while it was opened")
-        import fcntl  # a regular file never blocks, but what we hand on should behave as a plain open
-
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        os.set_blocking(fd, True)  # a regular file never blocks; what we hand on behaves as a plain open
     except BaseException:
         os.close(fd)
         raise
