@@ -91,6 +91,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
         return ActionResult(False, f"{repo}@{commit[:12]}: all {len(sizes)} files present")
     etags = {n: f.etag for n, f in wanted.items()}
     if not on_disk:
+        _refuse_past_free_space(f"{repo}@{commit[:12]}", model.dir, sizes)  # the hub's listing
         os.makedirs(model.dir, exist_ok=True)
         paths = {name: inside_model_dir(model.dir, name) for name in sizes}
         for name, size in sizes.items():  # huggingface_hub trusts its own record over a damaged file
@@ -292,7 +293,7 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     names = [n for n in names if n not in (MANIFEST, BACKUP) and selected(n, model.allow_patterns)]
     if not names:
         raise ActionError(f"[model].source {source}: no file matches allow_patterns {model.allow_patterns}")
-    _refuse_past_free_space(source, model.dir, names)
+    _refuse_past_free_space(f"[model].source {source}", model.dir, _source_sizes(source, names))
     recorded = (_read_manifest(model.dir) or {}).get("source_files")
     copied, entries = copy_files(source, model.dir, names, recorded if isinstance(recorded, dict) else {})
     sizes = {n: e["size"] for n, e in entries.items()}
@@ -305,16 +306,21 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     return ActionResult(True, f"{model.dir}: copied {len(copied)} of {len(names)} files from {source}")
 
 
-def _refuse_past_free_space(source: str, model_dir: str, names: Iterable[str]) -> None:
-    """The source's files that the model dir does not hold at their size must fit the free space of its
-    filesystem, by apparent size: a sparse file (1 TiB of holes in a few blocks) counts whole, so it
-    can never make the copy (which keeps holes) or its hashing the length of a full disk."""
-    need: dict[str, int] = {}
+def _source_sizes(source: str, names: Iterable[str]) -> dict[str, int]:
+    sizes = {}
     for name in names:
-        try:
-            size = os.stat(os.path.join(source, name)).st_size
-        except OSError:
-            continue  # gone since the walk: the copy names it
+        with contextlib.suppress(OSError):  # gone since the walk: the copy names it
+            sizes[name] = os.stat(os.path.join(source, name)).st_size
+    return sizes
+
+
+def _refuse_past_free_space(origin: str, model_dir: str, sizes: Mapping[str, int]) -> None:
+    """The files (name -> size, from the source or the hub's listing) that the model dir does not hold
+    at their size must fit the free space of its filesystem, checked before a byte is written. By
+    apparent size: a sparse source file (1 TiB of holes in a few blocks) counts whole, so neither its
+    copy (which keeps holes) nor its hashing can run for the length of a full disk."""
+    need: dict[str, int] = {}
+    for name, size in sizes.items():
         try:
             have: int | None = os.stat(original_path(model_dir, name)).st_size
         except OSError:
@@ -329,9 +335,9 @@ def _refuse_past_free_space(source: str, model_dir: str, names: Iterable[str]) -
     if total > free:
         largest = max(need, key=lambda n: need[n])
         raise ActionError(
-            f"[model].source {source}: the files to copy are {_human(total)} ({largest}: "
-            f"{_human(need[largest])}, apparent size), more than the {_human(free)} free on {where}'s "
-            "filesystem: refused, nothing copied (free space there, or remove files from the source)"
+            f"{origin}: the files to write are {_human(total)} ({largest}: {_human(need[largest])}), more "
+            f"than the {_human(free)} free on {where}'s filesystem: refused, nothing written (free space "
+            "there, or leave files out with allow_patterns)"
         )
 
 

@@ -186,7 +186,8 @@ def test_a_source_bigger_than_the_free_space_is_refused_before_a_byte_is_copied(
     run = tree.cli("apply")
     # old code: filled the disk (the holes read as zeros and written)
     assert run.returncode == NOT_CONVERGED, run.output
-    assert "more than the" in run.output and "free on" in run.output and "huge.bin" in run.output, run.output
+    assert "the files to write are" in run.output and "huge.bin: " in run.output, run.output
+    assert "more than the" in run.output and "free on" in run.output, run.output
     assert not (tree.dir / "huge.bin").exists() and not (tree.dir / "config.json").exists()
     assert tree.leftovers() == [] if tree.dir.exists() else True
 
