@@ -65,11 +65,13 @@ def test_a_fifo_at_a_secret_files_path_is_named_and_refused_without_hanging(seed
     plant(token, "fifo")
     started = time.monotonic()
     plan = seeded.cli("plan", timeout=BOUND)  # old code: hung opening it for the server's identity
-    assert "Traceback" not in plan.output and plan.returncode == 2, plan.output
-    apply = seeded.cli("apply", timeout=BOUND)
+    assert "Traceback" not in plan.output and plan.returncode == 1, plan.output  # a preflight error
+    assert f"HF_TOKEN {token} is a FIFO, not a regular file" in plan.output, plan.output
+    apply = seeded.cli("apply", timeout=BOUND)  # old code: hung the same way, the apply lock held
     assert time.monotonic() - started < BOUND
-    assert "Traceback" not in apply.output, apply.output
-    assert f"{token}: cannot read it (a FIFO, not a regular file)" in apply.output, apply.output
+    assert "Traceback" not in apply.output and apply.returncode == 1, apply.output
+    assert f"HF_TOKEN {token} is a FIFO, not a regular file" in apply.output, apply.output
+    assert seeded.server_pids()  # the running server is left alone
 
 
 def test_a_key_file_larger_than_any_key_is_not_read_whole(seeded: Demo) -> None:

@@ -8,6 +8,7 @@ import os
 
 from reconcile.plan.records import Finding
 from reconcile.safety.filesafety import FIX, owners, parent_problem
+from reconcile.safety.untrusted import not_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -73,9 +74,21 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             )
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
-            loose = os.stat(path).st_mode & 0o077
+            st = os.lstat(path)
         except OSError:
             continue  # the server Change says it cannot be read
+        if (what := not_regular(st.st_mode)) is not None:  # a FIFO would hang the read, a link lead elsewhere
+            out.append(
+                Finding(
+                    "paths.secret-kind",
+                    "error",
+                    f"[server].secret_files.{name} {path} is {what}",
+                    "put the secret in a regular file there (mode 0600): reconcile reads it as data",
+                    {"path": path, "key": f"[server].secret_files.{name}"},
+                )
+            )
+            continue
+        loose = st.st_mode & 0o077
         if loose:
             out.append(
                 Finding(
