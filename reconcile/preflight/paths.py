@@ -77,12 +77,12 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             st = os.lstat(path)
         except OSError:
             continue  # the server Change says it cannot be read
-        if (what := not_regular(st.st_mode)) is not None:  # a FIFO would hang the read, a link lead elsewhere
+        if (kind := not_regular(st.st_mode)) is not None:  # a FIFO would hang the read, a link lead elsewhere
             out.append(
                 Finding(
                     "paths.secret-kind",
                     "error",
-                    f"[server].secret_files.{name} {path} is {what}",
+                    f"[server].secret_files.{name} {path} is {kind}",
                     "put the secret in a regular file there (mode 0600): reconcile reads it as data",
                     {"path": path, "key": f"[server].secret_files.{name}"},
                 )
