@@ -115,6 +115,14 @@ def test_setuid_setgid_sticky_and_world_writable_source_files_are_copied_0755_or
         st = path.lstat()
         assert st.st_uid == 0 and not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | 0o022), path
     assert tree.cli("plan").returncode == 0
+    # config.json once patched takes another path (placed beside its backup): the same modes
+    config = tree.source / "config.json"
+    config.write_text(config.read_text().replace('"silu"', '"gelu"'))
+    os.chmod(config, 0o4755)
+    assert tree.cli("apply").returncode == 2
+    for name in ("config.json", "config.json.bak"):
+        st = (tree.dir / name).stat()
+        assert st.st_uid == 0 and not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | 0o022), name
 
 
 def test_a_fifo_in_the_source_is_refused_by_name_in_plan_and_apply_without_hanging(tree: Tree) -> None:
