@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
 JSON_LIMIT = 64 << 20  # config.json, the download record (≈200 bytes a file: 300,000 files)
 _CHUNK = 1 << 20
+_SHRANK = "it shrank while it was read (apply again once it is stable)"
 _ZEROS = bytes(_CHUNK)
 
 _KINDS = (
@@ -157,8 +158,8 @@ def copy_fd(src: int, dst: int, size: int) -> None:
     """Copy the first `size` bytes of `src` into the empty file `dst`, holes kept as holes: a sparse
     file stays sparse, and a file that grows meanwhile is copied as fstat saw it."""
     for start, end in data_ranges(src, size):
-        offset = start
-        for chunk in _chunks(src, start, end):
+        offset = _in_kernel(src, dst, start, end)
+        for chunk in _chunks(src, offset, end):  # what copy_file_range could not do (another fs)
             view = memoryview(chunk)
             while view:
                 n = os.pwrite(dst, view, offset)
@@ -166,12 +167,32 @@ def copy_fd(src: int, dst: int, size: int) -> None:
     os.ftruncate(dst, size)
 
 
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM)
+
+
+def _in_kernel(src: int, dst: int, start: int, end: int) -> int:
+    """Copy [start, end) with copy_file_range (no trip through Python; a reflink where the filesystem
+    has them); returns where it stopped: `end`, or earlier where the kernel declined (EXDEV...)."""
+    offset = start
+    while offset < end:
+        try:
+            n = os.copy_file_range(src, dst, end - offset, offset, offset)
+        except OSError as exc:
+            if exc.errno in _NO_KERNEL_COPY:
+                return offset
+            raise
+        if n == 0:
+            raise OSError(errno.EAGAIN, _SHRANK)
+        offset += n
+    return offset
+
+
 def _chunks(fd: int, start: int, end: int) -> Iterator[bytes]:
     offset = start
     while offset < end:
         chunk = os.pread(fd, min(_CHUNK, end - offset), offset)
         if not chunk:  # shrank since its fstat: what was seen is gone, so no copy or hash of it
-            raise OSError(errno.EAGAIN, "it shrank while it was read (apply again once it is stable)")
+            raise OSError(errno.EAGAIN, _SHRANK)
         yield chunk
         offset += len(chunk)
 
