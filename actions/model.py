@@ -31,7 +31,7 @@ from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import TREE_UMASK, umask
 from reconcile.safety.names import name_problem
-from reconcile.safety.untrusted import JSON_LIMIT, free_bytes, read_regular
+from reconcile.safety.untrusted import JSON_LIMIT, past_free_space, read_regular
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
@@ -116,6 +116,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
     return ActionResult(True, f"{repo}@{commit[:12]}: {what} ({_human(sum(sizes.values()))})")
 
 
+SPACE_FIX = "free space there, or leave files out with allow_patterns"
 _HUB_FIX = "a hub never lists such a name: check HF_ENDPOINT and what answers there"
 
 
@@ -128,8 +129,8 @@ def _refuse_names(names: Iterable[str], where: str, fix: str) -> None:
 
 def _human(n: int) -> str:
     size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
             break
         size /= 1024
     return f"{size:.1f} {unit}"
@@ -327,18 +328,8 @@ def _refuse_past_free_space(origin: str, model_dir: str, sizes: Mapping[str, int
             have = None
         if have != size:
             need[name] = size
-    where = model_dir
-    while not os.path.isdir(where) and os.path.dirname(where) != where:
-        where = os.path.dirname(where)
-    free = free_bytes(where)
-    total = sum(need.values())
-    if total > free:
-        largest = max(need, key=lambda n: need[n])
-        raise ActionError(
-            f"{origin}: the files to write are {_human(total)} ({largest}: {_human(need[largest])}), more "
-            f"than the {_human(free)} free on {where}'s filesystem: refused, nothing written (free space "
-            "there, or leave files out with allow_patterns)"
-        )
+    if (problem := past_free_space(model_dir, need)) is not None:
+        raise ActionError(f"{origin}: {problem}: refused, nothing written ({SPACE_FIX})")
 
 
 def _read_manifest(model_dir: str) -> dict[str, Any] | None:

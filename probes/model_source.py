@@ -12,6 +12,7 @@ from reconcile.safety.untrusted import NotRegular, not_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 
@@ -25,6 +26,24 @@ def source_drift(
     A source file that is not a regular file (a FIFO, a device, a socket) raises NotRegular naming it
     (relative to the source): apply refuses to copy it, so the plan says so."""
     out = []
+    for rel, path, st in _entries(source, patterns):
+        if have.get(rel) != st.st_size:
+            out.append(rel)
+            continue
+        changed = content_changed(path, hashes.get(rel), st)
+        if changed:
+            out.append(rel if rel in hashes else f"{rel} (no recorded hash)")
+        elif changed is False:
+            out.append(f"{rel} (touched)")
+    return out
+
+
+def source_sizes(source: str, patterns: list[str]) -> dict[str, int]:
+    """Each source file's size (by apparent size: a sparse file counts whole); NotRegular as above."""
+    return {rel: st.st_size for rel, _path, st in _entries(source, patterns)}
+
+
+def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
     for root, dirs, files in os.walk(source):
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for f in sorted(files):
@@ -38,12 +57,4 @@ def source_drift(
                 continue
             if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
                 raise NotRegular(rel, what)
-            if have.get(rel) != st.st_size:
-                out.append(rel)
-                continue
-            changed = content_changed(path, hashes.get(rel), st)
-            if changed:
-                out.append(rel if rel in hashes else f"{rel} (no recorded hash)")
-            elif changed is False:
-                out.append(f"{rel} (touched)")
-    return out
+            yield rel, path, st

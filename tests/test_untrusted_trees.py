@@ -191,6 +191,9 @@ def test_a_source_bigger_than_the_free_space_is_refused_before_a_byte_is_copied(
     free = st.f_bavail * st.f_frsize
     huge = tree.source / "huge.bin"
     tree.as_nobody("truncate", "-s", str(free + (1 << 30)), str(huge))
+    plan = tree.cli("plan")  # named before apply runs
+    assert "the files to write are" in plan.output and "huge.bin: " in plan.output, plan.output
+    assert plan.returncode == 2 and "apply cannot fix" in plan.output, plan.output
     run = tree.cli("apply")
     # old code: filled the disk (the holes read as zeros and written)
     assert run.returncode == NOT_CONVERGED, run.output

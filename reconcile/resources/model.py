@@ -13,6 +13,7 @@ from reconcile.resources.common import Progress, failed, giB
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from reconcile.plan.prober import Observed
@@ -33,7 +34,8 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     drift_walks = isinstance(m, ModelObservation) and isinstance(m.record, DownloadRecord)
     refused = None  # with a record, source_drift below walks the source
     if want.source and not want.repo and not drift_walks:
-        refused = _source_refusal(want.source, want.allow_patterns)
+        have = m.files if isinstance(m, ModelObservation) else {}
+        refused = _source_refusal(want.source, want.allow_patterns, want.dir, have)
     if refused is not None:
         return refused
     if not isinstance(m, ModelObservation):
@@ -100,14 +102,25 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     return Ok("model.files", f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
 
 
-def _source_refusal(source: str, patterns: list[str]) -> Item | None:
-    """A source file apply would refuse to copy (not a regular file), named; a walk without hashing."""
-    from probes.model_source import source_drift
+def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapping[str, int]) -> Item | None:
+    """What apply would refuse before the first copy, named: a source file that is not a regular file,
+    or a source larger than the model dir's free space. A walk with stats, no hashing."""
+    from probes.model_source import source_sizes
+    from reconcile.safety.untrusted import past_free_space
 
     try:
-        source_drift(source, {}, patterns, {})
+        sizes = source_sizes(source, patterns)
     except OSError as exc:
         return _refused(source, exc)
+    need = {name: size for name, size in sizes.items() if have.get(name) != size}
+    if (problem := past_free_space(model_dir, need)) is not None:
+        return Change(
+            "model.files",
+            "~",
+            f"[model].source {source}: {problem}: refused",
+            "free space there, or leave files out with allow_patterns",
+            actionable=False,
+        )
     return None
 
 

@@ -15,7 +15,7 @@ import stat
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
 KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
 JSON_LIMIT = 64 << 20  # config.json, the download record (≈200 bytes a file: 300,000 files)
@@ -201,6 +201,34 @@ def _zeros(update: Callable[[bytes], object], n: int) -> None:
     while n > 0:
         update(_ZEROS[: min(n, _CHUNK)])
         n -= _CHUNK
+
+
+def past_free_space(directory: str, need: Mapping[str, int]) -> str | None:
+    """Why the files `need` (name -> bytes, by apparent size) cannot be written under `directory`
+    (which may not exist yet): their total is more than its filesystem's free space; None if it fits."""
+    total = sum(need.values())
+    if not total:
+        return None
+    where = directory
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    free = free_bytes(where)
+    if total <= free:
+        return None
+    largest = max(need, key=lambda n: need[n])
+    return (
+        f"the files to write are {human(total)} ({largest}: {human(need[largest])}), more than the "
+        f"{human(free)} free on {where}'s filesystem"
+    )
+
+
+def human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.1f} {unit}"
 
 
 def free_bytes(directory: str) -> int:
