@@ -79,13 +79,17 @@ def test_a_file_past_its_bound_is_refused(tmp_path: Path) -> None:
         (0o1644, 0o644),
         (0o777, 0o755),
         (0o666, 0o644),
-        (0o100, 0o755),
-        (0o001, 0o755),
-        (0o600, 0o644),
-        (0o000, 0o644),
+        (0o104, 0o755),
+        (0o005, 0o755),
+        (0o604, 0o644),
+        (0o444, 0o644),
+        (0o600, 0o600),  # not readable by others: it stays so
+        (0o640, 0o600),
+        (0o610, 0o700),
+        (0o000, 0o600),
     ],
 )
-def test_modes_are_reduced_to_0644_or_0755(mode: int, reduced: int) -> None:
+def test_modes_are_reduced_to_0644_or_0755_never_wider_for_others(mode: int, reduced: int) -> None:
     assert reduced_mode(stat.S_IFREG | mode) == reduced
 
 

@@ -97,7 +97,7 @@ def lock_is_free(tree: Tree) -> bool:
 
 
 def test_setuid_setgid_sticky_and_world_writable_source_files_are_copied_0755_or_0644(tree: Tree) -> None:
-    modes = {"suid": 0o4755, "sgid": 0o2755, "sticky": 0o1644, "open": 0o777, "exec_by_group": 0o610}
+    modes = {"suid": 0o4755, "sgid": 0o2755, "sticky": 0o1644, "open": 0o777, "private": 0o610}
     for name, mode in modes.items():
         path = tree.source / name
         path.write_bytes(b"#!/bin/sh\nid\n")
@@ -106,7 +106,8 @@ def test_setuid_setgid_sticky_and_world_writable_source_files_are_copied_0755_or
         assert stat.S_IMODE(path.stat().st_mode) == mode
     run = tree.cli("apply")
     assert run.returncode == 2, run.output
-    want = {"suid": 0o755, "sgid": 0o755, "sticky": 0o644, "open": 0o755, "exec_by_group": 0o755}
+    # never readable by others when the source was not ("private": 0644 would hand it to every user)
+    want = {"suid": 0o755, "sgid": 0o755, "sticky": 0o644, "open": 0o755, "private": 0o700}
     for name, mode in want.items():
         st = (tree.dir / name).stat()
         # old code: suid 4755 root-owned (nobody -> root), sgid 2755, sticky 1644

@@ -64,8 +64,11 @@ def not_regular(st_mode: int) -> str | None:
 
 def reduced_mode(st_mode: int) -> int:
     """The mode a copy of a file from outside gets: 0755 when any x bit was set, else 0644; never
-    setuid, setgid, sticky or writable by others."""
-    return 0o755 if st_mode & 0o111 else 0o644
+    setuid, setgid, sticky or writable by others. And never readable by others when the source was
+    not (0700/0600 then): a root-only file in the tree (a token, a hard link where the kernel allows
+    one to root's file) does not become world-readable by being copied."""
+    mode = 0o755 if st_mode & 0o111 else 0o644
+    return mode if st_mode & 0o004 else mode & 0o700
 
 
 def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_result]:
