@@ -46,12 +46,12 @@ def source_files(source: str) -> list[str]:
             except FileNotFoundError:
                 continue  # gone since the listing, or a dangling link: nothing to copy
             if (what := not_regular(st.st_mode)) is not None:
-                raise ActionError(refusal(source, rel, what))
+                raise ActionError(_refusal(source, rel, what))
             names.append(rel)
     return sorted(names)
 
 
-def refusal(source: str, name: str, what: str) -> str:
+def _refusal(source: str, name: str, what: str) -> str:
     return f"[model].source {source}: {name} is {what}: refused, nothing copied (remove it from the source)"
 
 
@@ -106,7 +106,7 @@ def copy_files(
         try:
             fd, st = open_source(src)
         except NotRegular as exc:
-            raise ActionError(refusal(source, name, str(exc.strerror))) from None
+            raise ActionError(_refusal(source, name, str(exc.strerror))) from None
         try:
             changed = fd_content_changed(fd, recorded.get(name), st)
             digest = recorded[name]["sha256"] if changed is None else sha256_fd(fd, st.st_size)
