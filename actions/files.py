@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.plan.records import ActionResult
+from reconcile.safety.untrusted import NotRegular, open_regular
 
 if TYPE_CHECKING:
     from reconcile.spec.models import ApiKey
@@ -82,23 +83,23 @@ def ensure_key(api_key: ApiKey) -> ActionResult:
     uid, gid = _resolve_owner(api_key)
     mode = int(api_key.mode, 8)
     try:
-        # O_NOFOLLOW: a symlink planted at the key's path must not make us chmod/chown its target.
-        fd = os.open(api_key.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        # As data: a symlink planted at the key's path must not make us chmod/chown its target, and a
+        # FIFO or device there is refused by name, never opened.
+        fd, st = open_regular(api_key.file)
     except FileNotFoundError:
         return _generate(api_key, mode, uid, gid, "no key file")
-    except OSError as exc:
+    except NotRegular as exc:
         if os.path.islink(api_key.file):
             raise ActionError(
                 f"{api_key.file} is a symlink: the key must be a regular file; remove the link "
                 f"(rm {api_key.file}) and re-run to generate a key there"
             ) from None
+        raise ActionError(
+            f"{api_key.file} is {exc.strerror}: move it aside and re-run to generate a key there"
+        ) from None
+    except OSError as exc:
         raise ActionError(f"{api_key.file}: cannot open ({exc.strerror})") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ActionError(
-                f"{api_key.file} is not a regular file: move it aside and re-run to generate a key there"
-            )
         if st.st_size == 0:
             # An empty file holds no key to preserve; serving with an empty key would be open to all.
             return _generate(api_key, mode, uid, gid, "key file was empty")

@@ -21,6 +21,7 @@ from reconcile.record import Record
 from reconcile.safety.display import shown
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
+from reconcile.safety.untrusted import JSON_LIMIT, KEY_LIMIT, read_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -115,20 +116,19 @@ def read_api_key(spec: Spec, *, required: bool = True) -> str | None:
     """The key from [api_key] file, stripped; None without [api_key] (or its file, when not required)."""
     if spec.api_key is None:
         return None
-    try:  # O_NOFOLLOW: a link planted at the key's path must not hand another file to the server
-        fd = os.open(spec.api_key.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, encoding="utf-8") as f:
-            key = f.read().strip()
+    try:  # as data: no link followed, a regular file (a FIFO would block the open), a key's size
+        key = read_regular(spec.api_key.file, KEY_LIMIT).decode("utf-8").strip()
     except FileNotFoundError:
         if not required:
             return None
         raise ActionError(
             f"API key file {spec.api_key.file} does not exist: apply the api_key resource first"
         ) from None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         if not required:  # the planner's identity: the api_key resource reports the file itself
             return None
-        raise ActionError(f"API key file {spec.api_key.file}: cannot read it ({exc.strerror})") from None
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ActionError(f"API key file {spec.api_key.file}: cannot read it ({why})") from None
     if not key and not required:
         return None
     if not key:
@@ -143,10 +143,8 @@ def read_secret_files(server: Server, *, required: bool = True) -> dict[str, str
     planner's identity then differs, and the server Change says the file must exist)."""
     values: dict[str, str] = {}
     for name, path in sorted(server.secret_files.items()):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with os.fdopen(fd, encoding="utf-8") as f:
-                values[name] = f.read().strip()
+        try:  # as data, like the key: a FIFO, a device or a huge file there is named, never waited on
+            values[name] = read_regular(path, KEY_LIMIT).decode("utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             if required:
                 why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
@@ -161,9 +159,8 @@ def read_config_json(spec: Spec) -> bytes | None:
     """The model's config.json as vLLM will read it (None when there is none)."""
     if spec.model is None:
         return None
-    try:
-        with open(os.path.join(spec.model.dir, "config.json"), "rb") as f:
-            return f.read()
+    try:  # as data: the model dir's config.json (hub-written, or a source's) is bounded, regular only
+        return read_regular(os.path.join(spec.model.dir, "config.json"), JSON_LIMIT, follow=True)
     except OSError:
         return None
 

@@ -31,6 +31,7 @@ from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, umask
 from reconcile.safety.names import name_problem
+from reconcile.safety.untrusted import JSON_LIMIT, past_free_space, read_regular
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
@@ -90,6 +91,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
         return ActionResult(False, f"{repo}@{commit[:12]}: all {len(sizes)} files present")
     etags = {n: f.etag for n, f in wanted.items()}
     if not on_disk:
+        _refuse_past_free_space(f"{repo}@{commit[:12]}", model.dir, sizes)  # the hub's listing
         ensure_dir(model.dir, 0o755)
         paths = {name: inside_model_dir(model.dir, name) for name in sizes}
         for name, size in sizes.items():  # huggingface_hub trusts its own record over a damaged file
@@ -114,6 +116,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
     return ActionResult(True, f"{repo}@{commit[:12]}: {what} ({_human(sum(sizes.values()))})")
 
 
+SPACE_FIX = "free space there, or leave files out with allow_patterns"
 _HUB_FIX = "a hub never lists such a name: check HF_ENDPOINT and what answers there"
 
 
@@ -312,6 +315,7 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     names = [n for n in names if n not in (MANIFEST, BACKUP) and selected(n, model.allow_patterns)]
     if not names:
         raise ActionError(f"[model].source {source}: no file matches allow_patterns {model.allow_patterns}")
+    _refuse_past_free_space(f"[model].source {source}", model.dir, _source_sizes(source, names))
     recorded = (_read_manifest(model.dir) or {}).get("source_files")
     copied, entries = copy_files(source, model.dir, names, recorded if isinstance(recorded, dict) else {})
     sizes = {n: e["size"] for n, e in entries.items()}
@@ -324,11 +328,35 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     return ActionResult(True, f"{model.dir}: copied {len(copied)} of {len(names)} files from {source}")
 
 
+def _source_sizes(source: str, names: Iterable[str]) -> dict[str, int]:
+    sizes = {}
+    for name in names:
+        with contextlib.suppress(OSError):  # gone since the walk: the copy names it
+            sizes[name] = os.stat(os.path.join(source, name)).st_size
+    return sizes
+
+
+def _refuse_past_free_space(origin: str, model_dir: str, sizes: Mapping[str, int]) -> None:
+    """The files (name -> size, from the source or the hub's listing) that the model dir does not hold
+    at their size must fit the free space of its filesystem, checked before a byte is written. By
+    apparent size: a sparse source file (1 TiB of holes in a few blocks) counts whole, so neither its
+    copy (which keeps holes) nor its hashing can run for the length of a full disk."""
+    need: dict[str, int] = {}
+    for name, size in sizes.items():
+        try:
+            have: int | None = os.stat(original_path(model_dir, name)).st_size
+        except OSError:
+            have = None
+        if have != size:
+            need[name] = size
+    if (problem := past_free_space(model_dir, need)) is not None:
+        raise ActionError(f"{origin}: {problem}: refused, nothing written ({SPACE_FIX})")
+
+
 def _read_manifest(model_dir: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(model_dir, MANIFEST), "rb") as f:
-            data = json.load(f)
-    except (FileNotFoundError, ValueError):
+    try:  # as data: a FIFO or a huge file in its place is no record (and never a hang)
+        data = json.loads(read_regular(os.path.join(model_dir, MANIFEST), JSON_LIMIT))
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -17,6 +17,7 @@ from reconcile.errors import ActionError
 from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
+from reconcile.safety.untrusted import JSON_LIMIT, read_regular, reduced_mode
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -106,8 +107,13 @@ def _original_path(model_dir: str) -> str:
 
 
 def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    """A JSON file of the model dir, as data: a regular file (never a FIFO's wait), within JSON_LIMIT."""
+    try:
+        return read_regular(path, JSON_LIMIT)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ActionError(f"{path}: {exc.strerror}; move it aside and apply again") from None
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -179,8 +185,9 @@ def drop_stale_backup(model_dir: str, hub_blob_id: str | None) -> None:
         fsync_dir(model_dir)
 
 
-def place_source_config(src: str, model_dir: str) -> bool | None:
-    """Copy mode, config.json once patched: compare the source with the backup, not the patched file.
+def place_source_config(src: int, st: os.stat_result, model_dir: str) -> bool | None:
+    """Copy mode, config.json once patched: compare the source (open as data: `src`, `st` its fstat)
+    with the backup, not the patched file.
 
     None: not patched (copy it like any file). False: the original is unchanged. True: a new original was
     written and the stale backup dropped (the config patch then runs on the new original).
@@ -188,11 +195,12 @@ def place_source_config(src: str, model_dir: str) -> bool | None:
     backup = os.path.join(model_dir, BACKUP)
     if not os.path.exists(backup):
         return None
-    new = _read(src)
+    if st.st_size > JSON_LIMIT:
+        raise ActionError(f"the source's config.json is {st.st_size} bytes, more than a config holds")
+    new = os.pread(src, st.st_size, 0)
     if new == _read(backup):
         return False
-    st = os.stat(src)
-    atomic_write(os.path.join(model_dir, CONFIG), new, mode=st.st_mode & 0o7777)
+    atomic_write(os.path.join(model_dir, CONFIG), new, mode=reduced_mode(st.st_mode))
     os.utime(os.path.join(model_dir, CONFIG), ns=(st.st_atime_ns, st.st_mtime_ns))
     os.unlink(backup)
     fsync_dir(model_dir)

@@ -8,21 +8,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from actions.model_config import place_source_config
 from reconcile.errors import ActionError
-from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
+from reconcile.host import checkpoint, fsync_dir, make_temp, remove_stale_temps, temp_prefix
 from reconcile.safety.names import is_inside, name_problem
-from reconcile.safety.source_content import content_changed, entry, sha256_file
+from reconcile.safety.source_content import entry, fd_content_changed
+from reconcile.safety.untrusted import NotRegular, copy_fd, not_regular, open_regular, reduced_mode, sha256_fd
 
 
 def source_files(source: str) -> list[str]:
     """Every file below `source`, "/"-separated and sorted; refused (ActionError) when a name holds a
-    control character or a symlink leads out of the source."""
+    control character, a symlink leads out of the source, or a file is not a regular file (a FIFO, a
+    device, a socket: each would hang or feed the copy), each named."""
     roots = _allowed_roots(source)
     names = []
     for root, dirs, files in os.walk(source):
@@ -39,8 +39,20 @@ def source_files(source: str) -> list[str]:
                     f"[model].source {source}: {rel} is a symlink to {os.path.realpath(full)}, outside the "
                     "source: copy the file in, or remove the link"
                 )
-        names += [os.path.normpath(os.path.join(rel_root, f)).replace(os.sep, "/") for f in files]
+        for item in files:
+            rel = os.path.normpath(os.path.join(rel_root, item)).replace(os.sep, "/")
+            try:
+                st = os.stat(os.path.join(root, item))  # an allowed link: what it leads to
+            except FileNotFoundError:
+                continue  # gone since the listing, or a dangling link: nothing to copy
+            if (what := not_regular(st.st_mode)) is not None:
+                raise ActionError(_refusal(source, rel, what))
+            names.append(rel)
     return sorted(names)
+
+
+def _refusal(source: str, name: str, what: str) -> str:
+    return f"[model].source {source}: {name} is {what}: refused, nothing copied (remove it from the source)"
 
 
 def _allowed_roots(source: str) -> list[str]:
@@ -76,6 +88,8 @@ def copy_files(
     `recorded` describes (source_content: same stamp, or same sha256); returns the names copied
     and each file's new record entry.
 
+    Each source file is opened once as data (reconcile.safety.untrusted: regular only, non-blocking,
+    fstat): its hash, its copy and its record are of that one open file, as big as fstat saw it.
     First the temps a killed copy left: only beside the files it copies, only of those files.
     """
     names = list(names)
@@ -89,40 +103,56 @@ def copy_files(
     entries: dict[str, Any] = {}
     for name in names:
         src = os.path.join(source, name)
-        st = os.stat(src)
-        changed = content_changed(src, recorded.get(name), st)
-        digest = recorded[name]["sha256"] if changed is None else sha256_file(src)
-        entries[name] = entry(st, digest)
-        if _copy_one(src, model_dir, name, unchanged=changed is not True):
-            copied.append(name)
+        try:
+            fd, st = open_source(src)
+        except NotRegular as exc:
+            raise ActionError(_refusal(source, name, str(exc.strerror))) from None
+        try:
+            changed = fd_content_changed(fd, recorded.get(name), st)
+            digest = recorded[name]["sha256"] if changed is None else sha256_fd(fd, st.st_size)
+            entries[name] = entry(st, digest)
+            if _copy_one(fd, st, model_dir, name, unchanged=changed is not True):
+                copied.append(name)
+        except OSError as exc:
+            if exc.filename is not None:  # the destination's (ENOSPC names it): shown as it is
+                raise
+            raise ActionError(f"[model].source {source}: {name}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
     if copied:
         fsync_dir(model_dir)
     return copied, entries
 
 
-def _copy_one(src: str, model_dir: str, name: str, *, unchanged: bool) -> bool:
+def open_source(path: str) -> tuple[int, os.stat_result]:
+    """A source file opened as data; its links were judged by source_files, so the resolved target is
+    opened, and that last step without following a link."""
+    return open_regular(os.path.realpath(path))
+
+
+def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchanged: bool) -> bool:
     dst = inside_model_dir(model_dir, name)
-    if name == "config.json" and (placed := place_source_config(src, model_dir)) is not None:
+    if name == "config.json" and (placed := place_source_config(src, st, model_dir)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):
-        if unchanged and os.stat(dst).st_size == os.stat(src).st_size:  # the bytes copied last time
+        if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
             return False
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
-    os.close(fd)
+    fd, tmp = make_temp(os.path.dirname(dst), temp_prefix(dst))  # O_EXCL|O_NOFOLLOW, 0600
     try:
-        shutil.copyfile(src, tmp)
-        shutil.copystat(src, tmp)
-        os.chmod(tmp, os.stat(tmp).st_mode & ~0o022)  # a world-writable source is not copied as one
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        try:
+            os.fchmod(fd, reduced_mode(st.st_mode))  # never setuid, setgid, sticky or writable by others
+            copy_fd(src, fd, st.st_size)  # holes kept; stops at the size fstat saw
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         checkpoint(f"model.copy:{name}")
         os.replace(tmp, dst)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            # shutil names the source first: the full disk is the destination's
-            raise OSError(exc.errno, exc.strerror, dst) from exc
+            raise OSError(exc.errno, exc.strerror, dst) from exc  # the full disk is the destination's
         raise
     return True

@@ -12,6 +12,7 @@ import stat
 
 from probes.common import Absent
 from reconcile.record import Record
+from reconcile.safety.untrusted import kind
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class FileFacts(Record):
     owner: str | None  # None: the uid has no passwd entry
     group: str | None  # None: the gid has no group entry
     size: int
+    what: str = "a regular file"  # untrusted.kind: "a FIFO", "a character device", for a message
 
     @property
     def non_empty(self) -> bool:
@@ -57,6 +59,7 @@ def read_file_facts(path: str) -> FileFacts | Absent:
         owner=_user(st.st_uid),
         group=_group(st.st_gid),
         size=st.st_size,
+        what=kind(st.st_mode),
     )
 
 

@@ -15,6 +15,7 @@ from reconcile.host import HttpResponse, HttpUnreachable, http_request
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 from reconcile.safety.display import shown
+from reconcile.safety.untrusted import KEY_LIMIT, read_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -74,10 +75,9 @@ def _target(spec: Spec) -> tuple[str, int]:
 def _headers(spec: Spec) -> dict[str, str]:
     if spec.api_key is None:
         return {}
-    try:
-        with open(spec.api_key.file, encoding="utf-8") as f:
-            key = f.read().strip()
-    except OSError:
+    try:  # as data: a FIFO at the key's path is never waited on (the api_key row names it)
+        key = read_regular(spec.api_key.file, KEY_LIMIT).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
         return {}
     return {"Authorization": f"Bearer {key}"} if key else {}
 

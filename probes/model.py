@@ -14,6 +14,7 @@ from types import MappingProxyType
 from probes.common import Absent, Invalid
 from reconcile.record import Record
 from reconcile.safety.names import name_problem
+from reconcile.safety.untrusted import JSON_LIMIT, NotRegular, TooLarge, read_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
@@ -99,11 +100,12 @@ def list_files(root: str) -> tuple[dict[str, int], tuple[str, ...]]:
 
 def read_json(path: str) -> JsonDoc | Absent | Invalid:
     """A JSON object file: parsed, absent, or invalid with the parser's message and the text."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+    try:  # as data: a FIFO in its place is named, never waited on; a bounded size
+        text = read_regular(path, JSON_LIMIT, follow=True).decode("utf-8")
     except FileNotFoundError:
         return Absent(path)
+    except (NotRegular, TooLarge) as exc:
+        return Invalid(path, str(exc.strerror))
     except (OSError, UnicodeDecodeError) as exc:
         return Invalid(path, f"cannot read: {exc}")
     return parse_json_object(text, path)

@@ -8,9 +8,11 @@ import os
 from collections.abc import Mapping
 
 from reconcile.safety.source_content import content_changed, selected
+from reconcile.safety.untrusted import NotRegular, not_regular
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 
@@ -20,8 +22,28 @@ def source_drift(
     """Source files the copy does not match: absent or of another size in the model dir, or whose
     bytes differ from those recorded at copy (an edit that kept the size). A file only touched
     (same bytes, new stamp) is listed as "NAME (touched)": apply re-records it without copying.
-    Without recorded hashes (a copy by an older reconcile) every file counts as unrecorded."""
+    Without recorded hashes (a copy by an older reconcile) every file counts as unrecorded.
+    A source file that is not a regular file (a FIFO, a device, a socket) raises NotRegular naming it
+    (relative to the source): apply refuses to copy it, so the plan says so."""
     out = []
+    for rel, path, st in _entries(source, patterns):
+        if have.get(rel) != st.st_size:
+            out.append(rel)
+            continue
+        changed = content_changed(path, hashes.get(rel), st)
+        if changed:
+            out.append(rel if rel in hashes else f"{rel} (no recorded hash)")
+        elif changed is False:
+            out.append(f"{rel} (touched)")
+    return out
+
+
+def source_sizes(source: str, patterns: list[str]) -> dict[str, int]:
+    """Each source file's size (by apparent size: a sparse file counts whole); NotRegular as above."""
+    return {rel: st.st_size for rel, _path, st in _entries(source, patterns)}
+
+
+def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
     for root, dirs, files in os.walk(source):
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for f in sorted(files):
@@ -33,12 +55,6 @@ def source_drift(
                 st = os.stat(path)
             except OSError:
                 continue
-            if have.get(rel) != st.st_size:
-                out.append(rel)
-                continue
-            changed = content_changed(path, hashes.get(rel), st)
-            if changed:
-                out.append(rel if rel in hashes else f"{rel} (no recorded hash)")
-            elif changed is False:
-                out.append(f"{rel} (touched)")
-    return out
+            if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
+                raise NotRegular(rel, what)
+            yield rel, path, st

@@ -374,3 +374,18 @@ def test_a_source_of_symlinks_is_copied_as_files(tmp_path: Path) -> None:
 
     assert _files(d) == FILES
     assert not any(p.is_symlink() for p in d.rglob("*"))
+
+
+def test_a_hub_listing_bigger_than_the_free_space_is_refused_before_a_byte_is_fetched(
+    hub: FakeHub, tmp_path: Path
+) -> None:
+    # Issue 24: the listing bounds the download; old code fetched (and, served for real, filled the disk)
+    st = os.statvfs(tmp_path)
+    hub.add_commit(REPO, FILES)
+    hub.lie_about_size(REPO, "model.safetensors", st.f_bavail * st.f_frsize + (1 << 30))
+    d = tmp_path / "model"
+
+    refused = r"the files to write are .* \(model\.safetensors: .*\), more than the"
+    with pytest.raises(ActionError, match=refused):
+        download(Model(repo=REPO, dir=str(d)), progress=False)
+    assert not d.exists() or not any(d.rglob("*.safetensors*"))

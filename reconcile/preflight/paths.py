@@ -9,6 +9,7 @@ import os
 
 from reconcile.plan.records import Finding
 from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem, resolve_exec
+from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
@@ -90,9 +91,21 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             )
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
-            loose = os.stat(path).st_mode & 0o077
+            st = os.lstat(path)
         except OSError:
             continue  # the server Change says it cannot be read
+        if (kind := not_regular(st.st_mode)) is not None:  # a FIFO would hang the read, a link lead elsewhere
+            out.append(
+                Finding(
+                    "paths.secret-kind",
+                    "error",
+                    f"[server].secret_files.{name} {path} is {kind}",
+                    "put the secret in a regular file there (mode 0600): reconcile reads it as data",
+                    {"path": path, "key": f"[server].secret_files.{name}"},
+                )
+            )
+            continue
+        loose = st.st_mode & 0o077
         if loose:
             out.append(
                 Finding(

@@ -36,7 +36,7 @@ def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
         return Change(
             "api_key",
             "~",
-            f"{want.file} is a {k.kind}",
+            f"{want.file} is {k.what}, not a regular file",
             "move it aside; apply writes a regular file",
             actionable=False,
         )

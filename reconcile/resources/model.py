@@ -5,12 +5,15 @@ Rows of reconcile.resources; probe: probes.model; actions: actions.model, action
 
 from __future__ import annotations
 
+import os
+
 from probes.common import Invalid, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed, giB
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from reconcile.plan.prober import Observed
@@ -28,6 +31,13 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     origin = f"{want.repo}@{want.revision}" if want.repo else (want.source or "?")
     if isinstance(m, ProbeFailure):
         return failed("model.files", m, "model")
+    drift_walks = isinstance(m, ModelObservation) and isinstance(m.record, DownloadRecord)
+    refused = None  # with a record, source_drift below walks the source
+    if want.source and not want.repo and not drift_walks:
+        have = m.files if isinstance(m, ModelObservation) else {}
+        refused = _source_refusal(want.source, want.allow_patterns, want.dir, have)
+    if refused is not None:
+        return refused
     if not isinstance(m, ModelObservation):
         verb = "download" if want.repo else "copy"
         return Change(
@@ -61,7 +71,10 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                 diffs.append(FieldDiff("source", record.source, want.source))
             from probes.model_source import source_drift  # by content: a same-size edit is drift
 
-            drift = source_drift(want.source, on_disk, want.allow_patterns, record.source_files)
+            try:
+                drift = source_drift(want.source, on_disk, want.allow_patterns, record.source_files)
+            except OSError as exc:  # NotRegular: a FIFO, a device (never opened), named
+                return _refused(want.source, exc)
             if drift:
                 diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
     if diffs:
@@ -87,6 +100,39 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     if isinstance(record, DownloadRecord) and record.source:
         origin = record.source
     return Ok("model.files", f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
+
+
+def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapping[str, int]) -> Item | None:
+    """What apply would refuse before the first copy, named: a source file that is not a regular file,
+    or a source larger than the model dir's free space. A walk with stats, no hashing."""
+    from probes.model_source import source_sizes
+    from reconcile.safety.untrusted import past_free_space
+
+    try:
+        sizes = source_sizes(source, patterns)
+    except OSError as exc:
+        return _refused(source, exc)
+    need = {name: size for name, size in sizes.items() if have.get(name) != size}
+    if (problem := past_free_space(model_dir, need)) is not None:
+        return Change(
+            "model.files",
+            "~",
+            f"[model].source {source}: {problem}: refused",
+            "free space there, or leave files out with allow_patterns",
+            actionable=False,
+        )
+    return None
+
+
+def _refused(source: str, exc: OSError) -> Change:
+    name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
+    return Change(
+        "model.files",
+        "~",
+        f"[model].source {source}: {name} is {exc.strerror}: refused",
+        "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
+        actionable=False,
+    )
 
 
 def _same_revision(record: Any, revision: str) -> bool:

@@ -1,0 +1,241 @@
+"""Files from outside read as data: a regular file only (a FIFO, device or socket is refused by name,
+never opened), opened non-blocking and without following a link, `fstat`ed, read within a bound;
+modes reduced to 0644/0755; copies that keep holes and stop at the size seen. One module, so the
+path-trust layer (filesafety) can route every such open through itself in one place.
+
+Used by the model source copy and its hashing walk, the model dir's JSON files, the API key and
+`[server] secret_files`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
+JSON_LIMIT = 64 << 20  # config.json, the download record (≈200 bytes a file: 300,000 files)
+_CHUNK = 1 << 20
+_SHRANK = "it shrank while it was read (apply again once it is stable)"
+_ZEROS = bytes(_CHUNK)
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symlink"),
+    (stat.S_ISREG, "a regular file"),
+)
+
+
+class NotRegular(OSError):
+    """A path from outside that is not a regular file (or changed under us); `strerror` says what it
+    is: "a FIFO, not a regular file". An OSError, so a caller's `except OSError` names it."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(errno.EINVAL, what, path)
+
+
+class TooLarge(OSError):
+    """A file from outside larger than its bound."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"larger than {limit} bytes, more than such a file holds", path)
+
+
+def kind(st_mode: int) -> str:
+    """What a file is, for a message: "a FIFO", "a character device", "a regular file"."""
+    for test, name in _KINDS:
+        if test(st_mode):
+            return name
+    return "not a file"
+
+
+def not_regular(st_mode: int) -> str | None:
+    """None for a regular file, else "a FIFO, not a regular file" (and so on)."""
+    return None if stat.S_ISREG(st_mode) else f"{kind(st_mode)}, not a regular file"
+
+
+def reduced_mode(st_mode: int) -> int:
+    """The mode a copy of a file from outside gets: 0755 when any x bit was set, else 0644; never
+    setuid, setgid, sticky or writable by others. And never readable by others when the source was
+    not (0700/0600 then): a root-only file in the tree (a token, a hard link where the kernel allows
+    one to root's file) does not become world-readable by being copied."""
+    mode = 0o755 if st_mode & 0o111 else 0o644
+    return mode if st_mode & 0o004 else mode & 0o700
+
+
+def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    """An fd (blocking again, close-on-exec) of the regular file at `path`, and its fstat.
+
+    Checked before the open (a device's open can act, a FIFO's can wait) and after it on the fd:
+    the file opened is the one checked. `follow` = False: a symlink at `path` is refused (O_NOFOLLOW);
+    True is for a name whose links the caller has already judged (a source tree's allowed links).
+    Raises NotRegular, or the OSError of the open (FileNotFoundError for a missing file)."""
+    before = os.stat(path) if follow else os.lstat(path)
+    if (what := not_regular(before.st_mode)) is not None:
+        raise NotRegular(path, what)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link put there since the lstat
+            raise NotRegular(path, "a symlink, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if (what := not_regular(st.st_mode)) is not None:
+            raise NotRegular(path, what)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise NotRegular(path, "replaced while it was opened")
+        os.set_blocking(fd, True)  # a regular file never blocks; what we hand on behaves as a plain open
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path: str, limit: int, *, follow: bool = False) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them (TooLarge beyond)."""
+    fd, _st = open_regular(path, follow=follow)
+    try:
+        parts, have = [], 0
+        while have <= limit and (chunk := os.read(fd, min(_CHUNK, limit + 1 - have))):
+            parts.append(chunk)
+            have += len(chunk)
+    finally:
+        os.close(fd)
+    if have > limit:
+        raise TooLarge(path, limit)
+    return b"".join(parts)
+
+
+def data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
+    """The (start, end) ranges of `fd` below `size` that hold data; the rest are holes (read as zeros).
+    Where the filesystem cannot say (no SEEK_DATA), one range: all of it."""
+    ranges: list[tuple[int, int]] = []
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole from here to the end
+                    break
+                raise
+            if start >= size:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            ranges.append((start, end))
+            offset = end
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return [(0, size)] if size else []
+    return ranges
+
+
+def sha256_fd(fd: int, size: int) -> str:
+    """The sha256 of the first `size` bytes of `fd` (the size fstat saw: a file that grows while it is
+    read is hashed as it was), holes hashed as the zeros they read as, without reading them."""
+    import hashlib  # OpenSSL; ~3-5 ms to import, so only when a file is hashed
+
+    h = hashlib.sha256()
+    offset = 0
+    for start, end in data_ranges(fd, size):
+        _zeros(h.update, start - offset)
+        for chunk in _chunks(fd, start, end):
+            h.update(chunk)
+        offset = end
+    _zeros(h.update, size - offset)
+    return h.hexdigest()
+
+
+def copy_fd(src: int, dst: int, size: int) -> None:
+    """Copy the first `size` bytes of `src` into the empty file `dst`, holes kept as holes: a sparse
+    file stays sparse, and a file that grows meanwhile is copied as fstat saw it."""
+    for start, end in data_ranges(src, size):
+        offset = _in_kernel(src, dst, start, end)
+        for chunk in _chunks(src, offset, end):  # what copy_file_range could not do (another fs)
+            view = memoryview(chunk)
+            while view:
+                n = os.pwrite(dst, view, offset)
+                view, offset = view[n:], offset + n
+    os.ftruncate(dst, size)
+
+
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM)
+
+
+def _in_kernel(src: int, dst: int, start: int, end: int) -> int:
+    """Copy [start, end) with copy_file_range (no trip through Python; a reflink where the filesystem
+    has them); returns where it stopped: `end`, or earlier where the kernel declined (EXDEV...)."""
+    offset = start
+    while offset < end:
+        try:
+            n = os.copy_file_range(src, dst, end - offset, offset, offset)
+        except OSError as exc:
+            if exc.errno in _NO_KERNEL_COPY:
+                return offset
+            raise
+        if n == 0:
+            raise OSError(errno.EAGAIN, _SHRANK)
+        offset += n
+    return offset
+
+
+def _chunks(fd: int, start: int, end: int) -> Iterator[bytes]:
+    offset = start
+    while offset < end:
+        chunk = os.pread(fd, min(_CHUNK, end - offset), offset)
+        if not chunk:  # shrank since its fstat: what was seen is gone, so no copy or hash of it
+            raise OSError(errno.EAGAIN, _SHRANK)
+        yield chunk
+        offset += len(chunk)
+
+
+def _zeros(update: Callable[[bytes], object], n: int) -> None:
+    while n > 0:
+        update(_ZEROS[: min(n, _CHUNK)])
+        n -= _CHUNK
+
+
+def past_free_space(directory: str, need: Mapping[str, int]) -> str | None:
+    """Why the files `need` (name -> bytes, by apparent size) cannot be written under `directory`
+    (which may not exist yet): their total is more than its filesystem's free space; None if it fits."""
+    total = sum(need.values())
+    if not total:
+        return None
+    where = directory
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    free = free_bytes(where)
+    if total <= free:
+        return None
+    largest = max(need, key=lambda n: need[n])
+    return (
+        f"the files to write are {human(total)} ({largest}: {human(need[largest])}), more than the "
+        f"{human(free)} free on {where}'s filesystem"
+    )
+
+
+def human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.1f} {unit}"
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes an ordinary write may still use on `directory`'s filesystem (statvfs f_bavail: the
+    filesystem's reserve for root stays untouched)."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
