@@ -10,11 +10,12 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Collection, Iterator
 
 from reconcile.digest import sha256_hex
-from reconcile.host import atomic_symlink, atomic_write, which
+from reconcile.host import atomic_symlink, atomic_write
 from reconcile.safety.filesafety import ensure_dir, open_dir
 
 TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
@@ -35,7 +36,7 @@ def store_of(venv: Venv | None) -> str | None:
 
 def _interpreter(python: str) -> str:
     """The interpreter a venv would be made from, as a real path (python3 -> /usr/bin/python3.11)."""
-    found = python if os.path.isabs(python) else which(python)
+    found = python if os.path.isabs(python) else shutil.which(python)
     return os.path.realpath(found) if found else python
 
 
