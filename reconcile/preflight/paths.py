@@ -40,9 +40,9 @@ def _exec_problem(path: str, allowed: frozenset[int]) -> str | None:
     """Why root must not run `path` (None when it may); a program not there yet (pip makes it) is
     held to the rule for what root writes."""
     if not path.startswith("/"):
-        from reconcile.host import which
+        import shutil
 
-        found = which(path)
+        found = shutil.which(path)
         if found is None:
             return None  # the venv action says the interpreter is not there
         path = found
