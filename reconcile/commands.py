@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    Args = argparse.Namespace | SimpleNamespace  # argparse's, or reconcile.cli.quick_args's (no argparse)
+    Args = argparse.Namespace | SimpleNamespace  # argparse's, or one made here (the report's spec)
 
 
 def _load(args: Args) -> LoadedSpec:
