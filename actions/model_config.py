@@ -18,7 +18,7 @@ from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

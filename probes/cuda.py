@@ -18,7 +18,7 @@ from reconcile import host
 from reconcile.record import Record
 from reconcile.threads import run_all
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 

@@ -13,7 +13,7 @@ import ctypes
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

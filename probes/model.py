@@ -15,7 +15,7 @@ from probes.common import Absent, Invalid
 from reconcile.record import Record
 from reconcile.safety.names import name_problem
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from reconcile.safety.source_content import content_changed, selected
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -14,7 +14,7 @@ from reconcile import __version__
 from reconcile.errors import ReconcileError
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 

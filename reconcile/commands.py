@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from reconcile.errors import ReconcileError
 from reconcile.spec.loaded import LoadedSpec
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from typing import Any

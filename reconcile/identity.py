@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

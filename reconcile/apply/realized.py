@@ -15,7 +15,7 @@ from reconcile.apply.realizing import realize
 from reconcile.errors import ReconcileError
 from reconcile.safety.sensitive import redact_document, restore_document
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

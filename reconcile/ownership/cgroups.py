@@ -13,7 +13,7 @@ import stat
 
 from reconcile.identity import deployment_id
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

@@ -16,7 +16,7 @@ from reconcile.identity import MARKER, deployment_id, state_file_path
 from reconcile.ownership.cgroups import cgroup_procs, deployment_cgroup
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 

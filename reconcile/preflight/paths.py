@@ -11,7 +11,7 @@ from reconcile.plan.records import Finding
 from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem, resolve_exec
 from reconcile.spec.roles import EXEC, spec_paths
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
     from reconcile.spec.roles import Role

@@ -15,7 +15,7 @@ import re
 from reconcile.errors import ReconcileError
 from reconcile.spec.provenance import read_confined, read_trusted
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
