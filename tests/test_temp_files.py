@@ -140,8 +140,9 @@ def test_a_copy_removes_only_its_own_stale_temps_beside_the_files_it_copies(
 
 def test_a_writer_killed_mid_write_leaves_a_private_temp_the_sweep_knows_as_ours(tmp_path: Path) -> None:
     """atomic_write's temp (tempfile.mkstemp in the target's directory): the target's mode before its
-    first byte whatever the umask, named as host._OWN_TEMP reads it (the file's name, the writer's pid); once that writer is gone,
-    the sweep removes it and leaves the target and another program's temp alone."""
+    first byte whatever the umask, named as host._OWN_TEMP reads it (the file's name, the writer's
+    pid); once that writer is gone, the sweep removes it and leaves the target and another program's
+    temp alone."""
     import re
 
     from reconcile.host import _OWN_TEMP, KILL_AT, remove_stale_temps
@@ -151,7 +152,8 @@ def test_a_writer_killed_mid_write_leaves_a_private_temp_the_sweep_knows_as_ours
     target.chmod(0o640)
     foreign = tmp_path / FOREIGN[2]
     foreign.write_text("theirs")
-    code = f"import os; os.umask(0o022); from reconcile.host import atomic_write; atomic_write({str(target)!r}, b'new' * 9)"
+    code = "import os, sys; os.umask(0o022); from reconcile.host import atomic_write; "
+    code += f"atomic_write({str(target)!r}, b'new' * 9)"
     env = {**os.environ, KILL_AT: "atomic_write.partial:last-run.json"}
     writer = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert writer.returncode == -9, writer.stderr
