@@ -71,10 +71,6 @@ class Observed(Record):
     server: Any
     health: Any
 
-    def failures(self) -> dict[str, ProbeFailure]:
-        """The probes that failed (the plan exits 1 when any did)."""
-        return {n: r for n in PROBE_NAMES if isinstance(r := getattr(self, n), ProbeFailure)}
-
 
 def default_probe(name: str) -> ProbeFn:
     """The probe function of `name`, from its module (imported now, the first time it is needed)."""
