@@ -46,7 +46,7 @@ class Probe(Record):
 PROBES: tuple[Probe, ...] = (
     Probe("gpu", "probes.gpu", "gpu", waits=True),  # NVML's calls into the driver
     Probe("cuda", "probes.cuda", "cuda", waits=True),  # nvcc, when its answers are not remembered
-    Probe("apt", "probes.apt", "apt"),
+    Probe("apt", "probes.apt", "apt", waits=True),  # dpkg-query (~10-25 ms of its own)
     Probe("venv", "probes.venv", "venv"),
     Probe("model", "probes.model", "model"),
     Probe("api_key", "probes.files", "api_key"),
