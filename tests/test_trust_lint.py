@@ -18,7 +18,7 @@ CALLS = {
     "os.replace", "os.rmdir", "os.makedirs", "os.mkdir", "os.symlink", "os.link", "os.truncate",
     "os.utime", "os.listdir", "os.scandir", "os.walk", "os.execv", "os.execve", "os.execvp",
     "os.execvpe", "shutil.rmtree", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copystat",
-    "shutil.copymode", "shutil.copytree", "shutil.move",
+    "shutil.copymode", "shutil.copytree", "shutil.move", "tempfile.mkstemp",
 }  # fmt: skip
 TRUST_LAYER = ("reconcile/safety/",)
 
@@ -42,7 +42,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "actions/launching.py": (5, BELOW),
     "actions/model.py": (2, BELOW),
     "actions/model_config.py": (5, BELOW),
-    "actions/model_copying.py": (8, DATA_TREE),
+    "actions/model_copying.py": (9, DATA_TREE),  # with its mkstemp, counted since issue 25
     "actions/model_resuming.py": (5, BELOW),
     "actions/server.py": (1, BELOW),
     "actions/server_records.py": (1, BELOW),
