@@ -23,7 +23,7 @@ from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 from reconcile.safety.untrusted import JSON_LIMIT, KEY_LIMIT, read_regular
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

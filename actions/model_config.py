@@ -19,7 +19,7 @@ from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety.untrusted import JSON_LIMIT, read_regular, reduced_mode
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from actions.model_config import place_source_config
 from reconcile.errors import ActionError
-from reconcile.host import checkpoint, fsync_dir, make_temp, remove_stale_temps, temp_prefix
+from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
 from reconcile.safety.names import is_inside, name_problem
 from reconcile.safety.source_content import entry, fd_content_changed
 from reconcile.safety.untrusted import NotRegular, copy_fd, not_regular, open_regular, reduced_mode, sha256_fd
@@ -138,7 +139,8 @@ def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchan
         if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
             return False
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    fd, tmp = make_temp(os.path.dirname(dst), temp_prefix(dst))  # O_EXCL|O_NOFOLLOW, 0600
+    # mkstemp: O_EXCL, 0600, named as the stale-temp sweep knows ours
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
     try:
         try:
             os.fchmod(fd, reduced_mode(st.st_mode))  # never setuid, setgid, sticky or writable by others

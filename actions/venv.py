@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -23,7 +24,6 @@ from reconcile.host import (
     checkpoint,
     run,
     run_lines,
-    which,
 )
 from reconcile.plan.records import ActionResult
 from reconcile.safety.filesafety import FIX, UnsafePath, resolve_exec
@@ -59,7 +59,7 @@ print(json.dumps(found))
 def _trusted_python(venv: Venv) -> str:
     """The real path of [venv].python (a name is looked up on PATH), walked by the trust layer: root
     runs it, so it and every directory on its way must be root's or ours (filesafety.resolve_exec)."""
-    found = venv.python if venv.python.startswith("/") else which(venv.python)
+    found = venv.python if venv.python.startswith("/") else shutil.which(venv.python)
     if found is None or not os.path.lexists(found):
         raise ActionError(
             f"[venv].python: interpreter {venv.python!r} not found: install it "
@@ -283,7 +283,7 @@ def _ensure_pip(venv: Venv) -> str | None:
 def installer_for(venv: Venv) -> Literal["pip", "uv"]:
     """uv when the spec asks for it, or on "auto" when it is on PATH (it measured faster)."""
     if venv.installer == "auto":
-        return "uv" if UV_IS_FASTER and which("uv") else "pip"
+        return "uv" if UV_IS_FASTER and shutil.which("uv") else "pip"
     return venv.installer
 
 
@@ -315,7 +315,7 @@ def _satisfies(version: str | None, spec: str) -> bool:
 
 def _install_argv(venv: Venv, installer: str, requirements: Sequence[str]) -> list[str]:
     if installer == "uv":
-        uv = which("uv")
+        uv = shutil.which("uv")
         if uv is None:
             raise ActionError('[venv].installer = "uv" but uv is not on PATH: install uv or set installer')
         argv = [uv, "pip", "install", "--python", _python(venv), "--no-progress"]

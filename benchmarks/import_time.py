@@ -1,14 +1,13 @@
-"""What the `reconcile` CLI imports, and what that costs; exit 1 when that grows past what is allowed.
+"""What the `reconcile` CLI imports, and what that costs; exit 1 when it imports what it must not.
 
-Run: python3 benchmarks/import_time.py [--rounds 10] [--spec PATH] [--python PY] [--check] [--update]
+Run: python3 benchmarks/import_time.py [--rounds 10] [--spec PATH] [--python PY] [--check]
 Two checks, each from one run of the CLI's entry point (reconcile.cli:main, as the console script
 calls it) from a directory outside the checkout, reading sys.modules when it exits:
   * `--help`, `plan --help` and `--version` import nothing of HEAVY;
-  * a warm, converged `reconcile plan --spec PATH` (default: the CPU demo, applied) imports only
-    modules named in benchmarks/import_allowlist.txt, and the timer's no-op `reconcile apply
-    --scheduled --spec PATH` only those of benchmarks/import_allowlist_apply.txt, the interpreter's
-    own start-up modules (`python -c pass`) aside. A new module fails the check, by name; `--update`
-    rewrites both lists from this run (do that only for an import that the run truly needs).
+  * a warm, converged `reconcile plan --spec PATH` (default: the CPU demo, applied) and the timer's
+    no-op `reconcile apply --scheduled --spec PATH` import nothing that
+    benchmarks/import_never_warm.txt names (nor a module below one), by name. A short list of what
+    must never be on the warm path, not a list of everything that may: a new small module passes.
 Without --check it also times each command, interleaved with the floor (`python -c pass`).
 --python: the interpreter to run (default: the non-editable install in benchmarks/.venvs/reconcile).
 """
@@ -26,8 +25,7 @@ from pathlib import Path
 from benchenv import DEMO_SPEC, HERE, clean_env, machine, reconcile_venv
 from interleave import Case, floor_case, interleave, loadavg, table
 
-ALLOWLIST = HERE / "import_allowlist.txt"
-APPLY_ALLOWLIST = HERE / "import_allowlist_apply.txt"
+NEVER_WARM = HERE / "import_never_warm.txt"
 ENTRY = "import sys; from reconcile.cli import main; sys.exit(main(sys.argv[1:]))"  # the console script
 # Never for --help: the spec models, the TOML parser, the probes' and actions' third-party libraries.
 HEAVY = (
@@ -85,56 +83,30 @@ def loaded(python: str, argv: list[str], env: dict[str, str], cwd: str) -> set[s
         return set(out.read().split()) - {"atexit"}
 
 
-def read_allowlist(path: Path) -> set[str]:
+def read_list(path: Path) -> set[str]:
     return {ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()} - {""}
 
 
-def _comments(path: Path) -> dict[str, str]:
-    """module -> the comment on its line, kept when the list is rewritten."""
-    out = {}
-    for ln in path.read_text().splitlines() if path.exists() else []:
-        name, _, comment = ln.partition("#")
-        if name.strip() and comment.strip():
-            out[name.strip()] = comment.strip()
-    return out
+def named(module: str, never: set[str]) -> bool:
+    """Whether `module` is one of `never` or below one."""
+    return any(module == n or module.startswith(n + ".") for n in never)
 
 
-def write_allowlist(path: Path, modules: set[str], spec: Path, what: str) -> None:
-    notes = _comments(path)
-    head = (
-        f"# Modules {what} may import (beyond `python -c pass`'s own).\n"
-        "# benchmarks/import_time.py fails when it imports one that is not here. Written by\n"
-        f"# `python3 benchmarks/import_time.py --update` ({spec.name}, {time.strftime('%Y-%m-%d')}):\n"
-        "# add a module only when that run truly needs it.\n"
-    )
-    lines = (f"{m}  # {notes[m]}" if m in notes else m for m in sorted(modules))
-    path.write_text(head + "".join(f"{line}\n" for line in lines))
-
-
-def check(
-    python: str, argv: list[str], what: str, allowlist: Path, update: bool, env: dict[str, str], cwd: str
-) -> int:
-    """Priming runs, then one run of `argv` reading sys.modules: exit 1 on a module not allowed."""
-    # Two priming runs: right after a checkout the first `git status` refreshes the index, which the
-    # spec's git cache waits out before it keeps an answer.
-    for _ in range(2):
+def check(python: str, argv: list[str], what: str, never_list: Path, env: dict[str, str], cwd: str) -> int:
+    """Priming runs, then one run of `argv` reading sys.modules: exit 1 on a module the list names."""
+    for _ in range(2):  # the first runs fill the caches: the spec's, the preflight findings'
         subprocess.run([python, "-c", ENTRY, *argv], env=env, cwd=cwd, capture_output=True, check=False)
     run = loaded(python, argv, env, cwd) - loaded(python, [], env, cwd)
-    if update:
-        write_allowlist(allowlist, run, Path(argv[-1]), what)
-        print(f"import_time: wrote {len(run)} modules to {allowlist}")
-        return 0
-    new = sorted(run - read_allowlist(allowlist))
-    if new:
+    bad = sorted(m for m in run if named(m, read_list(never_list)))
+    if bad:
         print(
-            f"import_time: {what} (`reconcile {' '.join(argv)}`) now imports {len(new)} module(s) "
-            f"that {allowlist.name} does not allow: {', '.join(new)}. Import them lazily (only where "
-            f"they are used), or, if it truly needs them, run `python3 "
-            f"benchmarks/import_time.py --update` and commit the list.",
+            f"import_time: {what} (`reconcile {' '.join(argv)}`) imports {len(bad)} module(s) that "
+            f"{never_list.name} says it must never import: {', '.join(bad)}. Import them only where "
+            f"they are needed (a cold run, a change), not on the warm path.",
             file=sys.stderr,
         )
         return 1
-    print(f"import_time: {what} imports {len(run)} modules, all in {allowlist.name}")
+    print(f"import_time: {what} imports {len(run)} modules, none that {never_list.name} names")
     return 0
 
 
@@ -143,10 +115,10 @@ def main() -> int:
     parser.add_argument("--rounds", "--runs", type=int, default=10)
     parser.add_argument("--spec", type=Path, default=DEMO_SPEC, help="a converged spec (default: the demo)")
     parser.add_argument("--python", help="interpreter with reconcile installed (default: the benchmark venv)")
-    parser.add_argument("--allowlist", type=Path, default=ALLOWLIST)
-    parser.add_argument("--apply-allowlist", type=Path, default=APPLY_ALLOWLIST)
+    parser.add_argument(
+        "--never", type=Path, default=NEVER_WARM, help="the modules a warm run must not import"
+    )
     parser.add_argument("--check", action="store_true", help="only the import checks: no timing")
-    parser.add_argument("--update", action="store_true", help="rewrite the allow-list from this run")
     args = parser.parse_args()
     python = args.python or str(reconcile_venv().parent / "python")
     spec = args.spec.resolve()
@@ -165,7 +137,7 @@ def main() -> int:
                 file=sys.stderr,
             )
         plan = ["plan", "--spec", str(spec)]
-        code = check(python, plan, "a warm, converged plan", args.allowlist, args.update, env, cwd)
+        code = check(python, plan, "a warm, converged plan", args.never, env, cwd)
         apply = ["apply", "--scheduled", "--spec", str(spec)]
         what = "the timer's no-op apply"
         planned = subprocess.run([python, "-c", ENTRY, *plan], env=env, cwd=cwd, capture_output=True)
@@ -175,7 +147,7 @@ def main() -> int:
             )
             code |= 1
         else:
-            code |= check(python, apply, what, args.apply_allowlist, args.update, env, cwd)
+            code |= check(python, apply, what, args.never, env, cwd)
         if not args.check:
             timing(python, spec, env, cwd, args.rounds)
     return 1 if heavy or code else 0

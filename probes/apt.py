@@ -1,4 +1,4 @@
-"""apt probe: the state of every named package (dpkg's status file, or one dpkg-query), the configured
+"""apt probe: the state of every named package (one dpkg-query for all of them), the configured
 sources, their keyrings.
 
 Called by reconcile.plan.prober. Reads /etc/apt/sources.list, sources.list.d/*.list (one-line format)
@@ -14,12 +14,11 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-from probes import dpkg_status
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
@@ -195,12 +194,7 @@ def _ask_apt_cache(names: list[str]) -> tuple[str, ...] | None:
 
 
 def _dpkg_answer(names: list[str]) -> tuple[str, str] | Unavailable | ProbeFailure:
-    """dpkg-query's (stdout, stderr) for `names`: read from dpkg's status file where that gives the same
-    answer (no process: probes.dpkg_status), else from dpkg-query itself."""
-    if dpkg_status.usable():
-        read = dpkg_status.remembered(names)
-        if read is not None:
-            return read
+    """dpkg-query's (stdout, stderr) for all of `names` at once: one process per probe."""
     argv = ["dpkg-query", "-W", f"-f={DPKG_FORMAT}", *names]
     try:
         # C locale: the "no packages found" message is parsed, and it is translated elsewhere.

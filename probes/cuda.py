@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import stat
 
 from probes.common import ParseError, ProbeFailure, Unavailable
@@ -17,7 +18,7 @@ from reconcile import host
 from reconcile.record import Record
 from reconcile.threads import run_all
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 
@@ -97,7 +98,7 @@ def find_and_query_nvcc(home: CudaHome) -> Nvcc | Unavailable | ProbeFailure:
         path, via, why = in_home, "cuda_home", f"found at {in_home}"
     else:
         problem = "is not an executable file" if os.path.lexists(in_home) else "is absent"
-        on_path = host.which("nvcc")
+        on_path = shutil.which("nvcc")
         if on_path is None:
             return Unavailable(f"nvcc not found: {in_home} {problem} and no nvcc is on PATH")
         path, via, why = on_path, "PATH", f"{in_home} {problem}; found on PATH at {on_path}"

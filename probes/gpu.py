@@ -14,7 +14,7 @@ from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile.record import Record
 from reconcile.safety.display import shown
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -17,7 +17,7 @@ from reconcile.record import Record
 from reconcile.safety.display import shown
 from reconcile.safety.untrusted import KEY_LIMIT, read_regular
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, Literal

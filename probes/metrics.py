@@ -13,7 +13,7 @@ from probes.common import ParseError, Unavailable
 from reconcile.host import HttpUnreachable, http_request
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

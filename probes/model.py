@@ -16,7 +16,7 @@ from reconcile.record import Record
 from reconcile.safety.names import name_problem
 from reconcile.safety.untrusted import JSON_LIMIT, NotRegular, TooLarge, read_regular
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from reconcile.safety.source_content import content_changed, selected
 from reconcile.safety.untrusted import NotRegular, not_regular
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any

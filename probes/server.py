@@ -28,7 +28,7 @@ from reconcile.ownership.membership import (
 from reconcile.ownership.sockets import listeners, one_line
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from probes.common import Absent, Invalid
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TypeGuard
 

@@ -1,7 +1,6 @@
 """reconcile's argparse classes: help at the terminal's width, and a usage error that exits 1.
 
-Imported by reconcile.cli's build_parser only, when a command line needs argparse (quick_args reads a
-plain `reconcile plan` line without it).
+Imported by reconcile.cli's build_parser.
 """
 
 from __future__ import annotations

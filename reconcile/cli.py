@@ -1,10 +1,7 @@
 """The `reconcile` command line. Parses arguments, calls the core, maps outcomes to exit codes.
 
-argparse (stdlib) rather than click/typer, and only the invoked command's parser is built. A plain
-`reconcile plan` or `reconcile apply` line (the command's own options, each spelled in full: what the
-timer and people type) is read by `quick_args` from the same option tables without argparse at all:
-its import, gettext's locale lookup and the parser cost ~5 ms, a fifteenth of a warm plan that runs
-every few minutes (issue 18). Every user-facing error, a usage error included, is one line, exit 1.
+argparse (stdlib) rather than click/typer, and only the invoked command's parser is built. Every
+user-facing error, a usage error included, is one line, exit 1.
 """
 
 from __future__ import annotations
@@ -13,13 +10,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 
 from reconcile import __version__
 from reconcile.errors import ReconcileError
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
@@ -40,7 +36,7 @@ run `reconcile COMMAND --help` for a command's options and examples"""
 class Option(Record):
     """A `--name` option as data: with a metavar it takes a value (`default` when absent; a float when
     `number`, as argparse's type=float), without one it is a flag (store_true, default False).
-    argparse is given these, and `quick_args` reads the same."""
+    argparse is given these."""
 
     flag: str
     metavar: str | None
@@ -103,12 +99,6 @@ APPLY_OPTIONS = (
     SCHEDULED,
     TEXTFILE,
 )
-# The commands `quick_args` may read: their Options, and their positionals' defaults (a line that
-# gives a positional goes to argparse). `apply --scheduled` is what the timer runs.
-QUICK: dict[str, tuple[tuple[Option, ...], dict[str, object]]] = {
-    "plan": (PLAN_OPTIONS, {}),
-    "apply": (APPLY_OPTIONS, {"planfile": None}),
-}
 
 
 def _spec(p: argparse.ArgumentParser) -> None:
@@ -311,46 +301,6 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def quick_args(words: Sequence[str]) -> SimpleNamespace | None:
-    """What argparse would make of `words` when they are a QUICK command and only its Options, each
-    spelled in full (`--spec PATH` or `--spec=PATH`; a repeated one: the last), read without argparse.
-    None for any other line (help, an abbreviation, a value that starts with "-" or is `=--`, a word
-    it does not know): argparse parses that, and says what is wrong. tests/test_cli.py holds the two
-    to the same answer."""
-    if not words or words[0] not in QUICK:
-        return None
-    table, positionals = QUICK[words[0]]
-    options = {option.flag: option for option in table}
-    values = {o.dest: (False if o.metavar is None else o.default) for o in table} | positionals
-    at = 1
-    while at < len(words):
-        flag, equals, value = words[at].partition("=")
-        option = options.get(flag)
-        if option is None:
-            return None
-        if option.metavar is None:
-            if equals:
-                return None  # argparse: "ignored explicit argument"
-            values[option.dest] = True
-        else:
-            if not equals:
-                at += 1
-                if at == len(words) or words[at].startswith("-"):
-                    return None
-                value = words[at]
-            elif value == "--":
-                return None  # argparse drops it (3.11: a value of []); what it makes of it varies by version
-            if option.number:
-                try:
-                    values[option.dest] = float(value)
-                except ValueError:
-                    return None  # argparse: "invalid float value"
-            else:
-                values[option.dest] = value
-        at += 1
-    return SimpleNamespace(command=words[0], **values)
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `command`, only that subcommand gets its arguments (the others are listed)."""
     from reconcile.argparsing import Formatter as _Formatter
@@ -379,11 +329,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def parse(words: Sequence[str]) -> argparse.Namespace | SimpleNamespace | int:
+def parse(words: Sequence[str]) -> argparse.Namespace | int:
     """The arguments, or the exit code when there is nothing to run (help, version, a usage error)."""
-    quick = quick_args(words)
-    if quick is not None:
-        return quick
     parser = build_parser(_command_of(words))
     try:
         args = parser.parse_args(words)

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 from reconcile.errors import ReconcileError
 from reconcile.spec.loaded import LoadedSpec
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    Args = argparse.Namespace | SimpleNamespace  # argparse's, or reconcile.cli.quick_args's (no argparse)
+    Args = argparse.Namespace | SimpleNamespace  # argparse's, or one made here (the report's spec)
 
 
 def _load(args: Args) -> LoadedSpec:

@@ -8,14 +8,13 @@ atomic. Tests run them for real.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
     from collections.abc import Iterator
@@ -124,35 +123,6 @@ def run_lines(
         raise CommandTimeout(f"{' '.join(argv)}: no answer within {timeout:g}s") from None
     reader.join(timeout=5.0)
     return Completed(tuple(argv), code, b"".join(chunks).decode(errors="replace"), "")
-
-
-def which(name: str, path: str | None = None) -> str | None:
-    """shutil.which, as it is on POSIX, without importing shutil (with bz2 and lzma, ~3-5 ms a plan):
-    a name with a directory part as it is, else the first executable non-directory on `path`
-    (default $PATH, else the system's default; an empty PATH finds nothing)."""
-    if os.path.dirname(name):
-        return name if _runnable(name) else None
-    if path is None:
-        path = os.environ.get("PATH")
-        if path is None:
-            try:
-                path = os.confstr("CS_PATH")
-            except (AttributeError, ValueError):
-                path = os.defpath
-    if not path:
-        return None
-    seen: set[str] = set()
-    for directory in os.fsdecode(path).split(os.pathsep):
-        if directory not in seen:  # (os.path.normcase is the identity on POSIX)
-            seen.add(directory)
-            candidate = os.path.join(directory, name)
-            if _runnable(candidate):
-                return candidate
-    return None
-
-
-def _runnable(path: str) -> bool:
-    return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
 
 
 class HttpResponse(Record):
@@ -491,8 +461,11 @@ def atomic_write(
     Temp file in the same directory, mode and owner set before any byte is written (a secret is
     never readable by others, even half-written), fsync, rename, fsync the directory.
     """
+    import tempfile
+
     directory = os.path.dirname(path) or "."
-    fd, tmp = make_temp(directory, temp_prefix(path))
+    # mkstemp: a new file (O_EXCL, O_NOFOLLOW), mode 0600, named as the stale-temp sweep knows ours.
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=directory)
     fd_ours = True  # until the file object below owns (and closes) it
     try:
         if mode is None:
@@ -530,25 +503,6 @@ _OWN_TEMP = r"^\.(?P<name>.+)\.reconcile-(?P<pid>[0-9]+)-[a-z0-9_]{8}\.tmp$"
 
 def temp_prefix(path: str) -> str:
     return f".{os.path.basename(path)}.reconcile-{os.getpid()}-"
-
-
-_TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # mkstemp's
-
-
-def make_temp(directory: str, prefix: str, suffix: str = ".tmp") -> tuple[int, str]:
-    """What tempfile.mkstemp(prefix=, suffix=, dir=) makes: a new file of mode 0600 (O_EXCL: never one
-    that exists, O_NOFOLLOW: never through a link), 8 random characters in its name; the fd and path.
-    Without tempfile, which imports shutil (bz2, lzma) and random: ~3-5 ms of every apply, which
-    writes its report even when it changes nothing."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(1000):
-        name = "".join(_TEMP_CHARS[b % len(_TEMP_CHARS)] for b in os.urandom(8))
-        path = os.path.join(directory, prefix + name + suffix)
-        try:
-            return os.open(path, flags, 0o600), path
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no unused temporary name", os.path.join(directory, prefix))
 
 
 def remove_stale_temps(directory: str, names: Collection[str] | None) -> list[str]:

@@ -6,15 +6,15 @@ and records the components; the planner compares them and explain_change() words
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 
-from reconcile.digest import sha256_hex
 from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
@@ -41,7 +41,7 @@ class Identity(Record):
 
 
 def _hash(data: str | bytes) -> str:
-    return sha256_hex(data)[:16]
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
 
 
 def _canonical_package(name: str) -> str:
@@ -94,7 +94,7 @@ def launch_identity(
         "packages.shown": json.dumps(dict(sorted(pkgs.items()))),
         "model_revision.shown": model_revision or "",
     }
-    digest = sha256_hex(json.dumps([hashes[k] for k in INPUTS]))[:32]
+    digest = hashlib.sha256(json.dumps([hashes[k] for k in INPUTS]).encode()).hexdigest()[:32]
     return Identity(digest=digest, components={**hashes, **shown})
 
 

@@ -1,6 +1,6 @@
 """Per-user cache files: marshal data in a 0700 directory of this user's, each file 0600.
 
-Called by reconcile.spec.cache (and reconcile.spec.git_cache). A file is read only when it is a regular
+Called by reconcile.spec.cache. A file is read only when it is a regular
 file (never through a symlink) this user owns that nobody else can read or write, in a directory
 this user owns that nobody else can enter, reached by a way only root and this user can change (root
 with another user's XDG_CACHE_HOME, as sudo -E gives, caches nothing); anything else is a miss.
@@ -14,7 +14,7 @@ import marshal
 import os
 import stat
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

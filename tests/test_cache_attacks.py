@@ -130,19 +130,6 @@ def test_a_spec_cached_by_an_older_reconcile_is_validated_by_the_new_one(tmp_pat
     assert done.returncode != 0 and "SpecError" in done.stderr, done.stderr
 
 
-def test_digest_is_hashlib_s_sha256_for_every_length_around_the_block_edges() -> None:
-    import hashlib
-    import random
-
-    from reconcile.digest import sha256_hex
-
-    rng = random.Random(18)
-    for n in [*range(0, 260), 4095, 4096, 65537]:
-        data = bytes(rng.getrandbits(8) for _ in range(n))
-        assert sha256_hex(data) == hashlib.sha256(data).hexdigest(), n
-    assert sha256_hex("ünïcode") == hashlib.sha256("ünïcode".encode()).hexdigest()
-
-
 def test_no_cache_keeps_a_secret_the_spec_holds_inline(tmp_path: Path) -> None:
     """A sensitive [server] env value is kept only as a hash at rest (generations, launch records);
     the spec cache (its resolved document) and the preflight memo (its key spells the spec) kept it in

@@ -12,7 +12,7 @@ import pytest
 from reconcile.cli import main
 from reconcile.plan.planner import make_plan
 from reconcile.spec.loader import load_spec
-from reconcile.spec.origin import git_info
+from reconcile.spec.origin import GitInfo, git_info
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -121,3 +121,20 @@ def test_apply_warns_on_uncommitted_changes_and_records_them(
     assert f"git {sha[:12]} (uncommitted changes)" in out and "has uncommitted changes" in out
     generation = json.loads((tmp_path / "state" / "generations" / "1.json").read_text())
     assert generation["git_commit"] == sha and generation["git_dirty"] is True
+
+
+def test_a_base_outside_the_repository_keeps_the_commit_and_a_repository_without_one_is_not_in_git(
+    tmp_path: Path,
+) -> None:
+    """git status refuses a path outside the work tree (exit 128): the commit is still the spec's
+    repository's, as `git rev-parse HEAD` says; a repository with no commit yet is "not in git"."""
+    _, box, sha = fleet_repo(tmp_path)
+    outside = tmp_path / "outside.toml"
+    outside.write_text('[health]\ntimeout = "5s"\n')
+    assert git_info((str(box), str(outside))) == GitInfo(sha, False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q")
+    (empty / "box.toml").write_text("")
+    assert git_info((str(empty / "box.toml"),)) == GitInfo(None, None)
+    assert git_info((str(empty / "box.toml"),)).describe() == "not in git"

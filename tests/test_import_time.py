@@ -1,4 +1,5 @@
-"""benchmarks/import_time.py: a warm, converged plan imports only what import_allowlist.txt allows.
+"""benchmarks/import_time.py: a warm, converged plan and the timer's no-op apply import nothing that
+benchmarks/import_never_warm.txt names.
 
 Runs the script's own check (one priming run, one run reading sys.modules at exit) with this test
 venv's interpreter on a small converged spec: the apt packages this machine has and a key file.
@@ -44,24 +45,27 @@ def _check(spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_warm_converged_plan_imports_only_allowed_modules(converged: Path) -> None:
+def test_a_warm_converged_plan_and_the_no_op_apply_import_nothing_the_list_forbids(converged: Path) -> None:
     done = _check(converged)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "a warm, converged plan imports" in done.stdout and "all in import_allowlist.txt" in done.stdout
+    assert "a warm, converged plan imports" in done.stdout
     assert "the timer's no-op apply imports" in done.stdout
-    assert "all in import_allowlist_apply.txt" in done.stdout
+    assert done.stdout.count("none that import_never_warm.txt names") == 2
 
 
-def test_a_module_the_apply_list_does_not_allow_fails_the_check_by_name(
-    converged: Path, tmp_path: Path
-) -> None:
-    allowed = (REPO / "benchmarks" / "import_allowlist_apply.txt").read_text().splitlines()
-    short = tmp_path / "allow-apply.txt"
-    short.write_text("\n".join(m for m in allowed if m != "reconcile.apply.executor") + "\n")
-    done = _check(converged, "--apply-allowlist", str(short))
+def test_a_module_the_list_names_fails_the_check_by_name(converged: Path, tmp_path: Path) -> None:
+    """Both runs import reconcile.spec.key (the spec cache's key) and probes.apt: listed, they fail it,
+    by name (a module below a listed one counts: `probes` covers probes.apt)."""
+    never = tmp_path / "never.txt"
+    never.write_text(
+        (REPO / "benchmarks" / "import_never_warm.txt").read_text() + "reconcile.spec.key\nprobes\n"
+    )
+    done = _check(converged, "--never", str(never))
     assert done.returncode == 1
+    assert "a warm, converged plan (`reconcile plan --spec" in done.stderr
     assert "the timer's no-op apply (`reconcile apply --scheduled --spec" in done.stderr
-    assert "does not allow: reconcile.apply.executor." in done.stderr
+    assert "must never import: " in done.stderr and "probes.apt" in done.stderr
+    assert "reconcile.spec.key" in done.stderr
 
 
 def test_a_spec_that_is_not_converged_is_never_applied_by_the_check(tmp_path: Path) -> None:
@@ -72,14 +76,3 @@ def test_a_spec_that_is_not_converged_is_never_applied_by_the_check(tmp_path: Pa
     assert done.returncode == 1
     assert "is not converged (plan exited 2): apply not checked" in done.stdout
     assert not key.exists()
-
-
-def test_a_module_the_list_does_not_allow_fails_the_check_by_name(converged: Path, tmp_path: Path) -> None:
-    allowed = (REPO / "benchmarks" / "import_allowlist.txt").read_text().splitlines()
-    short = tmp_path / "allow.txt"
-    short.write_text(
-        "\n".join(m for m in allowed if m not in ("probes.dpkg_status", "reconcile.spec.key")) + "\n"
-    )
-    done = _check(converged, "--allowlist", str(short))
-    assert done.returncode == 1
-    assert "does not allow: probes.dpkg_status, reconcile.spec.key." in done.stderr

@@ -476,8 +476,19 @@ def test_no_server_section_means_nothing_to_check() -> None:
 
 @pytest.mark.parametrize("version", [None, "0.26.0"])
 def test_every_finding_is_json_serialisable(version: str | None) -> None:
-    for f in findings(spec(server={"args": {"swap-space": 4}}), vllm_version=version, gpus=None):
-        json.dumps({"rule": f.rule, "evidence": dict(f.evidence)})
+    found = findings(spec(server={"args": {"swap-space": 4}}), vllm_version=version, gpus=None)
+    dumped = {
+        f.rule: json.loads(json.dumps({"message": f.message, "evidence": dict(f.evidence)})) for f in found
+    }
+    (flags,) = of(found, "flags.removed")
+    if version is None:
+        assert flags.severity == "warning" and flags.message.startswith("vLLM version unknown")
+    else:
+        assert flags.severity == "error" and flags.message.startswith(
+            "--swap-space was removed in vLLM 0.18.0"
+        )
+    assert dumped["flags.removed"]["message"] == flags.message
+    assert dumped["memory.fit"]["evidence"]["headroom"] > 0  # evidence with numbers survives the trip
 
 
 def test_memory_table_for_a_spec_or_why_not() -> None:

@@ -134,8 +134,11 @@ def test_negative_headroom_is_never_shown_under_fits() -> None:
 
 def test_every_memory_finding_is_json_serialisable() -> None:
     s = spec(server={"args": {"tensor-parallel-size": 1, **NO_PARSER}})
-    for f in findings(s, gpus=(H100,), model_config=LLAMA_70B, hf_quant_config=None, model_file_sizes={}):
-        json.dumps({"rule": f.rule, "evidence": dict(f.evidence)})
+    found = findings(s, gpus=(H100,), model_config=LLAMA_70B, hf_quant_config=None, model_file_sizes={})
+    dumped = {f.rule: json.loads(json.dumps({"evidence": dict(f.evidence)})) for f in found}
+    (fit,) = [f for f in found if f.rule == "memory.fit"]
+    assert fit.severity == "error" and fit.message.startswith("the weights alone exceed the budget")
+    assert dumped["memory.fit"]["evidence"]["headroom"] == fit.evidence["headroom"] < 0
 
 
 def test_an_unset_length_of_a_longrope_model_is_its_original_length() -> None:

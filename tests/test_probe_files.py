@@ -13,6 +13,7 @@ import pytest
 from probes import files
 from probes.common import Absent
 from reconcile.spec.models import Spec
+from tests.records_support import same
 
 SECRET = "sk-reconcile-test-9f8e7d6c5b4a"
 
@@ -34,7 +35,7 @@ def test_no_api_key_section_probes_nothing() -> None:
 
 
 def test_absent_key_file(tmp_path: Path) -> None:
-    assert files.probe(spec_for(tmp_path / "vllm-api.key")) == Absent(str(tmp_path / "vllm-api.key"))
+    assert same(files.probe(spec_for(tmp_path / "vllm-api.key")), Absent(str(tmp_path / "vllm-api.key")))
 
 
 def test_key_file_facts_and_never_its_content(key_file: Path) -> None:

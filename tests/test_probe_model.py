@@ -12,6 +12,7 @@ import pytest
 from probes import model
 from probes.common import Absent, Invalid
 from reconcile.spec.models import Spec
+from tests.records_support import same
 
 MODELS = Path(__file__).parent / "fixtures" / "models"
 REQUIRED = ["nano_v3_reasoning_parser.py", "chat_template.jinja"]
@@ -83,7 +84,7 @@ def test_downloaded_nemotron_directory(nemotron_dir: Path) -> None:
     assert cfg["hybrid_override_pattern"].count("*") == 6
     assert isinstance(result.quant_config, model.JsonDoc)
     assert result.quant_config.data["quantization"]["kv_cache_quant_algo"] == "FP8"
-    assert result.config_backup == Absent(str(nemotron_dir / "config.json.bak"))
+    assert same(result.config_backup, Absent(str(nemotron_dir / "config.json.bak")))
     assert result.required == {"nano_v3_reasoning_parser.py": True, "chat_template.jinja": False}
     assert result.missing_required == ("chat_template.jinja",)
     assert result.broken_links == ()
@@ -113,8 +114,8 @@ def test_llama_config_fixture_reads_its_rope_scaling(tmp_path: Path) -> None:
     assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (32, 32, 8)
     assert cfg["max_position_embeddings"] == 131072
     assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_scaling"]["factor"] == 8.0
-    assert result.quant_config == Absent(str(tmp_path / "llama" / "hf_quant_config.json"))
-    assert result.record == Absent(str(tmp_path / "llama" / model.RECORD_NAME))
+    assert same(result.quant_config, Absent(str(tmp_path / "llama" / "hf_quant_config.json")))
+    assert same(result.record, Absent(str(tmp_path / "llama" / model.RECORD_NAME)))
 
 
 def test_truncated_config_json_is_invalid_with_the_parser_message_and_text(nemotron_dir: Path) -> None:
@@ -150,7 +151,7 @@ def test_broken_symlink_is_reported_not_sized(nemotron_dir: Path) -> None:
 
 
 def test_absent_dir_and_a_file_in_its_place(tmp_path: Path) -> None:
-    assert model.probe(spec_for(tmp_path / "none")) == Absent(str(tmp_path / "none"))
+    assert same(model.probe(spec_for(tmp_path / "none")), Absent(str(tmp_path / "none")))
     (tmp_path / "file").write_text("")
     result = model.probe(spec_for(tmp_path / "file"))
     assert isinstance(result, Invalid) and "not a directory" in result.message

@@ -15,6 +15,7 @@ import pytest
 from probes import venv
 from probes.common import Absent, Invalid
 from reconcile.spec.models import Spec
+from tests.records_support import same
 
 BIN = Path(sys.executable).parent
 UV = shutil.which("uv", path=str(BIN)) or shutil.which("uv")
@@ -86,7 +87,7 @@ def test_no_venv_section_probes_nothing() -> None:
 
 
 def test_absent_venv(tmp_path: Path) -> None:
-    assert venv.probe(spec_for(tmp_path / "nothing")) == Absent(str(tmp_path / "nothing"))
+    assert same(venv.probe(spec_for(tmp_path / "nothing")), Absent(str(tmp_path / "nothing")))
 
 
 def test_directory_without_pyvenv_cfg_is_not_a_venv(tmp_path: Path) -> None:

@@ -138,51 +138,34 @@ def test_a_copy_removes_only_its_own_stale_temps_beside_the_files_it_copies(
     assert not any(p.exists() for p in mine) and all(p.exists() for p in foreign)
 
 
-def test_make_temp_makes_a_new_private_file_named_as_the_sweep_knows_ours(tmp_path: Path) -> None:
-    """mkstemp's file without tempfile: 0600 whatever the umask allows, never an existing name or a
-    link, and the name the sweep of our own temps matches (host._OWN_TEMP)."""
+def test_a_writer_killed_mid_write_leaves_a_private_temp_the_sweep_knows_as_ours(tmp_path: Path) -> None:
+    """atomic_write's temp (tempfile.mkstemp in the target's directory): the target's mode before its
+    first byte whatever the umask, named as host._OWN_TEMP reads it (the file's name, the writer's
+    pid); once that writer is gone, the sweep removes it and leaves the target and another program's
+    temp alone."""
     import re
 
-    from reconcile.host import _OWN_TEMP, make_temp, temp_prefix
+    from reconcile.host import _OWN_TEMP, KILL_AT, remove_stale_temps
 
     target = tmp_path / "last-run.json"
-    old = os.umask(0o022)
-    try:
-        made = [make_temp(str(tmp_path), temp_prefix(str(target))) for _ in range(50)]
-    finally:
-        os.umask(old)
-    paths = {path for _, path in made}
-    assert len(paths) == 50
-    for fd, path in made:
-        st = os.fstat(fd)
-        os.close(fd)
-        assert os.path.dirname(path) == str(tmp_path) and (st.st_mode & 0o777) == 0o600
-        match = re.match(_OWN_TEMP, os.path.basename(path))
-        assert match and match["name"] == "last-run.json" and match["pid"] == str(os.getpid())
-
-
-def test_make_temp_never_follows_or_reuses_a_name_that_exists(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first name it draws is taken, by a symlink another user planted and then by someone's
-    file: the link is not followed (its target stays absent), the file is not touched, and the next
-    name is used."""
-    from reconcile import host
-
-    taken = "." + "f.reconcile-1-" + "a" * 8 + ".tmp"  # what the draw of eight zero bytes names
-    victim = tmp_path / "victim"
-    (tmp_path / taken).symlink_to(victim)
-    for planted in ("link", "file"):
-        if planted == "file":
-            (tmp_path / taken).unlink()
-            (tmp_path / taken).write_text("someone's")
-        draws = iter([bytes(8), b"\x01" * 8])
-        monkeypatch.setattr(host.os, "urandom", lambda n, d=draws: next(d))
-        fd, path = host.make_temp(str(tmp_path), ".f.reconcile-1-")
-        os.close(fd)
-        assert path == str(tmp_path / (".f.reconcile-1-" + "b" * 8 + ".tmp"))
-        os.unlink(path)
-    assert not victim.exists() and (tmp_path / taken).read_text() == "someone's"
+    target.write_text("old")
+    target.chmod(0o640)
+    foreign = tmp_path / FOREIGN[2]
+    foreign.write_text("theirs")
+    code = "import os, sys; os.umask(0o022); from reconcile.host import atomic_write; "
+    code += f"atomic_write({str(target)!r}, b'new' * 9)"
+    env = {**os.environ, KILL_AT: "atomic_write.partial:last-run.json"}
+    writer = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert writer.returncode == -9, writer.stderr
+    temps = [p for p in tmp_path.iterdir() if p not in (target, foreign)]
+    assert len(temps) == 1
+    temp = temps[0]
+    assert (temp.stat().st_mode & 0o777) == 0o640 and temp.read_bytes() == (b"new" * 9)[:13]
+    match = re.match(_OWN_TEMP, temp.name)
+    assert match and match["name"] == "last-run.json" and match["pid"] != str(os.getpid())
+    assert remove_stale_temps(str(tmp_path), None) == [str(temp)]
+    assert sorted(os.listdir(tmp_path)) == sorted([target.name, foreign.name])
+    assert target.read_text() == "old" and foreign.read_text() == "theirs"
 
 
 def test_a_write_that_fails_before_its_first_byte_leaves_no_temp_and_no_open_file(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import sys
 from reconcile.errors import ReconcileError
 from reconcile.spec.loaded import LoadedSpec
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
@@ -20,7 +20,7 @@ QUESTION = "Do you want to perform these actions? Only 'yes' will be accepted to
 
 def wants_question(args: object, stdin: TextIO | None = None) -> bool:
     """Ask only a person: stdin a terminal, and neither --auto-approve, --scheduled nor --json (`args`:
-    the parsed command line, argparse's or quick_args's).
+    the parsed command line, argparse's).
     Without a terminal nobody can answer; apply proceeds as the unattended tool it is (README)."""
     if (
         getattr(args, "auto_approve", False)

@@ -21,7 +21,7 @@ from reconcile.plan.records import Change, Plan
 from reconcile.record import Record
 from reconcile.spec.loaded import LoadedSpec
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 

@@ -5,17 +5,17 @@ kept as a hash, and read back only when verified by the hash reconcile keeps for
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 from collections.abc import Mapping
 
-from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow, parent_problem
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -46,7 +46,7 @@ def list_generations(state_dir: str) -> list[int]:
 
 def record_digest(data: bytes) -> str:
     """What the index keeps per record: the sha256 of its bytes as written."""
-    return sha256_hex(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _read_private(path: str) -> bytes:

@@ -7,19 +7,19 @@ it is refused. Written and read by reconcile.apply.switching and the history/dif
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import time
 from collections.abc import Collection, Mapping
 
-from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -93,7 +93,7 @@ def read(state_dir: str, number: int, index: Mapping[str, Any] | None = None) ->
     except FileNotFoundError:
         have = ", ".join(map(str, numbers(state_dir))) or "none"
         raise ReconcileError(f"{path}: no generation {number} (have: {have})") from None
-    if index["records"].get(str(number)) != sha256_hex(raw):
+    if index["records"].get(str(number)) != hashlib.sha256(raw).hexdigest():
         raise ReconcileError(
             f"{path}: its sha256 is not the one reconcile recorded in {INDEX}: it was changed by "
             "something else; it is not used (move it aside)"
@@ -118,7 +118,7 @@ def _store(state_dir: str, record: dict[str, Any]) -> None:
     index = read_index(state_dir)
     raw = _dump(record)
     _write(os.path.join(_ensure_dir(state_dir), f"{record['generation']}.json"), raw)
-    index["records"][str(record["generation"])] = sha256_hex(raw)
+    index["records"][str(record["generation"])] = hashlib.sha256(raw).hexdigest()
     _write_index(state_dir, index)
 
 
@@ -166,7 +166,7 @@ def last_good(state_dir: str, *, other_than: int | None = None) -> dict[str, Any
 
 def keep_config(state_dir: str, data: bytes) -> str:
     """config.json's bytes, kept by their sha256 so a switch can put them back exactly."""
-    digest = sha256_hex(data)
+    digest = hashlib.sha256(data).hexdigest()
     path = os.path.join(_ensure_dir(state_dir), f"config-{digest}.json")
     if not os.path.exists(path):
         _write(path, data)
@@ -179,7 +179,7 @@ def kept_config(state_dir: str, digest: str) -> bytes | None:
             data = f.read()
     except OSError:
         return None
-    return data if sha256_hex(data) == digest else None
+    return data if hashlib.sha256(data).hexdigest() == digest else None
 
 
 # --- the hold --------------------------------------------------------------------------------

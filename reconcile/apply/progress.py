@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import logging
     from typing import Any, TextIO

@@ -6,16 +6,16 @@ record holds, `generation_spec` turns a record back into a spec at its realizati
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 from reconcile.apply import profile as gens
 from reconcile.apply.realizing import realize
-from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.safety.sensitive import redact_document, restore_document
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -53,7 +53,7 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
     venv_path = spec.venv.path if spec.venv is not None else None
     key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
     return {
-        "key": sha256_hex(json.dumps(key_parts))[:32],
+        "key": hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:32],
         "spec_path": os.path.abspath(loaded.path),
         "spec_sha256": loaded.sha256,
         "spec": redact_document(loaded.resolved),

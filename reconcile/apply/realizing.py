@@ -7,17 +7,18 @@ reconcile.apply.switching (the profile link, the manifest, hard-link sharing) an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Collection, Iterator
 
-from reconcile.digest import sha256_hex
-from reconcile.host import atomic_symlink, atomic_write, which
+from reconcile.host import atomic_symlink, atomic_write
 from reconcile.safety.filesafety import ensure_dir, open_dir
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -35,7 +36,7 @@ def store_of(venv: Venv | None) -> str | None:
 
 def _interpreter(python: str) -> str:
     """The interpreter a venv would be made from, as a real path (python3 -> /usr/bin/python3.11)."""
-    found = python if os.path.isabs(python) else which(python)
+    found = python if os.path.isabs(python) else shutil.which(python)
     return os.path.realpath(found) if found else python
 
 
@@ -72,7 +73,7 @@ def realization_path(venv: Venv) -> str:
     store = store_of(venv)
     assert store is not None
     text = json.dumps(realization_inputs(venv), sort_keys=True, separators=(",", ":"))
-    return os.path.join(store, sha256_hex(text)[:32] + "-venv")
+    return os.path.join(store, hashlib.sha256(text.encode()).hexdigest()[:32] + "-venv")
 
 
 def realize(loaded: LoadedSpec, venv_path: str | None = None) -> LoadedSpec:
@@ -137,8 +138,6 @@ def _files(root: str) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def _digest(path: str) -> str:
-    import hashlib  # OpenSSL's, fast per byte; loaded only when a tree is hashed
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

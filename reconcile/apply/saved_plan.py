@@ -14,7 +14,7 @@ from reconcile.host import atomic_write
 from reconcile.plan.records import Plan
 from reconcile.spec.loaded import LoadedSpec
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

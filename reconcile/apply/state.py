@@ -18,7 +18,7 @@ from reconcile.host import remove_stale_temps
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 

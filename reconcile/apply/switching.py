@@ -15,7 +15,7 @@ from reconcile.apply.executor import ApplyReport, ChangeResult, ProgressFn, appl
 from reconcile.apply.realized import generation_spec, realized_state, restore_config, seal_realization, who
 from reconcile.errors import ReconcileError
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -6,14 +6,14 @@ removes it) and `reconcile status` (which ownership path is in use, and why).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
 
-from reconcile.digest import sha256_hex
 from reconcile.identity import deployment_id
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
@@ -50,7 +50,7 @@ def cgroup_name(spec: Spec) -> str:
     """The deployment's directory name: its server name and a hash of its marker (name@state_dir),
     so two specs with one server name never share a cgroup."""
     assert spec.server is not None
-    digest = sha256_hex(deployment_id(spec))[:12]
+    digest = hashlib.sha256(deployment_id(spec).encode()).hexdigest()[:12]
     return f"{spec.server.name}-{digest}"
 
 

@@ -17,7 +17,7 @@ from reconcile.ownership.cgroups import cgroup_procs, deployment_cgroup
 from reconcile.record import Record
 from reconcile.safety.display import shown
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Literal
 

@@ -15,7 +15,7 @@ from reconcile.plan.records import Change, Plan
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -15,7 +15,7 @@ from reconcile.plan.records import Change, Item, Plan
 from reconcile.resources import BY_NAME, TABLE, Resource
 from reconcile.spec.loaded import LoadedSpec
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

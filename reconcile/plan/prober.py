@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from probes.common import Absent, Invalid, ProbeFailure, Unavailable
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -46,7 +46,7 @@ class Probe(Record):
 PROBES: tuple[Probe, ...] = (
     Probe("gpu", "probes.gpu", "gpu", waits=True),  # NVML's calls into the driver
     Probe("cuda", "probes.cuda", "cuda", waits=True),  # nvcc, when its answers are not remembered
-    Probe("apt", "probes.apt", "apt"),
+    Probe("apt", "probes.apt", "apt", waits=True),  # dpkg-query (~10-25 ms of its own)
     Probe("venv", "probes.venv", "venv"),
     Probe("model", "probes.model", "model"),
     Probe("api_key", "probes.files", "api_key"),
@@ -70,10 +70,6 @@ class Observed(Record):
     # probes.server.ServerObservation / probes.health.HealthObservation, or Unavailable/ProbeFailure.
     server: Any
     health: Any
-
-    def failures(self) -> dict[str, ProbeFailure]:
-        """The probes that failed (the plan exits 1 when any did)."""
-        return {n: r for n in PROBE_NAMES if isinstance(r := getattr(self, n), ProbeFailure)}
 
 
 def default_probe(name: str) -> ProbeFn:

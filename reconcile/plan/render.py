@@ -11,7 +11,7 @@ import os
 from reconcile.plan.jsondata import PLAN_FORMAT, head, jsonable, resource_entry
 from reconcile.plan.records import Change, Finding, Ok, Plan
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 

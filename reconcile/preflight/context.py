@@ -12,7 +12,7 @@ from types import MappingProxyType
 from reconcile.plan.records import Finding
 from reconcile.record import Record
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
 

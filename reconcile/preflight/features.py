@@ -17,7 +17,7 @@ from reconcile.engine.flags import release
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.records import Severity
 

@@ -19,7 +19,7 @@ from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
 from reconcile.spec.provenance import outside, read_confined
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -261,11 +261,11 @@ def _ninja_on_path(spec: Spec) -> str | None:
     the server inherits after the venv's bin); None when there is none or the spec has no server."""
     if spec.server is None:
         return None
-    from reconcile.host import which
+    import shutil
 
     ours = os.environ.get("PATH", "")
     path = spec.server.env.get("PATH", ours).replace("$PATH", ours)
-    return which("ninja", path=path)
+    return shutil.which("ninja", path=path)
 
 
 def findings_for(spec: Spec, obs: Observed, within: str | None = None) -> tuple[Finding, ...]:

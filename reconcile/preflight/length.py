@@ -10,7 +10,7 @@ from reconcile.engine import limits
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config, requested_len
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.records import Severity
 

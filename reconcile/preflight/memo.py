@@ -24,7 +24,7 @@ from types import MappingProxyType
 from reconcile import __version__, private_cache
 from reconcile.plan.records import Finding
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

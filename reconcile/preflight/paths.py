@@ -12,7 +12,7 @@ from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem,
 from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
     from reconcile.spec.roles import Role
@@ -41,9 +41,9 @@ def _exec_problem(path: str, allowed: frozenset[int]) -> str | None:
     """Why root must not run `path` (None when it may); a program not there yet (pip makes it) is
     held to the rule for what root writes."""
     if not path.startswith("/"):
-        from reconcile.host import which
+        import shutil
 
-        found = which(path)
+        found = shutil.which(path)
         if found is None:
             return None  # the venv action says the interpreter is not there
         path = found

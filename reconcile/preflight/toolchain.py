@@ -13,7 +13,7 @@ from reconcile.engine.versions import numbers
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.records import Severity
 

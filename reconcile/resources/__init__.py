@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from reconcile.record import Record
 from reconcile.resources import api_key, apt, cuda, gpu, model, server, venv
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.plan.records import ActionResult, Change, Item

@@ -9,7 +9,7 @@ from probes.common import Absent, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.spec.loaded import LoadedSpec

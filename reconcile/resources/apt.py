@@ -8,7 +8,7 @@ from __future__ import annotations
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.plan.records import Kind

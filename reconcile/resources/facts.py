@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,7 +9,7 @@ from probes.common import ProbeFailure, Unavailable
 from reconcile.engine.versions import numbers
 from reconcile.plan.records import Change, FieldDiff, Item, Ok
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.plan.prober import Observed
     from reconcile.spec.models import Spec

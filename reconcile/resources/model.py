@@ -11,7 +11,7 @@ from probes.common import Invalid, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed, giB
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

@@ -10,7 +10,7 @@ from __future__ import annotations
 from probes.common import ProbeFailure, Unavailable
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

@@ -12,7 +12,7 @@ from probes.common import Absent, Invalid, ProbeFailure
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version

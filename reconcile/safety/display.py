@@ -11,7 +11,7 @@ import re
 
 from reconcile.safety.names import CONTROL
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 

@@ -6,13 +6,12 @@ installer (index credentials), the generation writer and the commands that show 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping
 
-from reconcile.digest import sha256_hex
-
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -38,7 +37,7 @@ def is_secret_name(name: str, marked: Collection[str] = ()) -> bool:
 
 def digest(value: str) -> str:
     """The hash a secret is kept as: enough to tell a rotation, useless to recover a random token."""
-    return sha256_hex(b"reconcile-sensitive\0" + value.encode())[:16]
+    return hashlib.sha256(b"reconcile-sensitive\0" + value.encode()).hexdigest()[:16]
 
 
 def has_credentials(url: str) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from reconcile.safety.untrusted import open_regular, sha256_fd
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

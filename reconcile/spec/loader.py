@@ -5,6 +5,7 @@ Called by the CLI commands and the executor (`find_spec`, `load_spec`), and by `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,7 +14,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from reconcile.digest import sha256_hex
 from reconcile.errors import SpecError
 from reconcile.record import Record
 from reconcile.safety.names import control_char
@@ -267,7 +267,7 @@ def _finish(
     if found:
         raise _first(chain, origin, found)
     canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    digest = sha256_hex(canonical)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()
     return LoadedSpec(spec, path, chain[0].text, digest, tuple(f.abspath for f in chain), resolved)
 
 

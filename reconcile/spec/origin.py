@@ -22,25 +22,34 @@ class GitInfo(Record):
 
 
 def git_info(paths: tuple[str, ...]) -> GitInfo:
-    """The commit of the spec's repository and whether the spec files differ from it (git's answer,
-    remembered by reconcile.spec.git_cache until a file it depends on changes)."""
+    """The commit of the spec's repository and whether the spec files differ from it, asked of git
+    each time: one `git status --porcelain=v2 --branch -- paths` (its `# branch.oid` line is the
+    commit), bounded by a timeout. Not in a work tree, no commit yet, or no git: (None, None)."""
     if not paths:
         return GitInfo(None, None)
-    from reconcile.spec.git_cache import remembered
-
-    return GitInfo(*remembered(paths, lambda: ask_git(paths)))
+    return GitInfo(*ask_git(paths))
 
 
 def ask_git(paths: tuple[str, ...]) -> tuple[str | None, bool | None]:
-    """`git rev-parse HEAD` and `git status --porcelain -- paths`: (commit, dirty), or (None, None)."""
+    """(commit, dirty) of the spec files' repository, or (None, None). --no-optional-locks: a status
+    run as root never rewrites the repository's index (it would leave it root's)."""
     directory = os.path.dirname(os.path.abspath(paths[0]))
+    argv = ["git", "--no-optional-locks", "-C", directory, "status", "--porcelain=v2", "--branch"]
+    argv += ["--no-ahead-behind", "--", *map(os.path.abspath, paths)]
     try:
-        head = run(["git", "-C", directory, "rev-parse", "HEAD"], timeout=5)
-        if not head.ok:
-            return None, None
-        status = run(
-            ["git", "-C", directory, "status", "--porcelain", "--", *map(os.path.abspath, paths)], timeout=5
-        )
+        status = run(argv, timeout=5)
+        if not status.ok:  # e.g. a base outside the repository: the commit alone, as rev-parse says
+            head = run(["git", "-C", directory, "rev-parse", "HEAD"], timeout=5)
+            return (head.stdout.strip(), False) if head.ok else (None, None)
     except Exception:
         return None, None
-    return head.stdout.strip(), bool(status.stdout.strip())
+    commit = None
+    dirty = False
+    for line in status.stdout.splitlines():
+        if line.startswith("# branch.oid "):
+            commit = line[len("# branch.oid ") :].strip()
+        elif line and not line.startswith("#"):
+            dirty = True
+    if commit is None or commit == "(initial)":
+        return None, None  # no commit yet: as `git rev-parse HEAD` fails
+    return commit, dirty

@@ -7,15 +7,15 @@ writes the lock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 
-from reconcile.digest import sha256_hex
 from reconcile.errors import ReconcileError
 from reconcile.spec.provenance import read_confined, read_trusted
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -74,7 +74,7 @@ def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
 def _canonical_sha(resolved: dict[str, Any]) -> str:
     # As reconcile.spec.loader hashes the resolved document, so a pinned spec has its own sha256.
     text = json.dumps(resolved, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return sha256_hex(text)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _usable(lock: dict[str, Any], spec: Spec) -> tuple[dict[str, str], str | None]:

@@ -8,7 +8,7 @@ plus model_copy()/model_dump(); anything that must validate loads the real Spec 
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

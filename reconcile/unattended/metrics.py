@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from reconcile.host import atomic_write
 from reconcile.safety.filesafety import ensure_dir
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

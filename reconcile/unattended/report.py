@@ -20,7 +20,7 @@ from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
-TYPE_CHECKING = False  # typing itself is not imported at run time (reconcile/record.py says why)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -1,0 +1,91 @@
+"""probes.metrics on vLLM 0.26.0's /metrics page (tests/fixtures/vllm-metrics/: composed from vLLM's source
+until a capture from the lab replaces it), served by a real listener on loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from probes import metrics
+from reconcile.spec.models import Spec
+
+PAGE = Path(__file__).parent / "fixtures" / "vllm-metrics" / "0.26.0-composed.txt"
+LATER = (  # the same page a second on: 250 more tokens generated
+    'vllm:generation_tokens_total{engine="0",model_name="nemotron"} 48213.0',
+    'vllm:generation_tokens_total{engine="0",model_name="nemotron"} 48463.0',
+)
+
+
+def test_the_names_the_probe_reads_are_on_the_page_and_parse() -> None:
+    text = PAGE.read_text()
+    for name in (metrics.RUNNING, metrics.WAITING, metrics.KV_USAGE, metrics.GENERATED):
+        assert f"\n{name}{{" in text, name
+    assert metrics.OLD_KV_USAGE not in text  # gone since vLLM 0.12
+    found = metrics.parse_prometheus(text)
+    assert found[metrics.RUNNING] == 3.0 and found[metrics.WAITING] == 1.0
+    assert found[metrics.KV_USAGE] == 0.1875 and found[metrics.GENERATED] == 48213.0
+    assert found["vllm:request_success_total"] == 97.0  # summed over finished_reason
+    assert found["vllm:iteration_tokens_total_bucket"] == pytest.approx(
+        sum([4870, 5122, 5130, 5131, 5133, 5140, 5152, 5160, 5171, 5198, 5201, 5203, 5203, 5203])
+    )  # a histogram whose own name ends in _total: its buckets are not the counter
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Spec, list[str]]]:
+    pages = [PAGE.read_text(), PAGE.read_text().replace(*LATER)]
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = pages[min(len(asked), 2) - 1].encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    spec = Spec.model_validate(
+        {
+            "model": {"dir": str(tmp_path / "model")},
+            "server": {
+                "name": "nemotron",
+                "log": str(tmp_path / "log"),
+                "executable": "/bin/true",
+                "host": "127.0.0.1",
+                "port": server.server_address[1],
+            },
+        }
+    )
+    try:
+        yield spec, asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_probe_reads_the_load_and_the_throughput_from_the_page(served: tuple[Spec, list[str]]) -> None:
+    spec, asked = served
+    seen = metrics.probe(spec, window=0.2)
+    assert isinstance(seen, metrics.ServingMetrics), seen
+    assert asked == ["/metrics", "/metrics"]
+    assert (seen.requests_running, seen.requests_waiting, seen.kv_cache_usage) == (3.0, 1.0, 0.1875)
+    assert seen.generation_tokens_total == 48463.0
+    assert seen.generation_tokens_per_s is not None
+    assert seen.generation_tokens_per_s == pytest.approx(250 / seen.window_s, rel=0.05)
+
+
+def test_a_line_that_is_not_prometheus_is_an_error_naming_it() -> None:
+    bad = PAGE.read_text().replace("vllm:num_requests_waiting{", "vllm:num_requests waiting{", 1)
+    with pytest.raises(metrics.ParseError, match="not a Prometheus sample line"):
+        metrics.parse_prometheus(bad)
