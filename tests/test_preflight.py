@@ -142,6 +142,10 @@ def test_the_reference_spec_file_has_the_hand_calculated_memory_table() -> None:
     assert fit.message == "KV cache 7.52 GiB/GPU at 1,048,576 tokens (fp8); fits"
     assert fit.evidence["kv_bytes_per_token_per_gpu"] == 1536
     assert "= 28.22 GiB" in fit.evidence["table"]
+    # vLLM's profile run at 2,048 tokens, per GPU at TP 2 (engine.budget.mamba2_profile_peak): a Mamba-2
+    # layer holds 2,048 x 2 B x (2 x 2,688 hidden + 2,048 + 3,072 conv + 32 heads + 32 x 64) = 49.1 MiB
+    # while Triton tunes its SSD kernels (256 MiB): 305.1 MiB, more than 36 B x 2,688 x 2,048 = 189 MiB.
+    assert "activations 305.1 MiB (Mamba-2 layer peak)" in fit.evidence["table"]
     bf16 = the(findings(s, gpus=None, model_config=config, hf_quant_config=None), "memory.fit")
     assert bf16.evidence["kv_bytes_per_token_per_gpu"] == 3072
     # bf16: 128 x ceil(2,084 / 128) = 2,176-token blocks, 482 a group x 5 groups x 6 x 1,114,112 B

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -330,7 +331,8 @@ def build(name: str, out: Path) -> None:
 
 
 SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail", "logged_backend",
-               "logged_block_size", "logged_mamba_mode", "logged_lines", "refused_mamba")  # fmt: skip
+               "logged_block_size", "logged_mamba_mode", "logged_lines", "refused_mamba",
+               "logged_peak_activation_gib", "logged_non_torch_gib")  # fmt: skip
 
 
 # Issue 19: on the two-GPU lab kind NVLink multicast must stay off (shared/gpu-lab/README.md).
@@ -366,6 +368,12 @@ def serve(
         *extra,
     ]
     env = {**os.environ, **OFFLINE, **(MULTI_GPU_ENV if tp > 1 else {})}
+    # A Triton cache of its own, empty: vLLM caches autotuning on disk (TRITON_CACHE_AUTOTUNING=1), so
+    # a model whose SSD kernel keys an earlier case tuned skipped the 256 MiB the tuning takes (zamba2
+    # after granite-h, issue 28). The plan counts a first start (engine.budget.mamba2_profile_peak).
+    triton = log.parent / "triton" / log.stem
+    shutil.rmtree(triton, ignore_errors=True)
+    env["TRITON_CACHE_DIR"] = str(triton)
     started = time.monotonic()
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -393,6 +401,9 @@ def serve(
     # Platform.update_block_size_for_backend: phase 1 (a backend's own block) and the hybrid alignment
     block = re.findall(r"Setting (?:kv cache|attention) block size to (\d+)", text)
     mode = re.findall(r"Mamba cache mode is set to '(\w+)'|Prefix caching in Mamba cache '(\w+)'", text)
+    # The profile's split (gpu_worker: "Actual usage is W GiB for weight, A GiB for peak activation, ..."):
+    # a Mamba-2 model's peak depends on whether Triton autotuned its SSD kernels (engine.budget).
+    peak = re.findall(r"([\d.]+) GiB for peak activation, ([\d.]+) GiB for non-torch memory", text)
     # What vLLM says of its layout and its refusals, kept whole for the report (issue 28).
     said = [
         line.split("] ", 1)[-1][:300]
@@ -415,6 +426,8 @@ def serve(
         "refused_mamba": "exceeds available Mamba cache" in text,
         "logged_tokens": int(tokens[-1].replace(",", "")) if tokens else None,
         "available_gib": float(avail[-1]) if avail else None,
+        "logged_peak_activation_gib": float(peak[-1][0]) if peak else None,
+        "logged_non_torch_gib": float(peak[-1][1]) if peak else None,
         "seconds": round(seconds, 1),
         "tail": text[-1500:] if not up else "",
     }

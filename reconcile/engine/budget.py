@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.shape import ModelShape
+from reconcile.engine.shape import MIXER2, ModelShape, mamba2_dims
 from reconcile.record import Record
 
 GiB = 1024**3
@@ -22,6 +22,9 @@ NON_TORCH_TP_BYTES = GiB // 4  # tensor parallel: NCCL and custom all-reduce buf
 ACTIVATION_BYTES_PER_HIDDEN_TOKEN = 36
 LOGITS_BYTES = 4  # the sampler's dummy run: fp32 logits for max-num-seqs rows
 CUDA_GRAPH_BYTES = GiB // 2  # captured graphs' pools; 0 with --enforce-eager
+# Triton's benchmarker (triton.testing.do_bench; the CUDA driver's get_empty_cache_for_benchmark)
+# allocates 256 MiB with torch to flush the L2 cache before each timed launch of an autotuned kernel.
+TRITON_AUTOTUNE_FLUSH_BYTES = 256 * MiB
 BLOCK_TOKENS = 16
 # NVML's total counts memory the driver reserves, which cudaMemGetInfo's total (vLLM's) leaves out:
 # 616 MiB on an H200 with driver 580 (NVML v2 memory info reports it as `reserved`).
@@ -47,11 +50,12 @@ def default_batch(total_bytes: int, gpu_name: str) -> tuple[int, int]:
 
 class Overhead(Record):
     non_torch: int
-    activation: int
+    activation: int  # the larger of the dense estimate and mamba2_peak
     logits: int
     cuda_graphs: int
     mla_workspace: int = 0
     rope_cache: int = 0
+    mamba2_peak: int = 0  # what a Mamba-2 layer holds at its peak in vLLM's profile run (0: none)
 
     @property
     def total(self) -> int:
@@ -73,15 +77,67 @@ def overhead(
     eager: bool,
     mla_workspace: int = 0,
     rope_cache: int = 0,
+    mamba2_peak: int = 0,
 ) -> Overhead:
+    """vLLM's profile run holds the larger of two peaks: a dense layer's (the calibrated estimate) and,
+    in a Mamba-2 model, a Mamba-2 layer's (`mamba2_peak`, see mamba2_profile_peak)."""
+    dense = batched_tokens * shape.hidden_size * ACTIVATION_BYTES_PER_HIDDEN_TOKEN
     return Overhead(
         non_torch=NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0),
-        activation=batched_tokens * shape.hidden_size * ACTIVATION_BYTES_PER_HIDDEN_TOKEN,
+        activation=max(dense, mamba2_peak),
         logits=shape.vocab_size * max_num_seqs * LOGITS_BYTES,
         cuda_graphs=0 if eager else CUDA_GRAPH_BYTES,
         mla_workspace=mla_workspace,
         rope_cache=rope_cache,
+        mamba2_peak=mamba2_peak,
     )
+
+
+def mamba2_profile_peak(
+    config: Mapping[str, Any],
+    shape: ModelShape,
+    tp: int,
+    batched_tokens: int,
+    dtype_bytes: int,
+    *,
+    tuned: bool = False,
+) -> int:
+    """The most a Mamba-2 layer holds at once in vLLM 0.26's profile run, which feeds it
+    max-num-batched-tokens (T) with no attention metadata (gpu_model_runner.profile_run ->
+    _dummy_run(is_profile=True)); 0 for a model without MambaMixer2 layers. With no metadata,
+    MambaMixer2.conv_ssm_forward (model_executor/layers/mamba/mamba_mixer2.py) runs no SSD scan over
+    T: it warms the SSD kernels up on chunk_size tokens and copies its conv input. Per GPU, b bytes
+    an element, held from MambaMixer2.forward through its norm:
+      - the layer's input and residual (NemotronH/Granite/Zamba2 decoder layers): 2 x T x hidden x b;
+      - in_proj's output: T x (2 x intermediate + 2 x n_groups x ssm_state_size + num_heads) / tp x b
+        (n_groups replicated up to tp where it does not divide);
+      - ssm_output, allocated before the mixer op: T x num_heads / tp x head_dim x b;
+    and then the largest of three transients:
+      - _warmup_ssd_kernels' first call: the five SSD Triton kernels (ops/ssd_*.py) are
+        @triton.autotune'd, and Triton's do_bench allocates a 256 MiB L2-flush tensor with torch
+        while it times each config (TRITON_AUTOTUNE_FLUSH_BYTES). vLLM sets TRITON_CACHE_AUTOTUNING=1
+        (env_override.py), so a later start whose kernel keys (chunk size, head dim, state size,
+        heads, dtypes) are in the Triton cache skips it (`tuned`); the plan counts the first start;
+      - the profile path's `hidden_states_B_C.transpose(0, 1).clone().transpose(0, 1).contiguous()`:
+        two copies of T x conv_dim / tp x b;
+      - Mixer2RMSNormGated: with n_groups != 1 or tp > 1 its forward_native works in fp32, and holds
+        two T x intermediate / tp x 4 B tensors at a time (x * silu(gate.float()), then the grouped
+        variance); else rms_norm_gated's Triton kernel writes one T x intermediate / tp x b output.
+    The lab's H200 serves (vLLM 0.26.0, 8,192 tokens, docs/preflight.md "Issue 28"): nemotronh-pad
+    (hidden 256, 64 heads x 64, 8 groups x 128) 8 + 161 + 64 + max(256, 192, 256) = 489 MiB against
+    the logged 0.53 GiB peak; granite-h 292 MiB against 0.32 GiB; zamba2's serve found granite-h's
+    kernel keys tuned (its warmup took 3 s against 59 s) and logged 0.09 GiB."""
+    if shape.mamba is None or shape.model_type not in MIXER2:
+        return 0
+    d = mamba2_dims(config, tp)
+    hidden = shape.hidden_size
+    inner, heads = d.inner // tp, d.heads // tp
+    conv_dim = (d.inner + 2 * d.groups * d.state) // tp
+    held = batched_tokens * dtype_bytes * (2 * hidden + inner + conv_dim + heads + heads * d.head_dim)
+    native_norm = d.config_groups != 1 or tp > 1
+    norm = batched_tokens * inner * (2 * 4 if native_norm else dtype_bytes)
+    clone = 2 * batched_tokens * conv_dim * dtype_bytes
+    return held + max(0 if tuned else TRITON_AUTOTUNE_FLUSH_BYTES, clone, norm)
 
 
 def rope_cache(config: Mapping[str, Any], head_dim: int, dtype_bytes: int) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from reconcile.engine.attention import DEFAULT_BLOCK
 from reconcile.engine.families import Resolved, layer_geometry, resolve
-from reconcile.engine.shape import MAMBA2_KEYS, ShapeError, config_int
+from reconcile.engine.shape import ShapeError, config_int, mamba2_dims
 from reconcile.record import Record
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
@@ -24,11 +24,6 @@ _ATTN_NAMES = {"*", "attention", "full_attention", "global", "hybrid"}
 _MAMBA1 = {"jamba", "mamba", "falcon_mamba"}  # Mamba-1 mixers: (conv, ssm) of expand x hidden
 _MAMBA_NAMES = {"m", "mamba", "mamba2", "linear_attention", "linear"}
 _EVERY_LAYER_MAMBA = {"zamba2"}
-# Mamba-2 inner size (vLLM's get_mamba_state_shape_from_config of each model): NemotronH's is heads x
-# head_dim; Granite-4.0-H's, Zamba2's and Mamba2's expand x hidden_size; Falcon-H1's mamba_d_ssm, else
-# expand x hidden_size.
-_INNER_FROM_EXPAND = {"granitemoehybrid": "mamba_expand", "zamba2": "mamba_expand", "mamba2": "expand",
-                      "falcon_h1": "mamba_expand"}  # fmt: skip
 
 
 class LayerSpec(Record):
@@ -143,20 +138,9 @@ def mamba_state(cfg: Mapping[str, Any], tp: int, conv_bytes: int, ssm_bytes: int
         kernel = config_int(cfg, "linear_conv_kernel_dim")
         conv = (kernel - 1, (2 * kh * kd + vh * vd) // tp)
         return MambaState((conv, (vh // tp, vd, kd)), (conv_bytes, ssm_bytes))
-    # Mamba-2, under each model's names (Zamba2: n_mamba_heads, mamba_headdim, mamba_ngroups).
-    heads = config_int(cfg, *MAMBA2_KEYS["heads"])
-    head_dim = config_int(cfg, *MAMBA2_KEYS["head_dim"])
-    state = config_int(cfg, *MAMBA2_KEYS["state"])
-    groups = config_int(cfg, *MAMBA2_KEYS["groups"], default=1)
-    kernel = config_int(cfg, *MAMBA2_KEYS["kernel"])
-    inner = config_int(cfg, "mamba_d_ssm", default=heads * head_dim)
-    expand = _INNER_FROM_EXPAND.get(mt)
-    if expand and not (mt == "falcon_h1" and isinstance(cfg.get("mamba_d_ssm"), int)):
-        inner = int(float(cfg.get(expand) or 2) * config_int(cfg, "hidden_size"))
-    if groups % tp:  # vLLM replicates groups so each head shard has its group
-        groups += tp - groups
-    conv = (kernel - 1, (inner + 2 * groups * state) // tp)
-    return MambaState((conv, (heads // tp, head_dim, state)), (conv_bytes, ssm_bytes))
+    d = mamba2_dims(cfg, tp)
+    conv = (d.kernel - 1, (d.inner + 2 * d.groups * d.state) // tp)
+    return MambaState((conv, (d.heads // tp, d.head_dim, d.state)), (conv_bytes, ssm_bytes))
 
 
 def pp_layers(num_layers: int, pp: int, rank: int) -> range:

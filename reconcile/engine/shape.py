@@ -26,6 +26,15 @@ MAMBA2_KEYS = {
 }
 
 
+# Mamba-2 inner size (vLLM's get_mamba_state_shape_from_config of each model): NemotronH's is heads x
+# head_dim; Granite-4.0-H's, Zamba2's and Mamba2's expand x hidden_size; Falcon-H1's mamba_d_ssm, else
+# expand x hidden_size.
+_INNER_FROM_EXPAND = {"granitemoehybrid": "mamba_expand", "zamba2": "mamba_expand", "mamba2": "expand",
+                      "falcon_h1": "mamba_expand"}  # fmt: skip
+# The model types whose vLLM 0.26 code builds MambaMixer2 layers (model_executor/models/*.py).
+MIXER2 = frozenset({"nemotron_h", *_INNER_FROM_EXPAND})
+
+
 class ShapeError(ValueError):
     """config.json lacks what the memory math needs (names the key)."""
 
@@ -140,4 +149,38 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         layer_source=source,
         mla_dim=mla,
         mamba=mamba,
+    )
+
+
+class Mamba2Dims(Record):
+    """A Mamba-2 mixer's sizes, whole model (vLLM's MambaMixer2 arguments)."""
+
+    heads: int
+    head_dim: int
+    state: int
+    groups: int  # n_groups, replicated up to the tensor-parallel size where it does not divide
+    config_groups: int  # n_groups as config.json says (Mixer2RMSNormGated's full_n_groups)
+    kernel: int
+    inner: int  # intermediate_size
+
+
+def mamba2_dims(cfg: Mapping[str, Any], tp: int) -> Mamba2Dims:
+    """Mamba-2 dims under each model's names (Zamba2: n_mamba_heads, mamba_headdim, mamba_ngroups)."""
+    mt = str(cfg.get("model_type", ""))
+    heads = config_int(cfg, *MAMBA2_KEYS["heads"])
+    head_dim = config_int(cfg, *MAMBA2_KEYS["head_dim"])
+    groups = config_int(cfg, *MAMBA2_KEYS["groups"], default=1)
+    inner = config_int(cfg, "mamba_d_ssm", default=heads * head_dim)
+    expand = _INNER_FROM_EXPAND.get(mt)
+    if expand and not (mt == "falcon_h1" and isinstance(cfg.get("mamba_d_ssm"), int)):
+        inner = int(float(cfg.get(expand) or 2) * config_int(cfg, "hidden_size"))
+    return Mamba2Dims(
+        heads=heads,
+        head_dim=head_dim,
+        state=config_int(cfg, *MAMBA2_KEYS["state"]),
+        # vLLM replicates groups so each head shard has its group (extra_groups_for_head_shards)
+        groups=groups + (tp - groups if groups % tp else 0),
+        config_groups=groups,
+        kernel=config_int(cfg, *MAMBA2_KEYS["kernel"]),
+        inner=inner,
     )

@@ -67,7 +67,9 @@ def memory_table(e: memory.MemoryEstimate, weights: str = "files") -> str:
     rows += [
         (
             "overhead (est.)",
-            f"activations {size(o.activation)} + logits {size(o.logits)} + CUDA graphs {size(o.cuda_graphs)}"
+            f"activations {size(o.activation)}"
+            + (" (Mamba-2 layer peak)" if o.mamba2_peak and o.activation == o.mamba2_peak else "")
+            + f" + logits {size(o.logits)} + CUDA graphs {size(o.cuda_graphs)}"
             f" + non-torch {size(o.non_torch)}"
             + (f" + MLA prefill workspace {size(o.mla_workspace)}" if o.mla_workspace else "")
             + (f" + RoPE cache {size(o.rope_cache)}" if o.rope_cache >= MiB else ""),
