@@ -89,3 +89,25 @@ def test_a_line_that_is_not_prometheus_is_an_error_naming_it() -> None:
     bad = PAGE.read_text().replace("vllm:num_requests_waiting{", "vllm:num_requests waiting{", 1)
     with pytest.raises(metrics.ParseError, match="not a Prometheus sample line"):
         metrics.parse_prometheus(bad)
+
+
+CAPTURED = Path(__file__).parent / "fixtures" / "vllm-metrics" / "0.26.0-captured.txt"
+
+
+def test_a_page_captured_from_real_vllm_parses_with_the_names_the_probe_reads() -> None:
+    """Recorded on the H200 lab (tools/capture_vllm_metrics.sh): real vLLM 0.26.0 serving a tiny
+    model after three 16-token chats. The composed page above must not drift from it: every metric
+    family the probe reads is on both, with the same labels."""
+    text = CAPTURED.read_text()
+    for name in (metrics.RUNNING, metrics.WAITING, metrics.KV_USAGE, metrics.GENERATED):
+        assert f'\n{name}{{engine="0",model_name="tiny"}} ' in text, name
+    found = metrics.parse_prometheus(text)
+    assert found[metrics.RUNNING] == 0.0 and found[metrics.WAITING] == 0.0
+    assert found[metrics.GENERATED] == 48.0  # three chats of max_tokens 16
+    assert found["vllm:request_success_total"] == 3.0  # summed over finished_reason
+
+    def families(page: str) -> set[str]:
+        return {line.split()[2] for line in page.splitlines() if line.startswith("# TYPE vllm:")}
+
+    composed = families(PAGE.read_text())
+    assert composed <= families(text), composed - families(text)

@@ -123,7 +123,7 @@ def test_the_h200_lab_spec_matches_the_gpu_lab_readme() -> None:
     assert (spec.cuda.target, spec.cuda.gpu_arch) == (None, ["compute_90"])
     assert spec.apt is None
     assert spec.venv.extra_site_packages == ["/opt/torch/.venv/lib/python3.12/site-packages"]
-    assert (spec.venv.wheelhouse, spec.venv.no_deps) == ("/tmp/wheelhouse", True)
+    assert (spec.venv.wheelhouse, spec.venv.no_deps) == ("/opt/reconcile-lab/wheelhouse", True)
     wheels = (SHARED / "gpu-lab/wheels.txt").read_text()
     pins = {name: f"=={version}" for name, version in re.findall(r"^([\w.-]+)==(\S+)$", wheels, re.M)}
     assert spec.venv.packages == {"vllm": "==0.26.0", **pins}

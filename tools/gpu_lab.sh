@@ -16,6 +16,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
   /tmp/wheelhouse/pydantic-2*.whl /tmp/wheelhouse/pydantic_core-*.whl \
   /tmp/wheelhouse/annotated_types-*.whl /tmp/wheelhouse/typing_inspection-*.whl "$WHEELS"/*.whl || exit 1
 mkdir -p /opt/reconcile-lab
+# The spec's [venv] wheelhouse: root installs from it, so not in /tmp (the path rule refuses that).
+[ -d /opt/reconcile-lab/wheelhouse ] || cp -a /tmp/wheelhouse /opt/reconcile-lab/wheelhouse || exit 1
 [ -f /opt/reconcile-lab/tiny-llama-src/config.json ] || python3 "$TINY" /opt/reconcile-lab/tiny-llama-src >/dev/null || exit 1
 export RECONCILE_GPU_LAB=1 RECONCILE_SITE="$SITE" PYTHONUNBUFFERED=1
 # GPU_LAB_TESTS picks the test files (default: issue 8's run); e.g. tests/test_gpu_lab_ownership.py
