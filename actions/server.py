@@ -176,7 +176,7 @@ def _start(
         # Never through a symlink, never left writable by others (the preflight checked its parents).
         log = os.fdopen(open_append(server.log), "ab")  # closed below, once the child holds its own copy
     except UnsafePath as exc:
-        raise ActionError(f"{exc}; {FIX}") from None
+        raise ActionError(str(exc) if FIX in str(exc) else f"{exc}; {FIX}") from None
     except OSError as exc:
         raise ActionError(f"cannot prepare {exc.filename}: {exc.strerror}") from None
     with log:

@@ -423,3 +423,20 @@ def test_a_link_nobody_flips_during_apply_never_gets_root_to_run_its_program(
         flip.kill()
         flip.wait()
     assert not seeded.server_pids()
+
+
+def test_a_directory_of_ours_in_a_sticky_dir_is_used_and_made_but_never_someone_elses(tmp_path: Path) -> None:
+    """The demo's /tmp/reconcile-demo: ensure_dir uses our directory in a sticky one and makes a new
+    one there; a name nobody made first is refused, and a file is never made directly in it."""
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    ensure_dir(str(sticky / "ours"), 0o755)  # made
+    ensure_dir(str(sticky / "ours"), 0o755)  # and used
+    assert (sticky / "ours").is_dir() and (sticky / "ours").stat().st_uid == 0
+    (sticky / "theirs").mkdir()
+    os.chown(sticky / "theirs", NOBODY, NOBODY)
+    with pytest.raises(UnsafePath, match="owned by nobody"):
+        ensure_dir(str(sticky / "theirs"), 0o755)
+    problem = parent_problem(str(sticky / "x.log"))
+    assert problem is not None and "world-writable" in problem

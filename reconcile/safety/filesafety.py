@@ -123,13 +123,18 @@ def _dir_problem(
     return f"{directory} is {what}-writable (mode {mode:04o}): others can plant or swap files"
 
 
-def walk(path: str, allowed: Collection[int] | None = None, *, follow_last: bool = False) -> Walked:
+def walk(
+    path: str, allowed: Collection[int] | None = None, *, follow_last: bool = False, is_dir: bool = False
+) -> Walked:
     """The one path walk: from / one component at a time, each opened O_PATH|O_NOFOLLOW relative to
     the last, never by name from the top again. Every directory it passes is held to _dir_problem,
     symlinks' own directories included: a link is followed only from a directory that passed (so only
     root or us can re-point it), and its target is walked the same way, `..` included. The last
-    component is followed when it is a link only with `follow_last`. Raises UnsafePath naming the
-    first directory another user could change, or a component that is not a directory."""
+    component is followed when it is a link only with `follow_last`. With `is_dir`, the path is a
+    directory we make or use as such (ensure_dir): the directory holding it is not its "own"
+    directory, so a sticky one (/tmp) may hold it when it is ours, or when we make it (a name someone
+    else made first is then caught by the mkdir's O_NOFOLLOW open and owner check). Raises UnsafePath
+    naming the first directory another user could change, or a component that is not a directory."""
     ok = owners() if allowed is None else frozenset(allowed)
     todo = [c for c in os.path.abspath(path).split("/") if c][::-1]  # a stack: next component last
     stack: list[tuple[int, str, os.stat_result]] = []
@@ -158,7 +163,7 @@ def walk(path: str, allowed: Collection[int] | None = None, *, follow_last: bool
                         f"{os.path.join(where, name)} does not exist, yet the path goes on through '..'"
                     ) from None
                 # What we will create is ours; the directory is its own only when `name` is the last.
-                problem = _dir_problem(where, dst, None, ok, own=not rest)
+                problem = _dir_problem(where, dst, None, ok, own=not rest and not is_dir)
                 if problem is not None:
                     raise UnsafePath(problem) from None
                 return Walked(os.dup(fd), where, name, None, rest)
@@ -181,7 +186,7 @@ def walk(path: str, allowed: Collection[int] | None = None, *, follow_last: bool
                 if last or not stat.S_ISDIR(st.st_mode):
                     if not last:
                         raise UnsafePath(f"{here} is not a directory")
-                    problem = _dir_problem(where, dst, (name, st), ok, own=True)
+                    problem = _dir_problem(where, dst, (name, st), ok, own=not is_dir)
                     if problem is not None:
                         raise UnsafePath(problem)
                     return Walked(os.dup(fd), where, name, st, [])
@@ -198,14 +203,16 @@ def walk(path: str, allowed: Collection[int] | None = None, *, follow_last: bool
             os.close(fd)
 
 
-def parent_problem(path: str, allowed: Collection[int] | None = None, *, follow: bool = False) -> str | None:
+def parent_problem(
+    path: str, allowed: Collection[int] | None = None, *, follow: bool = False, is_dir: bool = False
+) -> str | None:
     """Why another user could swap, plant or re-point `path` (None when nobody else can): walk()'s
     StrictModes rule on every directory on the way, links' own directories included, and an
     existing `path` owned by root or us (when it is a link: the link, and with `follow` its target
     walked the same way)."""
     ok = owners() if allowed is None else frozenset(allowed)
     try:
-        w = walk(path, ok)
+        w = walk(path, ok, is_dir=is_dir)
         if follow and w.st is not None and stat.S_ISLNK(w.st.st_mode):
             if w.st.st_uid not in ok:
                 w.close()
@@ -224,9 +231,11 @@ def parent_problem(path: str, allowed: Collection[int] | None = None, *, follow:
         w.close()
 
 
-def check_parents(path: str, what: str, allowed: Collection[int] | None = None) -> None:
+def check_parents(
+    path: str, what: str, allowed: Collection[int] | None = None, *, is_dir: bool = False
+) -> None:
     """Raise UnsafePath (naming `what`, the directory and the fix) when parent_problem() finds one."""
-    problem = parent_problem(path, allowed)
+    problem = parent_problem(path, allowed, is_dir=is_dir)
     if problem is not None:
         raise UnsafePath(f"{what} {path}: {problem}; {FIX}")
 
@@ -238,7 +247,7 @@ def _walk(path: str, mode: int, *, create: bool) -> int:
     """An O_RDONLY fd of directory `path`, reached by walk() (every directory checked, no link
     followed from a directory others may write); missing components are made with `mode` (then
     fchmod: no umask), each opened O_NOFOLLOW right after its mkdir and checked to be ours."""
-    w = walk(path, follow_last=True)
+    w = walk(path, follow_last=True, is_dir=True)
     try:
         names = [w.name, *w.missing] if w.st is None else []
         if w.st is not None and not stat.S_ISDIR(w.st.st_mode):
@@ -294,7 +303,7 @@ def ensure_dir(path: str, mode: int = PRIVATE_DIR) -> None:
     made where another user could swap a component. `path` itself ends with exactly `mode` when it is
     PRIVATE_DIR (state must stay private whatever made it first). An existing directory that others
     may write is an UnsafePath, never chmodded: it may be shared (/tmp), and it is not ours to fix."""
-    check_parents(path, "directory")
+    check_parents(path, "directory", is_dir=True)
     fd = _walk(path, mode, create=True)
     try:
         st = os.fstat(fd)
