@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ class Kind:
     rewritten: bool = True  # a run writes a fresh one after moving the damaged one aside
     kept: tuple[str, ...] = ()  # damages left in place (the lock's text; a record's: skipped)
     provoke: bool = False  # read or written only when apply changes something: delete the key first
+    before: Callable[[Demo], None] | None = None  # what else the case needs (an older state dir)
 
 
 def _server_record(d: Demo) -> Path:
@@ -66,6 +69,17 @@ KINDS = {
         lambda d: d.state_dir / "generations" / "index.json",
         json.dumps({"format": "reconcile-generations/1", "records": ["1"]}).encode(),
         provoke=True,
+    ),
+    # Records are read by apply only when there is no index yet (an older reconcile's state dir):
+    # the first index adopts the records only root could have written. Their content is judged
+    # when used (rollback, diff); what is not a file, or too large to be one, is moved aside.
+    "generations-record": Kind(
+        lambda d: d.state_dir / "generations" / "1.json",
+        json.dumps({"changes": 5, "generation": "1"}).encode(),
+        rewritten=False,
+        kept=("not-json", "wrong-top-type", "wrong-field-type"),
+        provoke=True,
+        before=lambda d: (d.state_dir / "generations" / "index.json").unlink(),
     ),
     "profile-index": Kind(
         lambda d: d.state_dir / "profile" / "index.json",
@@ -149,6 +163,8 @@ def test_a_damaged_state_file_is_moved_aside_and_the_runs_go_on(
     path = kind.where(demo)
     if kind.provoke:
         demo.key_file.unlink()
+    if kind.before is not None:
+        kind.before(demo)
     damage(path, how, kind, secret)
 
     runs = [
@@ -192,3 +208,39 @@ def test_a_damaged_state_file_is_moved_aside_and_the_runs_go_on(
             assert isinstance(json.loads(path.read_text()), dict)
         elif name == "pidfile":
             assert path.read_text().strip().isdigit()
+
+
+def test_a_textfile_that_is_a_fifo_is_moved_aside_and_the_report_written(tmp_path: Path) -> None:
+    """The Prometheus textfile is read back for its counters when no last-run.json is known."""
+    spec = tmp_path / "box.toml"
+    spec.write_text(f'[machine]\nstate_dir = "{tmp_path / "state"}"\n')
+    textfile = tmp_path / "metrics" / "reconcile.prom"
+    textfile.parent.mkdir()
+    os.mkfifo(textfile)
+    argv = [sys.executable, "-m", "reconcile", "plan", "--textfile", str(textfile), "--spec", str(spec)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, env=_env(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "internal error" not in out, out
+    assert len([ln for ln in out.splitlines() if str(textfile) in ln and "moved aside" in ln]) == 1, out
+    assert stat.S_ISFIFO(os.lstat(aside_of(textfile)[0]).st_mode)
+    assert "reconcile_runs_total" in textfile.read_text()
+
+
+def test_a_fifo_in_the_private_cache_is_a_miss_not_a_hang(tmp_path: Path) -> None:
+    """The per-user caches (spec, preflight memo, git answers) are not state: a damaged entry is a
+    miss, and rewritten by rename where the name allows."""
+    spec = tmp_path / "box.toml"
+    spec.write_text(f'[machine]\nstate_dir = "{tmp_path / "state"}"\n')
+    argv = [sys.executable, "-m", "reconcile", "plan", "--spec", str(spec)]
+    assert subprocess.run(argv, capture_output=True, timeout=BOUND, env=_env(tmp_path)).returncode == 0
+    entries = [p for p in (tmp_path / "cache" / "reconcile").rglob("*") if p.is_file()]
+    assert entries
+    for entry in entries:
+        entry.unlink()
+        os.mkfifo(entry, 0o600)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}

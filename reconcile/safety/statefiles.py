@@ -300,22 +300,28 @@ def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) ->
     try:
         raw = read_state(path, max_bytes=max_bytes)
     except NotAFile as exc:
-        return None, move_aside_corrupt(path, exc.why, then=then)
-    except OSError as exc:  # EIO from a failing disk: what can be read later is read then
-        try:
-            return None, move_aside_corrupt(path, f"could not be read ({exc.strerror})", then=then)
-        except OSError:
-            return None, None
+        return None, _aside(path, exc.why, then)
+    except OSError as exc:  # EIO from a failing disk, say
+        return None, _aside(path, f"could not be read ({exc.strerror})", then)
     if raw is None:
         return None, None
     try:
         data = json.loads(raw)
     except ValueError:  # UnicodeDecodeError included
-        return None, move_aside_corrupt(path, "was not JSON", then=then)
+        return None, _aside(path, "was not JSON", then)
     problem = shape.problem(data, "")
     if problem is not None:
-        return None, move_aside_corrupt(path, f"was not what reconcile writes ({problem})", then=then)
+        return None, _aside(path, f"was not what reconcile writes ({problem})", then)
     return data, None
+
+
+def _aside(path: str, why: str, then: str) -> str | None:
+    """move_aside_corrupt, or (a read-only or failing disk) the line alone: the run goes on either way."""
+    try:
+        return move_aside_corrupt(path, why, then=then)
+    except OSError as exc:
+        _NOTES.append(f"state: {path} {why}: could not move it aside ({exc.strerror}); it is not used")
+        return None
 
 
 # --- each state file's shape ----------------------------------------------------------------------
@@ -436,7 +442,10 @@ def read_conditions(path: str) -> dict[str, dict[str, Any]]:
 
 def read_pause(path: str) -> tuple[dict[str, Any] | None, str | None]:
     """paused.json: (the pause, None), (None, None) when absent, (None, where it went) when damaged."""
-    return read_json(path, PAUSE, max_bytes=64 * KiB, then="scheduled applies stay paused")
+    data, aside = read_json(path, PAUSE, max_bytes=64 * KiB, then="scheduled applies stay paused")
+    if data is None and aside is None and os.path.lexists(path):  # damaged, and could not be moved
+        return None, path
+    return data, aside
 
 
 def parse_lock_holder(raw: bytes) -> dict[str, Any] | None:
