@@ -244,3 +244,27 @@ def test_a_fifo_in_the_private_cache_is_a_miss_not_a_hang(tmp_path: Path) -> Non
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+@pytest.mark.parametrize("what", ["socket", "character device"])
+def test_a_socket_or_device_at_a_state_name_is_never_opened_and_is_moved_aside(
+    tmp_path: Path, what: str
+) -> None:
+    """A device node is judged by lstat before any open (/dev/zero would never end; a tape rewinds)."""
+    import socket
+
+    from reconcile.safety import statefiles
+
+    path = tmp_path / "last-run.json"
+    if what == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+    else:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers
+    with pytest.raises(statefiles.NotAFile, match=f"was a {what}"):
+        statefiles.read_state(str(path), max_bytes=1024)
+    statefiles.take_notes()
+    assert statefiles.read_last_run(str(path)) is None
+    (line,) = statefiles.take_notes()
+    assert line.startswith(f"state: {path} was a {what}: moved aside to {path}.corrupt-"), line
+    assert not os.path.lexists(path) and len(aside_of(path)) == 1
