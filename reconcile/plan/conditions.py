@@ -1,7 +1,8 @@
 """Conditions per resource (ok / drift / failed, with since when), like Kubernetes' lastTransitionTime.
 
 `<state_dir>/conditions.json` keeps the transition times; it is written by the runs that already write
-last-run.json (reconcile.unattended.report), and only read by `reconcile status`, which writes nothing.
+last-run.json (reconcile.unattended.report), and only read by `reconcile status`, which writes nothing
+(but moves a damaged one aside, as every reader of state does: reconcile.safety.statefiles).
 """
 
 from __future__ import annotations
