@@ -18,6 +18,7 @@ from reconcile.host import atomic_write
 from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.display import shown
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
@@ -300,11 +301,9 @@ def wait_ready(
 
 def read_record(spec: Spec) -> dict[str, Any]:
     """The server's record: identity components, log offset of the last start, start history."""
-    try:
-        with open(state_file_path(spec), encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    try:  # the one reader: a damaged record is moved aside, said, and reads as none
+        return statefiles.read_server_record(state_file_path(spec)) or {}
+    except OSError:
         return {}
 
 
@@ -312,6 +311,7 @@ def write_record(spec: Spec, record: Mapping[str, Any]) -> None:
     """The record, 0600 in the 0700 state dir: it names our launches, which is what membership trusts."""
     path = state_file_path(spec)
     private_dir(os.path.dirname(path))
+    statefiles.clear_non_file(path)  # rename() cannot replace a directory
     atomic_write(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
 
 

@@ -22,6 +22,7 @@ from reconcile.ownership.membership import (
     server_leader,
     snapshot,
 )
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import ensure_dir
 
 if TYPE_CHECKING:
@@ -36,14 +37,16 @@ def current_pid(spec: Spec, scope: Scope | None = None) -> int | None:
 
 
 def write_pidfile(spec: Spec, pid: int) -> None:
-    """The pidfile, 0600; a corrupt one (0, 1, a kernel thread, garbage) is kept aside as <path>.corrupt."""
+    """The pidfile, 0600; a corrupt one (0, 1, a kernel thread, garbage) is kept aside as
+    <path>.corrupt-<UTC time> (reconcile.safety.statefiles)."""
     path = pidfile_path(spec)
     if os.path.dirname(path) == spec.machine.state_dir.rstrip("/"):
         private_dir(os.path.dirname(path))
     else:
         ensure_dir(os.path.dirname(path), 0o755)
-    if read_pidfile(path).state == "corrupt":
-        os.replace(path, f"{path}.corrupt")
+    text = read_pidfile(path)  # what is not a regular file there, it moved aside
+    if text.state == "corrupt":
+        statefiles.move_aside_corrupt(path, f"was corrupt ({text.reason})", then="a new one is written")
     atomic_write(path, f"{pid}\n".encode(), mode=0o600)
 
 

@@ -7,7 +7,6 @@ Called by reconcile.plan.prober. It reads /proc directly: one environ read per p
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -27,6 +26,7 @@ from reconcile.ownership.membership import (
 )
 from reconcile.ownership.sockets import listeners, one_line
 from reconcile.record import Record
+from reconcile.safety import statefiles
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -187,22 +187,20 @@ def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid
     return Ownership("cgroup", cgroups.cgroup_path(spec), f"{why}; made at the next start")
 
 
-def _record(path: str) -> ServerRecord | Absent | Invalid:
-    raw = read_bytes(path)
-    if raw is None:
+def _record(path: str) -> ServerRecord | Absent:
+    """The record, through its one reader (reconcile.safety.statefiles): a damaged one is moved aside
+    and said in one line, and reads as absent."""
+    data = statefiles.read_server_record(path)
+    if data is None:
         return Absent(path)
-    try:
-        data = json.loads(raw)
-        history = data.get("history") or [{}]
-        return ServerRecord(
-            identity=data.get("identity"),
-            components={str(k): str(v) for k, v in (data.get("components") or {}).items()},
-            last_outcome=history[-1].get("outcome"),
-            last_reason=history[-1].get("reason"),
-            ownership=history[-1].get("fallback") if isinstance(history[-1].get("fallback"), str) else None,
-        )
-    except (ValueError, AttributeError, TypeError) as exc:
-        return Invalid(path, f"not a server record: {exc}", raw.decode(errors="replace")[:2000])
+    history = data.get("history") or [{}]
+    return ServerRecord(
+        identity=data.get("identity"),
+        components=dict(data.get("components") or {}),
+        last_outcome=history[-1].get("outcome"),
+        last_reason=history[-1].get("reason"),
+        ownership=history[-1].get("fallback"),
+    )
 
 
 def probe(spec: Spec) -> ServerObservation:

@@ -393,6 +393,16 @@ def _main(argv: Sequence[str] | None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        _state_notes()
+
+
+def _state_notes() -> None:
+    """The state files moved aside that the command's own output did not show (each said once)."""
+    statefiles = sys.modules.get("reconcile.safety.statefiles")  # not loaded: none was read
+    if statefiles is not None:
+        for line in statefiles.take_notes():
+            print(f"reconcile: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def cmd_plan(args: Args) -> int:
         plan = plan._replace(notes=(*held, *plan.notes))
     if reported:
         _report(args, "plan", started, plan.exit_code, loaded, plan=plan)
+    plan = plan._replace(notes=(*_state_notes(), *plan.notes))
     if args.out:
         from reconcile.apply.saved_plan import save_plan
 
@@ -123,6 +124,7 @@ def cmd_apply(args: Args) -> int:
             failed = ApplyReport(getattr(args, "spec", None) or args.planfile or "", refused=str(exc))
             _print_report(failed, as_json=True, quiet=False)
         raise
+    report.notes[:0] = _state_notes()
     _print_report(report, as_json=args.json, quiet=args.quiet)
     if loaded is None:  # a plan file names its spec
         with contextlib.suppress(ReconcileError, OSError):
@@ -139,6 +141,13 @@ def cmd_apply(args: Args) -> int:
         paused=report.paused,
     )
     return report.exit_code
+
+
+def _state_notes() -> list[str]:
+    """The state files moved aside so far (reconcile.safety.statefiles), for the plan or the report."""
+    from reconcile.safety.statefiles import take_notes
+
+    return take_notes()
 
 
 def _print_report(report: Any, *, as_json: bool, quiet: bool) -> None:

@@ -94,7 +94,8 @@ def read(path: str) -> Any:
         if not stat.S_ISDIR(parent.st_mode) or not _private(parent):
             return None
         fd = os.open(
-            os.path.join(directory, os.path.basename(path)), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.path.join(directory, os.path.basename(path)),
+            os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,  # a FIFO: a miss, never a hang
         )
     except OSError:
         return None

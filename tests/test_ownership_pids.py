@@ -90,7 +90,8 @@ def test_a_corrupt_pidfile_is_said_in_one_line_and_lists_no_strays(
     assert result.changed and "started" in result.message
     after = server.probe(spec)
     assert after.server is not None and after.pidfile.state == "ours"
-    assert (d.state_dir / f"{d.name}.pid.corrupt").read_bytes() == raw
+    aside = list(d.state_dir.glob(f"{d.name}.pid.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == raw
 
 
 def test_a_binary_pidfile_beside_a_running_server_is_replaced_not_a_crash(deployment: Deployment) -> None:

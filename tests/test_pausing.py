@@ -84,7 +84,12 @@ def test_a_damaged_pause_file_still_holds_applies_off(tmp_path: Path) -> None:
 
     held = pausing.read_pause(str(tmp_path))
 
-    assert held is not None and "not a pause file" in held.reason and "remove it to resume" in held.reason
+    assert held is not None and "was damaged" in held.reason and "reconcile resume" in held.reason
+    # moved aside, and a pause that says so in its place: still held off on the next run
+    aside = list(tmp_path.glob("paused.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text() == "{not json"
+    again = pausing.read_pause(str(tmp_path))
+    assert again is not None and again.reason == held.reason
 
 
 def test_an_empty_reason_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

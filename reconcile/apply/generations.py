@@ -5,6 +5,7 @@ kept as a hash, and read back only when verified by the hash reconcile keeps for
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -13,7 +14,8 @@ from collections.abc import Mapping
 
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
-from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow, parent_problem
+from reconcile.safety import statefiles
+from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, parent_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,39 +52,25 @@ def record_digest(data: bytes) -> str:
 
 
 def _read_private(path: str) -> bytes:
-    """A state file's bytes, never through a symlink, only when root or we own it and nobody else
-    can write it (else UnverifiedGeneration naming it)."""
-    fd = open_nofollow(path, os.O_RDONLY)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            raise UnverifiedGeneration(
-                f"{path}: not verified (owned by uid {st.st_uid}, mode {st.st_mode & 0o777:04o}): "
-                "not a file reconcile wrote"
-            )
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    """A record's bytes (reconcile.safety.statefiles: never through a symlink, a regular file only,
+    bounded; anything else is moved aside), only when root or we own it and nobody else can write it
+    (else UnverifiedGeneration naming it). FileNotFoundError when there is none."""
+    got = statefiles.read_record(path)
+    if got is None:
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    raw, st = got
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise UnverifiedGeneration(
+            f"{path}: not verified (owned by uid {st.st_uid}, mode {st.st_mode & 0o777:04o}): "
+            "not a file reconcile wrote"
+        )
+    return raw
 
 
 def read_index(state_dir: str) -> dict[int, str] | None:
-    """number -> record_digest, as reconcile wrote it; None when there is no index yet."""
-    path = os.path.join(generations_dir(state_dir), INDEX)
-    try:
-        raw = _read_private(path)
-    except FileNotFoundError:
-        return None
-    try:
-        data = json.loads(raw)
-        return {int(k): str(v) for k, v in data["records"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise UnverifiedGeneration(
-            f"{path}: not an index reconcile wrote; no generation can be verified "
-            "(move it aside: the next apply starts a new one)"
-        ) from None
+    """number -> record_digest, as reconcile wrote it; None when there is no index yet. A damaged one
+    is moved aside and a new one starts empty: the records it vouched for are not verified again."""
+    return statefiles.read_generations_index(os.path.join(generations_dir(state_dir), INDEX))
 
 
 def _write_index(state_dir: str, index: Mapping[int, str]) -> None:
@@ -108,15 +96,7 @@ def _adopt_existing(state_dir: str) -> dict[int, str]:
 
 def check_record(data: object) -> str | None:
     """What is wrong with a record's shape for history, diff and rollback (None: nothing)."""
-    if not isinstance(data, dict):
-        return f"expected a JSON object, found {type(data).__name__}"
-    types = {"changes": list, "spec_resolved": dict, "spec_text": str, "resolved": dict}
-    for key, kind in types.items():
-        if key in data and not isinstance(data[key], kind):
-            return f'"{key}" is {type(data[key]).__name__}, expected {kind.__name__}'
-    if not all(isinstance(c, dict) for c in data.get("changes") or []):
-        return '"changes" holds something other than objects'
-    return None
+    return statefiles.record_problem(data, statefiles.GENERATION_RECORD)
 
 
 def read_generation(state_dir: str, number: int) -> dict[str, Any]:

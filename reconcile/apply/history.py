@@ -93,14 +93,16 @@ def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> l
 
 
 def render_history(state_dir: str, stream: TextIO) -> int:
-    records = gens.read_all(state_dir)
-    if not records:
+    found = gens.scan(state_dir)
+    if not found:
         stream.write(f"no generations under {gens.profile_dir(state_dir)} (nothing applied yet)\n")
         return 0
     now, hold = gens.current(state_dir), gens.read_hold(state_dir)
     previous: Mapping[str, Any] | None = None
-    for g in records:
-        n = g["generation"]
+    for n, g in found:
+        if isinstance(g, str):  # not verified, or malformed: never compared, never rolled back to
+            stream.write(f" {n:>3}  skipped: {g}\n")
+            continue
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(g.get("created") or 0)))
         verdict = g.get("verdict") or {}
         good = verdict.get("good")

@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 
 TYPE_CHECKING = False
@@ -60,15 +61,9 @@ def _dump(data: Any) -> bytes:
 
 
 def read_index(state_dir: str) -> dict[str, Any]:
-    """The index; an unreadable one reads as empty (records then fail verification, nothing wedges)."""
-    try:
-        with open(os.path.join(profile_dir(state_dir), INDEX), "rb") as f:
-            data = json.loads(f.read())
-    except (OSError, ValueError):
-        return {"records": {}}
-    if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
-        return {"records": {}}
-    return data
+    """The index; a damaged one is moved aside and reads as empty (reconcile.safety.statefiles):
+    records then fail verification and are skipped, nothing wedges."""
+    return statefiles.read_profile_index(os.path.join(profile_dir(state_dir), INDEX))
 
 
 def _write_index(state_dir: str, index: Mapping[str, Any]) -> None:
@@ -83,35 +78,53 @@ def numbers(state_dir: str) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := re.match(_RECORD, n)))
 
 
+class NoGeneration(ReconcileError):
+    """No record of that number (or what was there was not a file, and is moved aside)."""
+
+
 def read(state_dir: str, number: int, index: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Generation `number`, refused unless its bytes hash to what the index says reconcile wrote."""
+    """Generation `number`, refused unless its bytes hash to what the index says reconcile wrote and
+    it has a record's shape."""
     index = read_index(state_dir) if index is None else index
     path = os.path.join(profile_dir(state_dir), f"{number}.json")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    got = statefiles.read_record(path)  # something else than a file there is moved aside
+    if got is None:
         have = ", ".join(map(str, numbers(state_dir))) or "none"
-        raise ReconcileError(f"{path}: no generation {number} (have: {have})") from None
+        raise NoGeneration(f"{path}: no generation {number} (have: {have})")
+    raw = got[0]
     if index["records"].get(str(number)) != hashlib.sha256(raw).hexdigest():
         raise ReconcileError(
             f"{path}: its sha256 is not the one reconcile recorded in {INDEX}: it was changed by "
             "something else; it is not used (move it aside)"
         )
-    data: dict[str, Any] = json.loads(raw)
-    return data
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    problem = statefiles.record_problem(data, statefiles.PROFILE_RECORD)
+    if problem is not None:
+        raise ReconcileError(f"{path}: malformed generation record: {problem}")
+    return data  # type: ignore[no-any-return]  # PROFILE_RECORD: an object
+
+
+def scan(state_dir: str) -> list[tuple[int, dict[str, Any] | str]]:
+    """Every generation present, oldest first: its record when it verifies, else why not (history
+    lists it as skipped)."""
+    index = read_index(state_dir)
+    out: list[tuple[int, dict[str, Any] | str]] = []
+    for n in numbers(state_dir):
+        try:
+            out.append((n, read(state_dir, n, index)))
+        except NoGeneration:  # gone meanwhile, or not a file (moved aside, and said so)
+            continue
+        except ReconcileError as exc:
+            out.append((n, str(exc)))
+    return out
 
 
 def read_all(state_dir: str) -> list[dict[str, Any]]:
     """Every generation that verifies, oldest first."""
-    index = read_index(state_dir)
-    out = []
-    for n in numbers(state_dir):
-        try:
-            out.append(read(state_dir, n, index))
-        except (ReconcileError, ValueError):
-            continue
-    return out
+    return [g for _, g in scan(state_dir) if not isinstance(g, str)]
 
 
 def _store(state_dir: str, record: dict[str, Any]) -> None:
@@ -175,11 +188,10 @@ def keep_config(state_dir: str, data: bytes) -> str:
 
 def kept_config(state_dir: str, digest: str) -> bytes | None:
     try:
-        with open(os.path.join(profile_dir(state_dir), f"config-{digest}.json"), "rb") as f:
-            data = f.read()
+        got = statefiles.read_record(os.path.join(profile_dir(state_dir), f"config-{digest}.json"))
     except OSError:
         return None
-    return data if hashlib.sha256(data).hexdigest() == digest else None
+    return got[0] if got is not None and hashlib.sha256(got[0]).hexdigest() == digest else None
 
 
 # --- the hold --------------------------------------------------------------------------------
@@ -208,20 +220,12 @@ class Hold(Record):
 
 
 def read_hold(state_dir: str) -> Hold | None:
-    data = read_index(state_dir).get("hold")
-    if not isinstance(data, dict):
+    data = read_index(state_dir).get("hold")  # its shape checked by statefiles.PROFILE_INDEX
+    if data is None:
         return None
-    try:
-        return Hold(
-            int(data["generation"]),
-            str(data["kind"]),
-            float(data["since"]),
-            str(data["by"]),
-            str(data["from_spec"]),
-            str(data["reason"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
+    return Hold(
+        data["generation"], data["kind"], float(data["since"]), data["by"], data["from_spec"], data["reason"]
+    )
 
 
 def write_hold(state_dir: str, hold: Hold) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -16,6 +17,7 @@ from collections.abc import Callable, Collection, Iterator
 from reconcile.errors import ReconcileError
 from reconcile.host import remove_stale_temps
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, open_nofollow
 
 TYPE_CHECKING = False
@@ -39,12 +41,8 @@ class LockHolder(Record):
 
 def _read_holder(fd: int) -> LockHolder | None:
     os.lseek(fd, 0, os.SEEK_SET)
-    raw = os.read(fd, 4096)
-    try:
-        data = json.loads(raw)
-        return LockHolder(int(data["pid"]), float(data["started"]), str(data["command"]))
-    except (ValueError, KeyError, TypeError):
-        return None
+    data = statefiles.parse_lock_holder(os.read(fd, 4096))
+    return None if data is None else LockHolder(data["pid"], float(data["started"]), data["command"])
 
 
 class HeldLock(Record):
@@ -69,8 +67,15 @@ def apply_lock(
     """
     ensure_dir(state_dir, PRIVATE_DIR)
     path = os.path.join(state_dir, "apply.lock")
-    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
-    if os.fstat(fd).st_mode & 0o077:
+    # A FIFO, a directory or a symlink at the name cannot be a live lock (an apply flocks a regular
+    # file it made): it is moved aside and the lock taken afresh.
+    statefiles.clear_non_file(path, then="the lock is taken afresh")
+    fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, PRIVATE_FILE)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # put there since we looked
+        os.close(fd)
+        raise ReconcileError(f"{path} is not a regular file: move it aside and re-run")
+    if st.st_mode & 0o077:
         os.fchmod(fd, PRIVATE_FILE)  # made by an older reconcile
     start = time.monotonic()
     told = False

@@ -7,7 +7,6 @@ signal); reconcile.ownership.cgroups says where the cgroup is, actions.cgroups m
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable
@@ -15,6 +14,7 @@ from collections.abc import Iterable
 from reconcile.identity import MARKER, deployment_id, state_file_path
 from reconcile.ownership.cgroups import cgroup_procs, deployment_cgroup
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.display import shown
 
 TYPE_CHECKING = False
@@ -155,14 +155,10 @@ def scope_of(spec: Spec) -> Scope:
     record (<state_dir>/server-<name>.json) says our launches were."""
     launches: tuple[ProcId, ...] = ()
     members: tuple[ProcId, ...] = ()
-    raw = read_bytes(state_file_path(spec))
-    try:
-        data = json.loads(raw) if raw else {}
-    except ValueError:  # a corrupt record proves nothing; the probe reports it
-        data = {}
-    if isinstance(data, dict):
-        history = data.get("history")
-        launches = proc_ids([*(history[-20:] if isinstance(history, list) else []), data.get("launch")])
+    data = statefiles.read_server_record(state_file_path(spec))  # a damaged one is moved aside
+    if data is not None:
+        history = data.get("history") or []
+        launches = proc_ids([*history[-20:], data.get("launch")])
         members = proc_ids(data.get("members"))
     return Scope(deployment_id(spec), launches, members, deployment_cgroup(spec))
 
@@ -269,12 +265,11 @@ class PidfileText(Record):
 
 def read_pidfile(path: str) -> PidfileText:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(64)
-    except FileNotFoundError:
-        return PidfileText("absent")
+        raw = statefiles.read_pidfile(path)  # not a regular file: moved aside, and absent
     except OSError as exc:
         return PidfileText("unreadable", reason=f"cannot read it ({exc.strerror})")
+    if raw is None:
+        return PidfileText("absent")
     text = raw.strip()
     if not re.fullmatch(rb"[0-9]{1,10}", text):
         return PidfileText("corrupt", reason=f"holds {raw[:24]!r}, not a process id")

@@ -1,7 +1,8 @@
 """Conditions per resource (ok / drift / failed, with since when), like Kubernetes' lastTransitionTime.
 
 `<state_dir>/conditions.json` keeps the transition times; it is written by the runs that already write
-last-run.json (reconcile.unattended.report), and only read by `reconcile status`, which writes nothing.
+last-run.json (reconcile.unattended.report), and only read by `reconcile status`, which writes nothing
+(but moves a damaged one aside, as every reader of state does: reconcile.safety.statefiles).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from reconcile.host import atomic_write
 from reconcile.plan.records import Change, Plan
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 
 TYPE_CHECKING = False
@@ -32,12 +34,8 @@ def conditions_path(state_dir: str) -> str:
 
 
 def _previous(state_dir: str) -> dict[str, Any]:
-    try:
-        with open(conditions_path(state_dir), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The transition times kept; {} when none, or when the file was damaged (moved aside)."""
+    return statefiles.read_conditions(conditions_path(state_dir))
 
 
 def conditions_of(plan: Plan, previous: dict[str, Any], now: float) -> list[Condition]:
@@ -45,9 +43,8 @@ def conditions_of(plan: Plan, previous: dict[str, Any], now: float) -> list[Cond
     out: list[Condition] = []
     for item in plan.items:
         status = ("drift" if item.will_change else "failed") if isinstance(item, Change) else "ok"
-        old = previous.get(item.resource)
-        old = old if isinstance(old, dict) else {}
-        since = float(old.get("since", now)) if old.get("status") == status else now
+        old = previous.get(item.resource) or {}
+        since = float(old["since"]) if old.get("status") == status else now
         out.append(Condition(item.resource, status, item.summary, since))
     return out
 
@@ -63,11 +60,7 @@ def record_conditions(state_dir: str, plan: Plan, *, now: float | None = None) -
     previous = _previous(state_dir)
     out = conditions_of(plan, previous, time.time() if now is None else now)
     record = {c.resource: {"status": c.status, "since": c.since} for c in out}
-    old = {
-        k: {"status": v.get("status"), "since": v.get("since")}
-        for k, v in previous.items()
-        if isinstance(v, dict)
-    }
+    old = {k: {"status": v["status"], "since": v["since"]} for k, v in previous.items()}
     if record != old:
         ensure_dir(state_dir, PRIVATE_DIR)
         atomic_write(

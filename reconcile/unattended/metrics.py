@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from reconcile.host import atomic_write
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import ensure_dir
 
 TYPE_CHECKING = False
@@ -155,15 +156,18 @@ def previous_from_textfile(path: str) -> dict[str, Any]:
     counters: dict[str, dict[str, int]] = {"changes_total": {}, "runs_total": {}}
     out: dict[str, Any] = {"counters": counters, "last_success_timestamp": None}
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if m := _COUNTER_LINE.match(line.strip()):
-                    value = float(m.group(4))
-                    if math.isfinite(value) and value >= 0:  # a damaged count starts afresh
-                        counters[f"{m.group(1)}_total"][m.group(3)] = int(value)
-                elif m := _SUCCESS_LINE.match(line.strip()):
-                    out["last_success_timestamp"] = float(m.group(1))
-    except (OSError, ValueError):
+        text = statefiles.read_textfile(path) or ""  # not a regular file: moved aside
+    except OSError:
+        return out
+    try:
+        for line in text.splitlines():
+            if m := _COUNTER_LINE.match(line.strip()):
+                value = float(m.group(4))
+                if math.isfinite(value) and value >= 0:  # a damaged count starts afresh
+                    counters[f"{m.group(1)}_total"][m.group(3)] = int(value)
+            elif m := _SUCCESS_LINE.match(line.strip()):
+                out["last_success_timestamp"] = float(m.group(1))
+    except ValueError:
         pass
     return out
 
@@ -172,4 +176,5 @@ def write_textfile(path: str, record: Mapping[str, Any]) -> None:
     """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.reconcile-PID-XXXX.tmp`."""
     directory = os.path.dirname(os.path.abspath(path))
     ensure_dir(directory, 0o755)  # node_exporter (often nobody) must reach it under our 077 umask
+    statefiles.clear_non_file(path)  # rename() cannot replace a directory
     atomic_write(path, render_textfile(record).encode(), mode=0o644)

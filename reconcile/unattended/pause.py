@@ -6,6 +6,7 @@ planner (a note) and the reports. It says who paused (user, pid, tty or ssh clie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 
 TYPE_CHECKING = False
@@ -96,10 +98,12 @@ def pause(
     now = time.time()
     new = Pause(reason.strip(), user, os.getpid(), now, now + duration if duration else None, tty, ssh)
     ensure_dir(state_dir, PRIVATE_DIR)
-    atomic_write(
-        pause_path(state_dir), (json.dumps(new.as_data(), indent=2) + "\n").encode(), mode=PRIVATE_FILE
-    )
+    _write(pause_path(state_dir), new)
     return new, previous
+
+
+def _write(path: str, pause: Pause) -> None:
+    atomic_write(path, (json.dumps(pause.as_data(), indent=2) + "\n").encode(), mode=PRIVATE_FILE)
 
 
 def resume(state_dir: str) -> Pause | None:
@@ -113,34 +117,33 @@ def resume(state_dir: str) -> Pause | None:
 
 
 def read_pause(state_dir: str, *, include_expired: bool = False) -> Pause | None:
-    """The pause in force, or None. A damaged pause file still pauses: holding off is the safe side."""
+    """The pause in force, or None. A damaged pause file still pauses, holding off being the safe side:
+    it is moved aside (reconcile.safety.statefiles) and a pause saying so takes its place, until
+    `reconcile resume`."""
     path = pause_path(state_dir)
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
+    if os.path.lexists(state_dir) and not os.path.isdir(state_dir):
         raise ReconcileError(
             f"{state_dir}: [machine].state_dir is not a directory (a file is there): move the file "
             "away, or set state_dir to a directory of reconcile's own"
-        ) from None
-    except OSError as exc:
-        return Pause(f"{path} cannot be read ({exc.strerror}); remove it to resume", "?", 0, time.time())
-    try:
-        data = json.loads(raw)
-        found = Pause(
-            reason=str(data["reason"]),
-            user=str(data["user"]),
-            pid=int(data["pid"]),
-            since=float(data["since"]),
-            until=None if data.get("until") is None else float(data["until"]),
-            tty=data.get("tty"),
-            ssh_client=data.get("ssh_client"),
         )
-    except (ValueError, KeyError, TypeError):
-        mtime = os.stat(path).st_mtime if os.path.exists(path) else 0.0
-        return Pause(f"{path} is not a pause file reconcile wrote; remove it to resume", "?", 0, mtime)
+    data, aside = statefiles.read_pause(path)
+    if aside is not None:
+        reason = f"{PAUSE_FILE} was damaged (kept as {aside}); held off until `reconcile resume`"
+        found = Pause(reason, "reconcile", os.getpid(), time.time())
+        with contextlib.suppress(OSError):
+            _write(path, found)
+        return found
+    if data is None:
+        return None
+    found = Pause(
+        reason=data["reason"],
+        user=data["user"],
+        pid=data["pid"],
+        since=float(data["since"]),
+        until=None if data.get("until") is None else float(data["until"]),
+        tty=data.get("tty"),
+        ssh_client=data.get("ssh_client"),
+    )
     if found.expired() and not include_expired:
         return None
     return found

@@ -8,15 +8,15 @@ last-run.json (or, when the spec could not even be loaded, from the previous tex
 from __future__ import annotations
 
 import _socket  # not socket.py: its selectors and enums (~3-4 ms) for gethostname
-import contextlib
 import json
 import os
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from reconcile.host import atomic_write, move_aside
+from reconcile.host import atomic_write
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from reconcile.unattended.pause import Pause
 
 LAST_RUN = "last-run.json"
-FORMAT = "reconcile-last-run/1"
+FORMAT = statefiles.LAST_RUN_FORMAT
 
 
 class RunFacts(Record):
@@ -160,36 +160,11 @@ def last_run_path(state_dir: str) -> str:
 
 
 def read_last_run(state_dir: str) -> dict[str, Any] | None:
-    """The previous report, or None. One that is not what reconcile writes (bad JSON, another format,
-    counters that are not counts) is moved aside as last-run.json.corrupt-<time>: its counters are
-    unusable anyway, and this run's report starts them afresh instead of failing on every run."""
-    path = last_run_path(state_dir)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        data = None
-    if isinstance(data, dict) and data.get("format") == FORMAT and _counts_ok(data.get("counters")):
-        return data
-    with contextlib.suppress(OSError):
-        move_aside(path)
-    return None
-
-
-def _counts_ok(counters: object) -> bool:
-    """{"changes_total": {result: n}, "runs_total": {outcome: n}} with whole numbers n >= 0 (or absent)."""
-    if counters is None:
-        return True
-    if not isinstance(counters, dict):
-        return False
-    for family in ("changes_total", "runs_total"):
-        counts = counters.get(family, {})
-        # type() is int: a bool is not a count
-        if not isinstance(counts, dict) or not all(type(v) is int and v >= 0 for v in counts.values()):
-            return False
-    return True
+    """The previous report, or None. One that is not what reconcile writes (not a file, bad JSON,
+    another format, counters that are not counts) is moved aside as last-run.json.corrupt-<time>
+    (reconcile.safety.statefiles): its counters are unusable anyway, and this run's report starts
+    them afresh instead of failing on every run."""
+    return statefiles.read_last_run(last_run_path(state_dir))
 
 
 def write_last_run(state_dir: str, record: Mapping[str, Any]) -> str:

@@ -1,0 +1,132 @@
+"""Shapes of JSON documents, checked in plain Python (no pydantic on the warm path): every field's
+type, `"server.since" is null, expected a number` when one is wrong. Used by
+reconcile.safety.statefiles, where each state file's shape is written down beside its reader.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class Shape:
+    """What a JSON value must be. Subclasses check one kind; `problem` says what is wrong, or None."""
+
+    def problem(self, value: object, where: str) -> str | None:
+        raise NotImplementedError
+
+
+def _name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list, str)):
+        return {dict: "an object", list: "a list", str: "a string"}[type(value)]
+    return f"{type(value).__name__} {json.dumps(value)[:40]}"
+
+
+def _at(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+class Scalar(Shape):
+    def __init__(self, kind: str, *, nullable: bool = False, minimum: float | None = None) -> None:
+        self.kind, self.nullable, self.minimum = kind, nullable, minimum
+
+    def problem(self, value: object, where: str) -> str | None:
+        if value is None and self.nullable:
+            return None
+        ok = {
+            "string": type(value) is str,
+            "integer": type(value) is int,  # a bool is not a count
+            # finite: x - x is 0 for every number but inf and nan (math itself is not on the warm path)
+            "number": type(value) in (int, float) and value - value == 0,  # type: ignore[operator]
+            "boolean": type(value) is bool,
+        }[self.kind]
+        if ok and self.minimum is not None and value < self.minimum:  # type: ignore[operator]
+            ok = False
+        if ok:
+            return None
+        bound = f" >= {self.minimum:g}" if self.minimum is not None else ""
+        return (
+            f'"{where}" is {_name(value)}, expected {"an" if self.kind[0] == "i" else "a"} {self.kind}{bound}'
+        )
+
+
+class Const(Shape):
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def problem(self, value: object, where: str) -> str | None:
+        return None if value == self.value else f'"{where}" is not "{self.value}"'
+
+
+class Obj(Shape):
+    """An object with these keys (others are let be: a newer reconcile may add some)."""
+
+    def __init__(self, fields: dict[str, Shape], *, required: tuple[str, ...] = (), nullable: bool = False):
+        self.fields, self.required, self.nullable = fields, required, nullable
+
+    def problem(self, value: object, where: str) -> str | None:
+        if value is None and self.nullable:
+            return None
+        if not isinstance(value, dict):
+            return (
+                f'"{where}" is {_name(value)}, expected an object'
+                if where
+                else f"holds {_name(value)}, not an object"
+            )
+        for key in self.required:
+            if key not in value:
+                return f'"{_at(where, key)}" is missing'
+        for key, shape in self.fields.items():
+            if key in value and (found := shape.problem(value[key], _at(where, key))) is not None:
+                return found
+        return None
+
+
+class ListOf(Shape):
+    def __init__(self, item: Shape, *, nullable: bool = False) -> None:
+        self.item, self.nullable = item, nullable
+
+    def problem(self, value: object, where: str) -> str | None:
+        if value is None and self.nullable:
+            return None
+        if not isinstance(value, list):
+            return (
+                f'"{where}" is {_name(value)}, expected a list'
+                if where
+                else f"holds {_name(value)}, not a list"
+            )
+        for n, item in enumerate(value):
+            if (found := self.item.problem(item, f"{where}[{n}]")) is not None:
+                return found
+        return None
+
+
+class MapOf(Shape):
+    """An object whose keys are data (resource names, generation numbers) and values one shape."""
+
+    def __init__(self, value: Shape, *, nullable: bool = False) -> None:
+        self.value, self.nullable = value, nullable
+
+    def problem(self, value: object, where: str) -> str | None:
+        if value is None and self.nullable:
+            return None
+        if not isinstance(value, dict):
+            return (
+                f'"{where}" is {_name(value)}, expected an object'
+                if where
+                else f"holds {_name(value)}, not an object"
+            )
+        for key, item in value.items():
+            if (found := self.value.problem(item, _at(where, key))) is not None:
+                return found
+        return None
+
+
+STR, INT, NUM, BOOL = Scalar("string"), Scalar("integer"), Scalar("number"), Scalar("boolean")
+OPT_STR, OPT_INT, OPT_NUM = (
+    Scalar("string", nullable=True),
+    Scalar("integer", nullable=True),
+    Scalar("number", nullable=True),
+)
+COUNT = Scalar("integer", minimum=0)

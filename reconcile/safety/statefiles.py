@@ -1,0 +1,416 @@
+"""The one reader of every state file reconcile keeps (under `[machine] state_dir`, and the pidfile):
+opened non-blocking, never through a link, a regular file only, size-bounded, its shape checked; a
+damaged one is moved aside as `<name>.corrupt-<UTC time>`, said in one line, and the run goes on.
+
+Called by the modules that own each file (unattended.report/pause/metrics, plan.conditions,
+apply.state/generations/profile, ownership.membership, probes.server, actions.launching); the CLI
+prints the lines (take_notes). No other module opens or parses a state file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import time
+
+from reconcile.errors import ReconcileError
+from reconcile.safety.shapes import (
+    BOOL,
+    COUNT,
+    INT,
+    NUM,
+    OPT_INT,
+    OPT_NUM,
+    OPT_STR,
+    STR,
+    Const,
+    ListOf,
+    MapOf,
+    Obj,
+    Scalar,
+    Shape,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+KiB, MiB = 1 << 10, 1 << 20
+_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+AFRESH = "starting afresh"
+
+_NOTES: list[str] = []  # one line per file moved aside, for the run's output
+
+
+class NotAFile(ReconcileError):
+    """What is at a state file's name is not a regular file reconcile could have written."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path} {why}")
+        self.path, self.why = path, why
+
+
+def take_notes() -> list[str]:
+    """The lines of the files moved aside since the last call (the CLI shows each once)."""
+    out = list(_NOTES)
+    _NOTES.clear()
+    return out
+
+
+def _what(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return f"was {name}"
+    return "was not a regular file"
+
+
+def _parent(path: str) -> tuple[int, str]:
+    """An fd of `path`'s directory and the name in it: the checks, the read and the rename all act
+    on that one directory, whatever happens to the way to it meanwhile."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
+
+
+def _read(path: str, max_bytes: int) -> tuple[bytes, os.stat_result] | None:
+    try:
+        dfd, name = _parent(path)
+    except (FileNotFoundError, NotADirectoryError):  # no state dir (yet), or a file there: none kept
+        return None
+    try:
+        try:  # look before opening: a device node is never opened, a FIFO not even non-blocking
+            seen = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(seen.st_mode):
+            raise NotAFile(path, _what(seen.st_mode))
+        try:
+            fd = os.open(name, _READ, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # swapped since we looked
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise NotAFile(path, "was not a regular file") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotAFile(path, _what(st.st_mode))
+            too_big = NotAFile(path, f"was larger than the {_size(max_bytes)} it can be")
+            if st.st_size > max_bytes:
+                raise too_big
+            chunks: list[bytes] = []
+            left = max_bytes + 1
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            if left <= 0:  # grew past the bound while we read
+                raise too_big
+            return b"".join(chunks), st
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB" if n >= KiB else f"{n} bytes"
+
+
+def read_state(path: str, *, max_bytes: int) -> bytes | None:
+    """The bytes of state file `path`, or None when it is absent. Opened O_NONBLOCK|O_NOFOLLOW (a FIFO
+    cannot hang the run, a symlink is not followed), fstat'ed: anything but a regular file of at most
+    `max_bytes` raises NotAFile (its `why` says what was there)."""
+    got = _read(path, max_bytes)
+    return None if got is None else got[0]
+
+
+def read_state_stat(path: str, *, max_bytes: int) -> tuple[bytes, os.stat_result] | None:
+    """read_state, with the fstat of the file read (its owner and mode, for a record's vouching)."""
+    return _read(path, max_bytes)
+
+
+def move_aside_corrupt(path: str, why: str, *, then: str = AFRESH) -> str:
+    """Rename what is at `path` (a file, a FIFO, a directory, a symlink: never followed) to
+    `<path>.corrupt-<UTC time>`, say so in one line (`take_notes`), and return the new path."""
+    dfd, name = _parent(path)
+    try:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside, n = f"{name}.corrupt-{stamp}", 1
+        while _exists(aside, dfd):
+            n += 1
+            aside = f"{name}.corrupt-{stamp}.{n}"
+        os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    moved = os.path.join(os.path.dirname(os.path.abspath(path)), aside)
+    _NOTES.append(f"state: {path} {why}: moved aside to {moved}; {then}")
+    return moved
+
+
+def _exists(name: str, dfd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def clear_non_file(path: str, *, then: str = AFRESH) -> str | None:
+    """Move aside whatever non-regular thing is at `path` (a FIFO, a directory, a symlink), before a
+    writer that opens the name itself (the lock) or renames over it; returns where it went."""
+    try:
+        dfd, name = _parent(path)
+    except (FileNotFoundError, NotADirectoryError):  # the writer makes the directory, or says why not
+        return None
+    try:
+        seen = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(dfd)
+    if stat.S_ISREG(seen.st_mode):
+        return None
+    return move_aside_corrupt(path, _what(seen.st_mode), then=then)
+
+
+def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) -> tuple[Any, str | None]:
+    """(the document, None) when `path` holds JSON of `shape`; (None, None) when absent; else it is moved
+    aside and (None, where it went)."""
+    try:
+        raw = read_state(path, max_bytes=max_bytes)
+    except NotAFile as exc:
+        return None, _aside(path, exc.why, then)
+    except OSError as exc:  # EIO from a failing disk, say
+        return None, _aside(path, f"could not be read ({exc.strerror})", then)
+    if raw is None:
+        return None, None
+    try:
+        data = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError included
+        return None, _aside(path, "was not JSON", then)
+    problem = shape.problem(data, "")
+    if problem is not None:
+        return None, _aside(path, f"was not what reconcile writes ({problem})", then)
+    return data, None
+
+
+def _aside(path: str, why: str, then: str) -> str | None:
+    """move_aside_corrupt, or (a read-only or failing disk) the line alone: the run goes on either way."""
+    try:
+        return move_aside_corrupt(path, why, then=then)
+    except OSError as exc:
+        _NOTES.append(f"state: {path} {why}: could not move it aside ({exc.strerror}); it is not used")
+        return None
+
+
+# --- each state file's shape ----------------------------------------------------------------------
+
+LAST_RUN_FORMAT = "reconcile-last-run/1"
+LAST_RUN = Obj(
+    {
+        "format": Const(LAST_RUN_FORMAT),
+        "counters": Obj({"changes_total": MapOf(COUNT), "runs_total": MapOf(COUNT)}, nullable=True),
+        "last_success_timestamp": OPT_NUM,
+        "timestamp": OPT_NUM,
+        "exit_code": OPT_INT,
+    },
+    required=("format",),
+)
+
+CONDITIONS = MapOf(Obj({"status": STR, "since": NUM}, required=("status", "since")))
+
+PAUSE = Obj(
+    {
+        "reason": STR,
+        "user": STR,
+        "pid": INT,
+        "since": NUM,
+        "until": OPT_NUM,
+        "tty": OPT_STR,
+        "ssh_client": OPT_STR,
+    },
+    required=("reason", "user", "pid", "since"),
+)
+
+LOCK_HOLDER = Obj({"pid": INT, "started": NUM, "command": STR}, required=("pid", "started", "command"))
+
+GENERATIONS_INDEX = Obj({"format": STR, "records": MapOf(STR)}, required=("records",))
+
+GENERATION_RECORD = Obj(
+    {
+        "changes": ListOf(Obj({})),
+        "spec_resolved": Obj({}),
+        "spec_text": STR,
+        "resolved": Obj({}),
+        "generation": INT,
+    }
+)
+
+HOLD = Obj(
+    {"generation": INT, "kind": STR, "since": NUM, "by": STR, "from_spec": STR, "reason": STR},
+    required=("generation", "kind", "since", "by", "from_spec", "reason"),
+)
+PROFILE_INDEX = Obj(
+    {
+        "records": MapOf(STR),
+        "current": OPT_INT,
+        "hold": Obj(HOLD.fields, required=HOLD.required, nullable=True),
+    },
+    required=("records",),
+)
+
+PROFILE_RECORD = Obj(
+    {
+        "generation": INT,
+        "key": STR,
+        "created": NUM,
+        "reason": STR,
+        "verdict": Obj({"good": BOOL, "why": STR, "at": NUM}, nullable=True),
+        "spec": Obj({}),
+        "spec_path": OPT_STR,
+        "venv": Obj({"path": OPT_STR, "packages": MapOf(STR)}, nullable=True),
+        "config_json": OPT_STR,
+        "launch": Obj({"argv": ListOf(STR), "env": MapOf(STR), "identity": STR}, nullable=True),
+        "model_commit": OPT_STR,
+    },
+    required=("generation", "key"),
+)
+
+_PROC = Obj({"pid": INT, "start": INT, "boot": STR})
+SERVER_RECORD = Obj(
+    {
+        "name": STR,
+        "identity": OPT_STR,
+        "components": MapOf(STR),
+        "pid": OPT_INT,
+        "launch": Obj(_PROC.fields, nullable=True),
+        "members": ListOf(_PROC),
+        "log_offset": Scalar("integer", minimum=0),
+        "history": ListOf(
+            Obj(
+                {
+                    "at": NUM,
+                    "pid": INT,
+                    "identity": STR,
+                    "outcome": STR,
+                    "reason": STR,
+                    "start": INT,
+                    "boot": STR,
+                    "fallback": OPT_STR,
+                }
+            )
+        ),
+    }
+)
+
+# How large each can be: generous for what reconcile writes, small against a disk error's garbage.
+SMALL, RECORD = 1 * MiB, 16 * MiB
+
+
+def read_last_run(path: str) -> dict[str, Any] | None:
+    """last-run.json, or None (absent, or damaged: moved aside, counters start afresh)."""
+    data, _ = read_json(path, LAST_RUN, max_bytes=RECORD, then="its counters start afresh")
+    return data  # type: ignore[no-any-return]
+
+
+def read_conditions(path: str) -> dict[str, dict[str, Any]]:
+    """conditions.json: resource -> {"status", "since"}; {} when absent or damaged (moved aside)."""
+    data, _ = read_json(path, CONDITIONS, max_bytes=SMALL, then="every condition starts now")
+    return data or {}
+
+
+def read_pause(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """paused.json: (the pause, None), (None, None) when absent, (None, where it went) when damaged."""
+    data, aside = read_json(path, PAUSE, max_bytes=64 * KiB, then="scheduled applies stay paused")
+    if data is None and aside is None and os.path.lexists(path):  # damaged, and could not be moved
+        return None, path
+    return data, aside
+
+
+def parse_lock_holder(raw: bytes) -> dict[str, Any] | None:
+    """The holder an apply wrote into apply.lock; None when empty or not one (the lock is the flock,
+    not this text: a regular apply.lock is never moved aside, a live apply may hold it)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if LOCK_HOLDER.problem(data, "") is None else None
+
+
+def read_generations_index(path: str) -> dict[int, str] | None:
+    """generations/index.json: number -> sha256; None when there is none yet; {} when it was damaged
+    (moved aside: the records it vouched for are no longer verified, and none is adopted)."""
+    then = "a new index starts: the records before it are no longer verified"
+    data, aside = read_json(path, GENERATIONS_INDEX, max_bytes=RECORD, then=then)
+    if aside is not None:
+        return {}
+    if data is None:
+        return None
+    try:
+        return {int(k): v for k, v in data["records"].items()}
+    except ValueError:
+        move_aside_corrupt(
+            path, "was not what reconcile writes (a record number that is not a number)", then=then
+        )
+        return {}
+
+
+def read_record(path: str) -> tuple[bytes, os.stat_result] | None:
+    """A generation record's (or a kept config's) bytes and fstat, for the caller to verify against
+    its index; None when absent, or when something else is there (moved aside)."""
+    try:
+        return read_state_stat(path, max_bytes=RECORD)
+    except NotAFile as exc:
+        move_aside_corrupt(path, exc.why, then="it is not used")
+        return None
+
+
+def record_problem(data: object, shape: Shape) -> str | None:
+    """What is wrong with a verified record's shape (None: nothing): history lists it as skipped."""
+    return shape.problem(data, "")
+
+
+def read_profile_index(path: str) -> dict[str, Any]:
+    """profile/index.json; a damaged one is moved aside and reads as empty (its records then fail
+    verification and are skipped; no hold, no current generation)."""
+    then = "a new index starts: the generations before it are no longer verified"
+    data, _ = read_json(path, PROFILE_INDEX, max_bytes=RECORD, then=then)
+    return data if data is not None else {"records": {}}
+
+
+def read_server_record(path: str) -> dict[str, Any] | None:
+    """server-<name>.json; None when absent or damaged (moved aside: no launch is proven by it, the
+    cgroup still is; the next start or adoption writes a new one)."""
+    then = "the next start or adoption writes a new one"
+    data, _ = read_json(path, SERVER_RECORD, max_bytes=RECORD, then=then)
+    return data  # type: ignore[no-any-return]
+
+
+def read_pidfile(path: str) -> bytes | None:
+    """The pidfile's bytes (its text is judged by ownership.membership); None when absent or when it
+    is not a regular file (moved aside)."""
+    try:
+        return read_state(path, max_bytes=4 * KiB)
+    except NotAFile as exc:
+        move_aside_corrupt(path, exc.why, then="the next start writes a new one")
+        return None
+
+
+def read_textfile(path: str) -> str | None:
+    """The Prometheus textfile a previous run wrote (its counters, when no last-run.json is known)."""
+    try:
+        raw = read_state(path, max_bytes=SMALL)
+    except NotAFile as exc:
+        move_aside_corrupt(path, exc.why, then="its counters start afresh")
+        return None
+    return None if raw is None else raw.decode("utf-8", errors="replace")
