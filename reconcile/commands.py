@@ -32,14 +32,14 @@ def _load(args: Args) -> LoadedSpec:
     loaded = apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
     if getattr(loaded.spec.venv, "store", None) is None:  # realizing's hashlib and shutil: stores only
         return loaded
-    from reconcile.apply.realizing import realize
+    from reconcile.apply.store import realize
 
     return realize(loaded)
 
 
 def _held(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
     """The spec a scheduled apply would apply now (a held generation's), and the hold's note."""
-    from reconcile.apply.profile import read_hold
+    from reconcile.apply.generations import read_hold
 
     if read_hold(loaded.spec.machine.state_dir) is None:  # one small read when nothing is held
         return loaded, []
@@ -248,8 +248,8 @@ def cmd_rollback(args: Args) -> int:
 
 def cmd_gc(args: Args) -> int:
     from reconcile.apply.gc import collect
-    from reconcile.apply.realizing import store_of
-    from reconcile.apply.state import apply_lock
+    from reconcile.apply.lock import apply_lock
+    from reconcile.apply.store import store_of
 
     loaded = _load(args)
     store = store_of(loaded.spec.venv)
@@ -348,7 +348,7 @@ def _state_dir(args: Args) -> str:
 
 
 def cmd_resume(args: Args) -> int:
-    from reconcile.apply.profile import release_hold
+    from reconcile.apply.generations import release_hold
     from reconcile.unattended.pause import resume
 
     state_dir = _state_dir(args)

@@ -12,9 +12,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from reconcile.apply.generations import write_generation
+from reconcile.apply.journal import write_generation
+from reconcile.apply.lock import apply_lock, sweep_stale_temps
 from reconcile.apply.saved_plan import moved_since, read_plan_file
-from reconcile.apply.state import apply_lock, sweep_stale_temps
 from reconcile.errors import ActionError, ReconcileError
 from reconcile.host import checkpoint
 from reconcile.plan.records import Change, Plan
@@ -296,7 +296,7 @@ def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
     from reconcile.spec.pins import apply_lock_pins
 
     spec_path, expected = read_plan_file(path)
-    from reconcile.apply.realizing import realize
+    from reconcile.apply.store import realize
 
     loaded = realize(apply_lock_pins(load(spec_path)))  # as the plan was made: at its realization
     return apply_spec(loaded, lock_timeout=lock_timeout, expected=expected)

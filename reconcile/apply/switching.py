@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import time
 
-from reconcile.apply import profile as gens
+from reconcile.apply import generations
 from reconcile.apply.executor import ApplyReport, ChangeResult, ProgressFn, apply_spec
-from reconcile.apply.realized import generation_spec, realized_state, restore_config, seal_realization, who
+from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization, who
 from reconcile.errors import ReconcileError
 
 TYPE_CHECKING = False
@@ -23,20 +23,22 @@ if TYPE_CHECKING:
     from reconcile.spec.loaded import LoadedSpec
 
 
-def held_spec(loaded: LoadedSpec, *, scheduled: bool) -> tuple[LoadedSpec, list[str], gens.Hold | None]:
+def held_spec(
+    loaded: LoadedSpec, *, scheduled: bool
+) -> tuple[LoadedSpec, list[str], generations.Hold | None]:
     """The spec an apply works on: the user's, or the held generation's while the hold stands.
     Releases a hold whose spec content changed since it was made. Returns (spec, notes, hold)."""
     state_dir = loaded.spec.machine.state_dir
-    hold = gens.read_hold(state_dir)
+    hold = generations.read_hold(state_dir)
     if hold is None:
         return loaded, [], None
     if hold.from_spec != loaded.sha256:
-        gens.release_hold(state_dir)
+        generations.release_hold(state_dir)
         return loaded, [f"the spec changed since it was {hold.describe()}: hold released"], None
     if hold.kind == "failed" and not scheduled:
         return loaded, [f"{hold.describe()}; this apply retries the spec that failed"], None
     try:
-        held, notes = generation_spec(gens.read(state_dir, hold.generation), loaded)
+        held, notes = generation_spec(generations.read(state_dir, hold.generation), loaded)
     except ReconcileError as exc:
         raise ReconcileError(f"{hold.describe()}; but {exc} (`reconcile resume` ends the hold)") from None
     how = (
@@ -81,14 +83,16 @@ def _finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, r
     state_dir = applied.spec.machine.state_dir
     if report.refused is not None:
         return None
-    if not report.changed and _server_result(report) is None and gens.current(state_dir) is not None:
+    if not report.changed and _server_result(report) is None and generations.current(state_dir) is not None:
         return None  # nothing switched: the current generation stands
     judged, problem = _judge(applied, report)
     try:
-        number, new = gens.record(state_dir, realized_state(applied), reason=reason)
+        number, new = generations.record(state_dir, realized_state(applied), reason=reason)
         report.generation = number if new else None
         if judged:
-            gens.set_verdict(state_dir, number, problem is None, problem or "ready, acceptance check passed")
+            generations.set_verdict(
+                state_dir, number, problem is None, problem or "ready, acceptance check passed"
+            )
         seal_realization(original, applied, report, problem is None)
     except (OSError, ReconcileError) as exc:
         report.notes.append(f"could not record the generation: {exc}")
@@ -112,29 +116,35 @@ def apply(
     effective, notes, hold = held_spec(loaded, scheduled=scheduled)
     spec_server = effective.spec.server
     enabled = auto_rollback and getattr(spec_server, "auto_rollback", True)
-    before = gens.current(state_dir)
+    before = generations.current(state_dir)
     outcome: dict[str, Any] = {}
 
     def restore(report: ApplyReport) -> None:
         if hold is not None:
-            restore_config(effective, gens.read(state_dir, hold.generation))
+            restore_config(effective, generations.read(state_dir, hold.generation))
 
     def done(report: ApplyReport) -> None:
         outcome["problem"] = problem = _finish(loaded, effective, report, reason="apply")
         if problem is None:
-            if hold is None and (old := gens.read_hold(state_dir)) is not None and old.kind == "failed":
-                gens.release_hold(state_dir)  # the retried spec serves now
+            if (
+                hold is None
+                and (old := generations.read_hold(state_dir)) is not None
+                and old.kind == "failed"
+            ):
+                generations.release_hold(state_dir)  # the retried spec serves now
             return
-        target = gens.last_good(state_dir, other_than=report.generation or gens.current(state_dir))
+        target = generations.last_good(
+            state_dir, other_than=report.generation or generations.current(state_dir)
+        )
         if (
             enabled
             and hold is None
             and target is not None
-            and target["generation"] != gens.current(state_dir)
+            and target["generation"] != generations.current(state_dir)
         ):
-            gens.write_hold(
+            generations.write_hold(
                 state_dir,
-                gens.Hold(target["generation"], "failed", time.time(), who(), loaded.sha256, problem),
+                generations.Hold(target["generation"], "failed", time.time(), who(), loaded.sha256, problem),
             )
             outcome["target"] = target
         elif before is not None and not enabled:
@@ -202,34 +212,36 @@ def rollback(
     the current), restart once, and hold it until the spec changes or `reconcile resume`. `approve`
     (a terminal's question) sees generation N's spec first and raises to change nothing."""
     state_dir = loaded.spec.machine.state_dir
-    have = [g["generation"] for g in gens.read_all(state_dir)]
-    now = gens.current(state_dir)
+    have = [g["generation"] for g in generations.read_all(state_dir)]
+    now = generations.current(state_dir)
     if target is None:
         below = [n for n in have if now is not None and n < now]
         if not below:
             raise ReconcileError(
-                f"{gens.profile_dir(state_dir)}: no generation before {now or 'none'} to roll back to "
+                f"{generations.profile_dir(state_dir)}: no generation before {now or 'none'} to roll back to "
                 f"(have {', '.join(map(str, have)) or 'none'})"
             )
         target = below[-1]
-    gen = gens.read(state_dir, target)
+    gen = generations.read(state_dir, target)
     if approve is not None:
         approve(generation_spec(gen, loaded)[0])
     venv = (gen.get("venv") or {}).get("path")
     rebuilt = bool(venv) and not os.path.isdir(str(venv))
-    previous = gens.read_hold(state_dir)
+    previous = generations.read_hold(state_dir)
     # Held before the lock is taken: a timer apply that gets it first already keeps generation N.
-    gens.write_hold(
+    generations.write_hold(
         state_dir,
-        gens.Hold(target, "rollback", time.time(), who(), loaded.sha256, f"reconcile rollback {target}"),
+        generations.Hold(
+            target, "rollback", time.time(), who(), loaded.sha256, f"reconcile rollback {target}"
+        ),
     )
     try:
         report = _switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
     except BaseException:
         if previous is None:  # nothing switched: the hold as it was
-            gens.release_hold(state_dir)
+            generations.release_hold(state_dir)
         else:
-            gens.write_hold(state_dir, previous)
+            generations.write_hold(state_dir, previous)
         raise
     if rebuilt:
         report.notes.append(f"{venv} had been removed (gc): it was built again")
