@@ -250,9 +250,9 @@ def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int =
 
 
 def diagnoses(lines: list[str]) -> tuple[str, ...]:
-    """Known start-up failures among `lines`, each with its fix (reconcile.engine.failures)."""
+    """Known start-up failures among `lines`, each with its fix (reconcile.vllm.failures)."""
     try:
-        from reconcile.engine.failures import diagnose
+        from reconcile.vllm.failures import diagnose
     except ImportError:
         return ()
     return tuple(f"{d.explanation}; fix: {d.fix} (log: {d.line})" for d in diagnose(lines))

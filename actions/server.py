@@ -106,7 +106,7 @@ def ensure_running(
 def _kv_note(spec: Spec, record: Mapping[str, Any]) -> str:
     """What vLLM's log said about the KV cache during this start (the figure the memory rule predicts)."""
     from actions.launching import read_log
-    from reconcile.engine.startup import startup_phase
+    from reconcile.vllm.startup import startup_phase
 
     _phase, kv = startup_phase(read_log(_server(spec).log, int(record.get("log_offset", 0))))
     return f"; vLLM's KV cache: {kv} tokens" if kv else ""

@@ -17,9 +17,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from probes.api_key import FileFacts
     from probes.apt import AptObservation
     from probes.cuda import CudaToolkit
-    from probes.files import FileFacts
     from probes.gpu import GpuInventory
     from probes.model import ModelObservation
     from probes.venv import VenvObservation
@@ -49,7 +49,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("apt", "probes.apt", "apt", waits=True),  # dpkg-query (~10-25 ms of its own)
     Probe("venv", "probes.venv", "venv"),
     Probe("model", "probes.model", "model"),
-    Probe("api_key", "probes.files", "api_key"),
+    Probe("api_key", "probes.api_key", "api_key"),
     Probe("server", "probes.server", "server"),
     Probe("health", "probes.health", "server", waits=True),  # HTTP to the server's endpoint
 )

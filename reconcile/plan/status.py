@@ -65,7 +65,7 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
     if server.served_model_name and models and all(m.get("id") != server.served_model_name for m in models):
         problems.append(f"served name {server.served_model_name!r} not in /v1/models")
     if want_len is not None and models:
-        from reconcile.engine.limits import parse_max_model_len
+        from reconcile.vllm.limits import parse_max_model_len
 
         try:
             wanted = parse_max_model_len(want_len)

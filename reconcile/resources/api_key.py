@@ -1,6 +1,6 @@
 """The API key file: made once, mode and owner as the spec says; its content is never read.
 
-A row of reconcile.resources; probe: probes.files; action: actions.files.
+A row of reconcile.resources; probe: probes.api_key; action: actions.api_key.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
 
 
 def ensure_key(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionResult:
-    from actions import files
+    from actions import api_key
 
     assert loaded.spec.api_key is not None
-    return files.ensure_key(loaded.spec.api_key)
+    return api_key.ensure_key(loaded.spec.api_key)

@@ -5,12 +5,14 @@ Rows of reconcile.resources; probe: probes.cuda; action: actions.cuda.
 
 from __future__ import annotations
 
-from reconcile.engine.versions import numbers
 from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Progress, failed
+from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from reconcile.plan.prober import Observed
     from reconcile.plan.records import Kind
     from reconcile.spec.loaded import LoadedSpec
@@ -101,9 +103,7 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
         return Ok("cuda", f"{found}; {len(obs.cuda.headers)} headers found")
     hint = _header_packages(missing, nvcc.release if isinstance(nvcc, Nvcc) else None)
     summary = "; ".join(f"{d.field}: {d.old}" for d in diffs)
-    from reconcile.resources.facts import headers_via
-
-    via = headers_via(
+    via = headers_brought_by(
         spec, missing, [d.field for d in diffs], nvcc.release if isinstance(nvcc, Nvcc) else None
     )
     return Change(
@@ -122,7 +122,7 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
 
 def _header_packages(headers: list[str], release: str | None) -> str:
     try:
-        from reconcile.engine.failures import header_package
+        from reconcile.vllm.failures import header_package
     except ImportError:
         return ""
     out = []
@@ -137,3 +137,17 @@ def point_home(loaded: LoadedSpec, change: Change, progress: Progress) -> Action
     from actions import cuda
 
     return cuda.point_home(str(change.params["home"]), str(change.params["target"]))
+
+
+def headers_brought_by(
+    spec: Spec, missing: Sequence[str], fields: Sequence[str], release: str | None
+) -> str | None:
+    """ "apt" when headers are all that is missing from the toolkit and [apt] packages lists the package
+    of every one: the apt change brings them, the cuda row only waits for it (None otherwise)."""
+    from reconcile.vllm.failures import header_package
+
+    if not missing or spec.apt is None or any(f != "headers.missing" for f in fields):
+        return None
+    listed = {p.partition("=")[0] for p in spec.apt.packages}
+    packages = [header_package(h, release) for h in missing]
+    return "apt" if all(p is not None and p in listed for p in packages) else None

@@ -6,8 +6,8 @@ A row of reconcile.resources; probe: probes.gpu.
 from __future__ import annotations
 
 from probes.common import ProbeFailure, Unavailable
-from reconcile.engine.versions import numbers
 from reconcile.plan.records import Change, FieldDiff, Item, Ok
+from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from reconcile.plan.prober import Observed
     from reconcile.spec.loaded import LoadedSpec
-    from reconcile.spec.models import Spec
+    from reconcile.spec.models import Model, Spec
 
 
 def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
@@ -150,8 +150,6 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if not isinstance(m, ModelObservation):
         if not patch:
             return None
-        from reconcile.resources.facts import source_config
-
         was = source_config(spec.model)  # a local source's config.json is what the copy brings
         return Change(
             "model.config",
@@ -238,3 +236,17 @@ def patch_config(loaded: LoadedSpec, change: Change, progress: Progress) -> Acti
 
     assert loaded.spec.model is not None
     return model_config.patch_config(loaded.spec.model.dir, loaded.spec.model.config)
+
+
+def source_config(model: Model) -> dict[str, Any]:
+    """The top-level keys of `[model] source`'s config.json ({} without a local source, or unreadable)."""
+    if not model.source:
+        return {}
+    import json
+
+    try:
+        with open(os.path.join(model.source, "config.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.shape import ModelShape
 from reconcile.record import Record
+from reconcile.vllm.shape import ModelShape
 
 GiB = 1024**3
 MiB = 1024**2
