@@ -118,7 +118,7 @@ def resource_entry(item: Any) -> dict[str, Any]:
         "diffs": [{"field": d.field, "old": d.old, "new": d.new} for d in item.diffs],
         "depends_on": list(item.depends_on),
         "actionable": item.actionable,
-        "via": item.via,
+        "via": item.made_true_by,
     }
 
 

@@ -43,11 +43,11 @@ class Change(Record):
     actionable: bool = True
     # Not acted on itself, but made true by the change of that resource, which runs first (the headers
     # the [apt] packages bring): counted "to change", and "cannot fix" only if still different after it.
-    via: str | None = None
+    made_true_by: str | None = None
 
     @property
     def will_change(self) -> bool:
-        return self.actionable or self.via is not None
+        return self.actionable or self.made_true_by is not None
 
 
 class Ok(Record):

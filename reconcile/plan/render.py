@@ -82,8 +82,8 @@ def _change_lines(p: _Painter, c: Change) -> list[str]:
         out.append(f"{pad}{d.field}: {short(d.old)} -> {short(d.new)}")
     if c.reason and c.reason != c.summary:
         out.append(p.dim(f"{pad}why: {c.reason}"))
-    if c.via is not None:
-        out.append(p.dim(f"{pad}apply changes {c.via} first, which brings this"))
+    if c.made_true_by is not None:
+        out.append(p.dim(f"{pad}apply changes {c.made_true_by} first, which brings this"))
     elif not c.actionable:
         out.append(p.dim(f"{pad}apply cannot fix this; it only reports it"))
     return out

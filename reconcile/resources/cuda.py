@@ -103,7 +103,7 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
         return Ok("cuda", f"{found}; {len(obs.cuda.headers)} headers found")
     hint = _header_packages(missing, nvcc.release if isinstance(nvcc, Nvcc) else None)
     summary = "; ".join(f"{d.field}: {d.old}" for d in diffs)
-    via = headers_brought_by(
+    brought_by = headers_brought_by(
         spec, missing, [d.field for d in diffs], nvcc.release if isinstance(nvcc, Nvcc) else None
     )
     return Change(
@@ -111,12 +111,12 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
         "~",
         summary,
         f"[apt] packages bring them ({hint})"
-        if via
+        if brought_by
         else "the toolkit comes from apt packages; add them to [apt].packages"
         + (f" ({hint})" if hint else ""),
         tuple(diffs),
         actionable=False,
-        via=via,
+        made_true_by=brought_by,
     )
 
 
