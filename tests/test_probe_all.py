@@ -75,7 +75,7 @@ def test_a_crashing_probe_is_its_own_failure_and_the_others_still_report(machine
 def test_sections_missing_from_the_spec_are_none_and_not_probed() -> None:
     stub = {name: must_not_run for name in probing.PROBE_NAMES}
     observed = probing.probe_all(Spec(), probes=stub)
-    assert observed == probing.Observed(None, None, None, None, None, None, None, None)
+    assert observed == probing.Observed()
 
 
 def test_probes_that_wait_run_at_once_beside_the_others(machine: dict[str, Path]) -> None:

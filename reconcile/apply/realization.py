@@ -90,7 +90,9 @@ def seal_realization(original: LoadedSpec, applied: LoadedSpec, report: ApplyRep
     store = store_of(venv)
     if venv is None or not isinstance(profile, str) or store is None or report.final_plan is None:
         return
-    if any(c.resource.startswith("venv") for c in report.final_plan.changes):
+    from reconcile.resources import BY_NAME
+
+    if any(BY_NAME[c.resource].section == "venv" for c in report.final_plan.changes):
         return
     from probes.venv import VenvObservation, read_venv
 

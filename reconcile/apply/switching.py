@@ -50,7 +50,10 @@ def held_spec(
 
 
 def _server_result(report: ApplyReport) -> ChangeResult | None:
-    return next((r for r in report.results if r.resource == "server"), None)
+    """The result of the row whose action switches what serves (`Kind.serves`), if it ran."""
+    from reconcile.resources import BY_NAME
+
+    return next((r for r in report.results if BY_NAME[r.resource].serves), None)
 
 
 def _judge(loaded: LoadedSpec, report: ApplyReport) -> tuple[bool, str | None]:

@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-    Kind = Literal["+", "~", "-", "±"]
+    ChangeKind = Literal["+", "~", "-", "±"]
     Severity = Literal["error", "warning", "info"]
 
 KIND_WORDS: Mapping[str, str] = {"+": "add", "~": "change", "-": "remove", "±": "restart"}
@@ -33,7 +33,7 @@ class Change(Record):
     """One resource that is not as the spec says, and what apply will do about it."""
 
     resource: str  # "apt", "cuda.home", "venv", "model.files", "model.config", "api_key", "server"
-    kind: Kind
+    kind: ChangeKind
     summary: str
     reason: str
     diffs: tuple[FieldDiff, ...] = ()

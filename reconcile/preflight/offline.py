@@ -78,7 +78,7 @@ def check_spec(path: str, root: str) -> SpecVerdict:
     """One spec: loaded (lock file pins applied) and preflighted against what it declares. Its files
     are data from a repository under review: nothing outside `root` is read (an `extends`, a lock or
     the spec itself that leads out is an error that shows nothing of what is there)."""
-    from reconcile.plan.prober import PROBE_NAMES, Observed
+    from reconcile.plan.prober import Observed
     from reconcile.preflight.gather import findings_for
     from reconcile.spec.loader import load_spec
     from reconcile.spec.pins import apply_lock_pins
@@ -87,7 +87,7 @@ def check_spec(path: str, root: str) -> SpecVerdict:
         loaded = apply_lock_pins(load_spec(path, within=root), within=root)
     except ReconcileError as exc:
         return SpecVerdict(path, str(exc), ())
-    nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))
+    nothing_probed = Observed()
     found = findings_for(loaded.spec, nothing_probed, within=root)
     return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 import os
 
 from probes.common import Invalid, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
-from reconcile.resources.common import Progress, failed, giB
+from reconcile.plan.records import ActionResult, Change, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, Progress, change, failed, giB, needs, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from reconcile.plan.prober import Observed
+    from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Model, Spec
 
@@ -30,7 +30,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     m = obs.model
     origin = f"{want.repo}@{want.revision}" if want.repo else (want.source or "?")
     if isinstance(m, ProbeFailure):
-        return failed("model.files", m, "model")
+        return failed(m, "model")
     drift_walks = isinstance(m, ModelObservation) and isinstance(m.record, DownloadRecord)
     refused = None  # with a record, source_drift below walks the source
     if want.source and not want.repo and not drift_walks:
@@ -40,8 +40,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
         return refused
     if not isinstance(m, ModelObservation):
         verb = "download" if want.repo else "copy"
-        return Change(
-            "model.files",
+        return change(
             "+",
             f"{verb} {origin} into {want.dir}",
             "the model directory is absent",
@@ -79,16 +78,14 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                 diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
     if diffs:
         verb = "download" if want.repo else "copy"
-        return Change(
-            "model.files",
+        return change(
             "~",
             f"{verb} {origin} into {want.dir}",
             "the model's files differ from the spec",
             tuple(diffs),
         )
     if m.missing_required:
-        return Change(
-            "model.files",
+        return change(
             "~",
             f"missing {', '.join(m.missing_required)}",
             f"{origin} does not bring these required files; add them to the model dir or fix "
@@ -99,7 +96,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     commit = f" ({record.commit[:12]})" if isinstance(record, DownloadRecord) and record.commit else ""
     if isinstance(record, DownloadRecord) and record.source:
         origin = record.source
-    return Ok("model.files", f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
+    return ok(f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
 
 
 def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapping[str, int]) -> Item | None:
@@ -114,8 +111,7 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
         return _refused(source, exc)
     need = {name: size for name, size in sizes.items() if have.get(name) != size}
     if (problem := past_free_space(model_dir, need)) is not None:
-        return Change(
-            "model.files",
+        return change(
             "~",
             f"[model].source {source}: {problem}: refused",
             "free space there, or leave files out with allow_patterns",
@@ -126,8 +122,7 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
 
 def _refused(source: str, exc: OSError) -> Change:
     name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
-    return Change(
-        "model.files",
+    return change(
         "~",
         f"[model].source {source}: {name} is {exc.strerror}: refused",
         "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
@@ -151,8 +146,7 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
         if not patch:
             return None
         was = source_config(spec.model)  # a local source's config.json is what the copy brings
-        return Change(
-            "model.config",
+        return change(
             "~",
             "config.json  + " + _keys(patch),
             "patch the config once the files are in",
@@ -162,8 +156,7 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if isinstance(backup, Invalid) or isinstance(m.config, Invalid):
         bad = backup if isinstance(backup, Invalid) else m.config
         assert isinstance(bad, Invalid)
-        return Change(
-            "model.config",
+        return change(
             "~",
             f"{bad.path}: {bad.message}",
             "fix or remove the file by hand",
@@ -177,12 +170,11 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     desired = deep_merge(original, patch)
     if current == desired:
         if not patch:
-            return Ok("model.config", "config.json is the original")
-        return Ok("model.config", f"config.json has {_keys(patch)}")
+            return ok("config.json is the original")
+        return ok(f"config.json has {_keys(patch)}")
     diffs = _json_diffs(current or {}, desired)
     sign = "+" if all(d.old is None for d in diffs) else "~"
-    return Change(
-        "model.config",
+    return change(
         "~",
         f"config.json  {sign} {', '.join(d.field for d in diffs[:3])}",
         "config.json differs from the original merged with [model].config",
@@ -250,3 +242,30 @@ def source_config(model: Model) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+PROBES = (
+    Probe(
+        "model",
+        "probes.model",
+        "model",
+        tags={
+            "ModelObservation": "model",
+            "JsonDoc": "model.json",
+            "DownloadRecord": "model.download",
+            "HubListing": "hub-listing",  # the tag it had before it was listed (probes.hub: the preflight's)
+        },
+    ),
+)
+KINDS = (
+    Kind("model.files", "model", ("model",), plan_model_files, download, restarts_server=True),
+    Kind(
+        "model.config",
+        "model",
+        ("model",),
+        plan_model_config,
+        patch_config,
+        needs("model.files"),
+        restarts_server=True,
+    ),
+)
