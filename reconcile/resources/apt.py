@@ -107,6 +107,7 @@ def install(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionRes
 
 
 def _apt_deps(spec: Spec) -> tuple[str, ...]:
+    """`apt.repositories` (when the spec has any)"""
     return ("apt.repositories",) if spec.apt is not None and spec.apt.repositories else ()
 
 

@@ -150,6 +150,7 @@ def headers_brought_by(
 
 
 def _cuda_home_deps(spec: Spec) -> tuple[str, ...]:
+    """`apt` (when the spec has `[apt]`)"""
     return ("apt",) if spec.apt is not None else ()
 
 
