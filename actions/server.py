@@ -22,7 +22,6 @@ from actions.launching import (
     connect_host,
     launch_command,
     private_dir,
-    read_record,
     refuse_crash_loop,
     wait_ready,
     write_record,
@@ -30,7 +29,14 @@ from actions.launching import (
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, checkpoint, http_request
-from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
+from reconcile.identity import (
+    IDENTITY,
+    explain_change,
+    pidfile_path,
+    read_record,
+    redact_argv,
+    state_file_path,
+)
 from reconcile.ownership.membership import (
     proc_id,
     scope_of,

@@ -114,7 +114,7 @@ def _metrics(loaded: LoadedSpec, facts: dict[str, Any]) -> dict[str, Any] | None
 def _hold(loaded: LoadedSpec) -> str | None:
     if loaded.spec.server is None:
         return None
-    from actions.launching import crash_loop_hold, read_record
+    from reconcile.identity import crash_loop_hold, read_record
 
     return crash_loop_hold(loaded.spec, read_record(loaded.spec))
 

@@ -86,8 +86,8 @@ def _gpus(
 def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[str, Any]:
     """The model's config, files and weights as apply will lay them out. `within` (validate): a local
     source outside that repository is neither read nor walked (its facts are then unknown)."""
-    from actions.model_config import deep_merge
     from probes.model import JsonDoc, ModelObservation
+    from reconcile.jsonmerge import deep_merge
 
     out: dict[str, Any] = {}
     m, want = obs.model, spec.model

@@ -137,8 +137,8 @@ def _same_revision(record: Any, revision: str) -> bool:
 def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if spec.model is None:
         return None
-    from actions.model_config import deep_merge
     from probes.model import JsonDoc, ModelObservation
+    from reconcile.jsonmerge import deep_merge
 
     patch = spec.model.config
     m = obs.model
