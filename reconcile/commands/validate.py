@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from typing import TextIO
 
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Finding
 from reconcile.record import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from reconcile.commands.common import Args
 
 # Rules whose verdict is about the machine that runs them, not about the spec.
 MACHINE_RULES = frozenset(
@@ -137,3 +142,7 @@ def render(verdicts: list[SpecVerdict], stream: TextIO, *, strict: bool) -> int:
     checked = sum(1 for v in verdicts if not v.extended_by)
     stream.write(f"{checked} spec(s) checked, {failed} failed\n")
     return 1 if failed else 0
+
+
+def cmd_validate(args: Args) -> int:
+    return render(validate_dir(args.directory), sys.stdout, strict=args.strict)
