@@ -17,7 +17,7 @@ from reconcile.apply.lock import apply_lock, sweep_stale_temps
 from reconcile.apply.saved_plan import moved_since, read_plan_file
 from reconcile.errors import ActionError, ReconcileError
 from reconcile.host import checkpoint
-from reconcile.plan.records import Change, Plan
+from reconcile.plan.records import Change, Plan, Result
 from reconcile.record import Record
 from reconcile.spec.loaded import LoadedSpec
 
@@ -69,7 +69,7 @@ class ApplyReport:
 
     @property
     def changed(self) -> bool:
-        return any(r.result == "changed" for r in self.results)
+        return any(r.result == Result.CHANGED for r in self.results)
 
     @property
     def converged(self) -> bool:
@@ -82,7 +82,7 @@ class ApplyReport:
             return 0  # held off on purpose; the report says by whom
         if self.refused is not None:
             return 1
-        if any(r.result in ("failed", "blocked", "cannot-fix") for r in self.results) or not self.converged:
+        if any(r.result in Result.FAILURES for r in self.results) or not self.converged:
             return 4
         return 2 if self.changed else 0
 
@@ -111,9 +111,9 @@ def _run_change(
     if fresh is None:
         fresh = replan_resource(loaded, change.resource)
     if fresh is None:
-        return done("already-true", "already as the spec says (re-probed before acting)")
+        return done(Result.ALREADY_TRUE, "already as the spec says (re-probed before acting)")
     if not fresh.actionable:
-        return done("cannot-fix", fresh.reason or fresh.summary, fresh)
+        return done(Result.CANNOT_FIX, fresh.reason or fresh.summary, fresh)
     progress(f"{fresh.kind} {fresh.resource}: {fresh.summary}")
     checkpoint(f"before:{fresh.resource}")
     try:
@@ -122,21 +122,23 @@ def _run_change(
             raise ActionError(f"no action for resource {fresh.resource!r} (a bug)")
         outcome = action(loaded, fresh, progress)
     except ReconcileError as exc:  # ActionError, and a RetryableError whose retries ran out
-        return done("failed", str(exc), fresh)
+        return done(Result.FAILED, str(exc), fresh)
     except OSError as exc:  # the machine said no: a full disk, a read-only or forbidden path
         where = f" ({exc.filename})" if exc.filename else ""
         hint = {28: "free some space", 30: "the filesystem is read-only", 13: "check the owner and mode"}
         fix = hint.get(exc.errno or 0)
         return done(
-            "failed", f"{exc.strerror or exc}{where}" + (f": {fix}, then apply again" if fix else ""), fresh
+            Result.FAILED,
+            f"{exc.strerror or exc}{where}" + (f": {fix}, then apply again" if fix else ""),
+            fresh,
         )
     except Exception as exc:  # a bug in an action must not hide what the other Changes did
-        return done("failed", f"the action crashed: {type(exc).__name__}: {exc} (a bug)", fresh)
+        return done(Result.FAILED, f"the action crashed: {type(exc).__name__}: {exc} (a bug)", fresh)
     checkpoint(f"after:{fresh.resource}")
     after = replan_resource(loaded, change.resource)
     if after is not None:
-        return done("failed", f"{outcome.message}; but a re-probe still finds: {after.summary}", fresh)
-    return done("changed" if outcome.changed else "already-true", outcome.message, fresh)
+        return done(Result.FAILED, f"{outcome.message}; but a re-probe still finds: {after.summary}", fresh)
+    return done(Result.CHANGED if outcome.changed else Result.ALREADY_TRUE, outcome.message, fresh)
 
 
 def _execute(
@@ -171,7 +173,7 @@ def _execute(
                     change.resource,
                     change.kind,
                     change.summary,
-                    "blocked",
+                    Result.BLOCKED,
                     cause,
                     0.0,
                     tuple((d.field, d.old, d.new) for d in change.diffs),
@@ -182,9 +184,9 @@ def _execute(
             continue
         result = _run_change(loaded, change, progress, fresh)
         report.results.append(result)
-        if result.result == "failed":
+        if result.result == Result.FAILED:
             failed[change.resource] = f"{change.resource} failed"
-        elif result.result == "cannot-fix":
+        elif result.result == Result.CANNOT_FIX:
             failed[change.resource] = f"{change.resource} is not as the spec says, and apply cannot fix it"
         after_each()
 
@@ -337,7 +339,13 @@ def _stderr_progress(line: str) -> None:
     print(f"  … {line}", file=sys.stderr, flush=True)
 
 
-_RESULT_SYMBOL = {"changed": "✓", "already-true": "·", "failed": "✗", "blocked": "⊘", "cannot-fix": "!"}
+_RESULT_SYMBOL = {
+    Result.CHANGED: "✓",
+    Result.ALREADY_TRUE: "·",
+    Result.FAILED: "✗",
+    Result.BLOCKED: "⊘",
+    Result.CANNOT_FIX: "!",
+}
 
 
 def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: bool) -> None:

@@ -14,6 +14,7 @@ from reconcile.apply import generations
 from reconcile.apply.executor import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization, who
 from reconcile.errors import ReconcileError
+from reconcile.plan.records import Action, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,9 +62,9 @@ def _judge(loaded: LoadedSpec, report: ApplyReport) -> tuple[bool, str | None]:
     switch must get ready, then pass the acceptance check (`reconcile check`'s chat, reasoning and
     forced tool call as the spec enables them)."""
     server = _server_result(report)
-    if server is not None and server.result == "failed":
+    if server is not None and server.result == Result.FAILED:
         return True, f"the server did not become ready: {server.message}"
-    if server is None or server.result != "changed" or loaded.spec.server is None:
+    if server is None or server.result != Result.CHANGED or loaded.spec.server is None:
         return False, None
     if not loaded.spec.server.running:
         return False, None
@@ -100,7 +101,9 @@ def _finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, r
     except (OSError, ReconcileError) as exc:
         report.notes.append(f"could not record the generation: {exc}")
     if problem is not None:
-        report.results.append(ChangeResult("acceptance", "~", "the switch", "failed", problem, 0.0))
+        report.results.append(
+            ChangeResult("acceptance", Action.CHANGE, "the switch", Result.FAILED, problem, 0.0)
+        )
     return problem
 
 

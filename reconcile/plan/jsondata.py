@@ -107,6 +107,8 @@ def resource_entry(item: Any) -> dict[str, Any]:
 def _first_error(report: Any) -> dict[str, Any] | None:
     """What an Ansible task shows as `msg`: the preflight rule and its fix, a bad spec's FILE:LINE
     line, or the first change that failed."""
+    from reconcile.plan.records import Result
+
     plan = report.final_plan
     if report.refused is not None:
         errors = plan.errors if plan is not None else ()
@@ -115,7 +117,7 @@ def _first_error(report: Any) -> dict[str, Any] | None:
             return {"message": e.message, "rule": e.rule, "fix": e.fix, "resource": None}
         return {"message": report.refused, "rule": None, "fix": None, "resource": None}
     for r in report.results:
-        if r.result in ("failed", "blocked", "cannot-fix"):
+        if r.result in Result.FAILURES:
             return {"message": r.message, "rule": None, "fix": None, "resource": r.resource}
     if report.paused is None and not report.converged:
         pending = ", ".join(c.resource for c in plan.changes) if plan is not None else "unknown"

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 from reconcile.errors import ReconcileError
 from reconcile.plan.prober import Observed, probe_all, probe_some
-from reconcile.plan.records import Change, Item, Plan
+from reconcile.plan.records import Action, Change, Item, Plan
 from reconcile.resources import BY_NAME, TABLE
 from reconcile.spec.loaded import LoadedSpec
 
@@ -122,7 +122,9 @@ def replan_resource(loaded: LoadedSpec, resource: str) -> Change | None:
         item = _planned(row, spec, probe_some(spec, row.probes))
     except Exception as exc:
         what = str(exc) if isinstance(exc, ReconcileError) else f"{type(exc).__name__}: {exc}"
-        return Change(resource, "~", f"cannot be checked: {what}", "re-planning it failed", actionable=False)
+        return Change(
+            resource, Action.CHANGE, f"cannot be checked: {what}", "re-planning it failed", actionable=False
+        )
     return item if isinstance(item, Change) else None
 
 

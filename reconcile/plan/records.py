@@ -13,12 +13,39 @@ from reconcile.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Literal
+    from typing import Any, Final, Literal
 
     ChangeKind = Literal["+", "~", "-", "±"]
     Severity = Literal["error", "warning", "info"]
 
-KIND_WORDS: Mapping[str, str] = {"+": "add", "~": "change", "-": "remove", "±": "restart"}
+
+class Action:
+    """What apply will do to a resource: a Change's kind, as the text plan and JSON write it."""
+
+    CREATE: Final = "+"
+    CHANGE: Final = "~"
+    REMOVE: Final = "-"
+    RESTART: Final = "±"
+
+
+KIND_WORDS: Mapping[str, str] = {
+    Action.CREATE: "add",
+    Action.CHANGE: "change",
+    Action.REMOVE: "remove",
+    Action.RESTART: "restart",
+}
+
+
+class Result:
+    """What apply did with one Change (ChangeResult.result), as the report, JSON and metrics write it."""
+
+    CHANGED: Final = "changed"
+    ALREADY_TRUE: Final = "already-true"
+    FAILED: Final = "failed"
+    BLOCKED: Final = "blocked"  # something it depends on failed
+    CANNOT_FIX: Final = "cannot-fix"  # drift apply only reports
+    ALL: Final = (CHANGED, ALREADY_TRUE, FAILED, BLOCKED, CANNOT_FIX)
+    FAILURES: Final = (FAILED, BLOCKED, CANNOT_FIX)
 
 
 class FieldDiff(Record):

@@ -6,7 +6,7 @@ A row of reconcile.resources; probe: probes.api_key; action: actions.api_key.
 from __future__ import annotations
 
 from probes.common import Absent, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
 from reconcile.resources.common import Kind, Probe, Progress, change, failed, ok
 
 TYPE_CHECKING = False
@@ -26,14 +26,14 @@ def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
     mode = want.mode if len(want.mode) == 4 else "0" + want.mode
     if isinstance(k, Absent) or k is None:
         return change(
-            "+",
+            Action.CREATE,
             f"generate {want.file} (mode {mode}, owner {want.owner})",
             "the key file does not exist",
             (FieldDiff("file", None, want.file),),
         )
     if k.kind != "file":
         return change(
-            "~",
+            Action.CHANGE,
             f"{want.file} is {k.what}, not a regular file",
             "move it aside; apply writes a regular file",
             actionable=False,
@@ -48,7 +48,7 @@ def plan_api_key(spec: Spec, obs: Observed) -> Item | None:
     if k.size == 0:
         diffs.append(FieldDiff("size", 0, "a key"))
     if diffs:
-        return change("~", f"fix {want.file}", "the key file is not as the spec says", tuple(diffs))
+        return change(Action.CHANGE, f"fix {want.file}", "the key file is not as the spec says", tuple(diffs))
     return ok(f"{want.file} ({k.mode}, {k.owner})")
 
 

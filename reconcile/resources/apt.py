@@ -5,7 +5,7 @@ Rows of reconcile.resources; probe: probes.apt; action: actions.apt.
 
 from __future__ import annotations
 
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
 from reconcile.resources.common import Kind, Probe, Progress, change, failed, ok
 
 TYPE_CHECKING = False
@@ -45,7 +45,7 @@ def plan_apt_repositories(spec: Spec, obs: Observed) -> Item | None:
     if not missing:
         return ok(", ".join(r.name for r in spec.apt.repositories))
     return change(
-        "+",
+        Action.CREATE,
         f"add repository {', '.join(missing)}",
         "the spec names a repository that apt does not have (or its keyring is missing)",
         tuple(FieldDiff(n, None, _repo_file(spec, n)) for n in missing),
@@ -73,7 +73,7 @@ def plan_apt(spec: Spec, obs: Observed) -> Item | None:
     n = len(spec.apt.packages)
     if not todo:
         return ok(f"{n} package{'s' if n != 1 else ''} installed")
-    kind: ChangeKind = "+" if all(d.old is None for d in diffs) else "~"
+    kind: ChangeKind = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
     return change(
         kind,
         f"install {', '.join(todo)}",

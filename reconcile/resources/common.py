@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from probes.common import ProbeFailure, Unavailable
-from reconcile.plan.records import Change, Ok
+from reconcile.plan.records import Action, Change, Ok
 from reconcile.record import Record
 
 TYPE_CHECKING = False
@@ -114,7 +114,10 @@ def failed(result: object, section: str) -> Change | None:
     """A probe that could not look: a drift apply cannot fix, with the probe's reason."""
     if isinstance(result, (ProbeFailure, Unavailable)):
         return change(
-            "~", f"cannot be checked: {result.reason}", f"the {section} probe failed", actionable=False
+            Action.CHANGE,
+            f"cannot be checked: {result.reason}",
+            f"the {section} probe failed",
+            actionable=False,
         )
     return None
 

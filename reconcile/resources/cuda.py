@@ -5,7 +5,7 @@ Rows of reconcile.resources; probe: probes.cuda; action: actions.cuda.
 
 from __future__ import annotations
 
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
 from reconcile.resources.common import Kind, Probe, Progress, change, failed, needs, ok
 from reconcile.vllm.versions import numbers
 
@@ -32,7 +32,7 @@ def plan_cuda_home(spec: Spec, obs: Observed) -> Item | None:
     if target is None:
         if home.resolved is None:
             return change(
-                "~",
+                Action.CHANGE,
                 f"{home.path} is {home.state}",
                 "CUDA_HOME must exist (set [cuda].target to let apply point it)",
                 actionable=False,
@@ -44,13 +44,13 @@ def plan_cuda_home(spec: Spec, obs: Observed) -> Item | None:
         return ok(shown)
     if home.state == "directory":
         return change(
-            "~",
+            Action.CHANGE,
             f"{home.path} is a real directory, not a symlink",
             f"move it aside (mv {home.path} {home.path}-old) and apply again; apply never deletes it",
             (FieldDiff("target", "(directory)", target),),
             actionable=False,
         )
-    kind: ChangeKind = "+" if home.state == "absent" else "~"
+    kind: ChangeKind = Action.CREATE if home.state == "absent" else Action.CHANGE
     return change(
         kind,
         f"{shown}  =>  {target}",
@@ -104,7 +104,7 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
         spec, missing, [d.field for d in diffs], nvcc.release if isinstance(nvcc, Nvcc) else None
     )
     return change(
-        "~",
+        Action.CHANGE,
         summary,
         f"[apt] packages bring them ({hint})"
         if brought_by

@@ -6,7 +6,7 @@ A row of reconcile.resources; probe: probes.gpu.
 from __future__ import annotations
 
 from probes.common import ProbeFailure, Unavailable
-from reconcile.plan.records import FieldDiff, Item
+from reconcile.plan.records import Action, FieldDiff, Item
 from reconcile.resources.common import Kind, Probe, change, ok
 from reconcile.vllm.versions import numbers
 
@@ -25,7 +25,9 @@ def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
     )
     inv = obs.gpu
     if isinstance(inv, (Unavailable, ProbeFailure)):
-        return change("~", f"unavailable: {inv.reason}", f"the spec wants {wanted}", actionable=False)
+        return change(
+            Action.CHANGE, f"unavailable: {inv.reason}", f"the spec wants {wanted}", actionable=False
+        )
     assert inv is not None
     diffs: list[FieldDiff] = []
     if want.count is not None and inv.count != want.count:
@@ -41,7 +43,7 @@ def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
     seen = f"{inv.count}× {', '.join(names) or 'no GPU'} ({', '.join(ccs)}), driver {inv.driver_version}"
     if diffs:
         return change(
-            "~",
+            Action.CHANGE,
             seen,
             f"the spec wants {wanted}; drivers and GPUs are outside apply's reach",
             tuple(diffs),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from probes.common import Invalid, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
 from reconcile.resources.common import Kind, Probe, Progress, change, failed, giB, needs, ok
 
 TYPE_CHECKING = False
@@ -41,7 +41,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     if not isinstance(m, ModelObservation):
         verb = "download" if want.repo else "copy"
         return change(
-            "+",
+            Action.CREATE,
             f"{verb} {origin} into {want.dir}",
             "the model directory is absent",
             (FieldDiff("dir", None, want.dir),),
@@ -79,14 +79,14 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     if diffs:
         verb = "download" if want.repo else "copy"
         return change(
-            "~",
+            Action.CHANGE,
             f"{verb} {origin} into {want.dir}",
             "the model's files differ from the spec",
             tuple(diffs),
         )
     if m.missing_required:
         return change(
-            "~",
+            Action.CHANGE,
             f"missing {', '.join(m.missing_required)}",
             f"{origin} does not bring these required files; add them to the model dir or fix "
             "[model].required_files",
@@ -112,7 +112,7 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
     need = {name: size for name, size in sizes.items() if have.get(name) != size}
     if (problem := past_free_space(model_dir, need)) is not None:
         return change(
-            "~",
+            Action.CHANGE,
             f"[model].source {source}: {problem}: refused",
             "free space there, or leave files out with allow_patterns",
             actionable=False,
@@ -123,7 +123,7 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
 def _refused(source: str, exc: OSError) -> Change:
     name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
     return change(
-        "~",
+        Action.CHANGE,
         f"[model].source {source}: {name} is {exc.strerror}: refused",
         "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
         actionable=False,
@@ -147,7 +147,7 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
             return None
         was = source_config(spec.model)  # a local source's config.json is what the copy brings
         return change(
-            "~",
+            Action.CHANGE,
             "config.json  + " + _keys(patch),
             "patch the config once the files are in",
             tuple(FieldDiff(k, was.get(k), v) for k, v in patch.items()),
@@ -157,7 +157,7 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
         bad = backup if isinstance(backup, Invalid) else m.config
         assert isinstance(bad, Invalid)
         return change(
-            "~",
+            Action.CHANGE,
             f"{bad.path}: {bad.message}",
             "fix or remove the file by hand",
             actionable=False,
@@ -173,9 +173,9 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
             return ok("config.json is the original")
         return ok(f"config.json has {_keys(patch)}")
     diffs = _json_diffs(current or {}, desired)
-    sign = "+" if all(d.old is None for d in diffs) else "~"
+    sign = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
     return change(
-        "~",
+        Action.CHANGE,
         f"config.json  {sign} {', '.join(d.field for d in diffs[:3])}",
         "config.json differs from the original merged with [model].config",
         tuple(diffs),

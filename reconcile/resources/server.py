@@ -8,7 +8,7 @@ same probes the plan used.
 from __future__ import annotations
 
 from probes.common import ProbeFailure, Unavailable
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item, Ok
 from reconcile.resources.common import Kind, Probe, change, needs, ok
 
 TYPE_CHECKING = False
@@ -52,7 +52,9 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     want = spec.server
     seen = obs.server
     if isinstance(seen, (ProbeFailure, Unavailable)):
-        return change("~", f"cannot be checked: {seen.reason}", "the server probe failed", actionable=False)
+        return change(
+            Action.CHANGE, f"cannot be checked: {seen.reason}", "the server probe failed", actionable=False
+        )
     assert isinstance(seen, ServerObservation)
     strays = seen.strays
     stray_diffs = tuple(FieldDiff(f"stray {p.pid}", _describe(p), "stopped") for p in strays)
@@ -60,7 +62,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         if seen.processes:
             pids = ", ".join(str(p.pid) for p in seen.processes)
             return change(
-                "-", f"stop {want.name} (pids {pids})", "the spec says running = false", stray_diffs
+                Action.REMOVE, f"stop {want.name} (pids {pids})", "the spec says running = false", stray_diffs
             )
         return ok(f"{want.name} stopped, as the spec says")
     running = seen.server
@@ -70,7 +72,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         if seen.pidfile.state == "corrupt":
             extra += f"; pidfile {seen.pidfile.path} {seen.pidfile.reason}: kept aside as .corrupt"
         return change(
-            "+",
+            Action.CREATE,
             f"start {want.name} on {where}{extra}",
             "no process of this deployment is running"
             if not strays
@@ -82,7 +84,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         old = seen.record.components if isinstance(seen.record, ServerRecord) else {}
         why = explain_change(old, desired.components)
         return change(
-            "±",
+            Action.RESTART,
             f"restart {want.name}: {why}",
             why,
             (FieldDiff("identity", running.identity, desired.digest), *stray_diffs),
@@ -91,7 +93,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     state = getattr(health, "state", None)
     if state == "not_listening":
         return change(
-            "~",
+            Action.CHANGE,
             f"wait for {want.name} (pid {running.pid}) to finish starting",
             "the process runs but its port does not answer yet",
             stray_diffs,
@@ -99,14 +101,14 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if state != "healthy":
         detail = getattr(health, "error", None) or f"/health answered {getattr(health, 'health_status', '?')}"
         return change(
-            "±",
+            Action.RESTART,
             f"restart {want.name}: unhealthy ({detail})",
             "the server is unhealthy",
             stray_diffs,
         )
     if strays:
         return change(
-            "-",
+            Action.REMOVE,
             f"stop {len(strays)} stray process(es) of {want.name}",
             "processes of this deployment (its cgroup, its recorded launches, its marker) outside the "
             "live server's group",
@@ -116,7 +118,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         # Healthy and the right identity, but the pidfile does not name it (apply was killed
         # between the start and the pidfile write): adopt it, no restart.
         return change(
-            "~",
+            Action.CHANGE,
             f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
             f"the pidfile is {seen.pidfile.state}"
             + (f" ({seen.pidfile.reason}; kept aside as .corrupt)" if seen.pidfile.reason else ""),
@@ -141,7 +143,7 @@ def restart_after(item: Item, spec: Spec, obs: Observed, pending: list[str]) -> 
     running = getattr(obs.server, "running_identity", None)
     why = f"{', '.join(pending)} will change and its launch identity covers them"
     return change(
-        "±",
+        Action.RESTART,
         f"restart {spec.server.name} after {', '.join(pending)}",
         why,
         (FieldDiff("identity", running, f"(new, after {', '.join(pending)})"),),

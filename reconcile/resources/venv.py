@@ -9,7 +9,7 @@ import functools
 import os
 
 from probes.common import Absent, Invalid, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
 from reconcile.resources.common import Kind, Probe, Progress, change, failed, needs, ok
 
 TYPE_CHECKING = False
@@ -33,14 +33,14 @@ def plan_venv(spec: Spec, obs: Observed) -> Item | None:
         return failed(v, "venv")
     if isinstance(v, Absent):
         return change(
-            "+",
+            Action.CREATE,
             f"create {want.path} with {want.python}",
             "the venv does not exist",
             (FieldDiff("path", None, want.path),),
         )
     if isinstance(v, Invalid):
         return change(
-            "~",
+            Action.CHANGE,
             f"{want.path}: {v.message}",
             "not a virtual environment; move it aside and apply again (apply never deletes it)",
             actionable=False,
@@ -63,7 +63,7 @@ def plan_venv(spec: Spec, obs: Observed) -> Item | None:
         diffs.append(FieldDiff("pip", None, "installed"))
         reason = "pip is missing (a venv whose creation was interrupted): it cannot install the packages"
     if diffs:
-        return change("~", f"fix {want.path}", reason, tuple(diffs))
+        return change(Action.CHANGE, f"fix {want.path}", reason, tuple(diffs))
     return ok(f"{want.path} (Python {v.version or '?'})")
 
 
@@ -100,7 +100,7 @@ def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
         assert installed is not None
         shown = ", ".join(f"{k} {installed.version_of(k)}" for k in list(spec.venv.packages)[:3])
         return ok(f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''})")
-    kind: ChangeKind = "+" if all(d.old is None for d in diffs) else "~"
+    kind: ChangeKind = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
     shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
     return change(
         kind,

@@ -12,13 +12,14 @@ import re
 from collections.abc import Mapping
 
 from reconcile.host import atomic_write
+from reconcile.plan.records import Result
 from reconcile.safety.filesafety import ensure_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-RESULTS = ("changed", "already-true", "failed", "blocked", "cannot-fix")
+RESULTS = Result.ALL
 OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error", "interrupted")
 
 

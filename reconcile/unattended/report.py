@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from reconcile.host import atomic_write, move_aside
+from reconcile.plan.records import Result
 from reconcile.record import Record
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
 from reconcile.unattended.metrics import OUTCOMES, RESULTS, previous_from_textfile, write_textfile
@@ -111,7 +112,7 @@ def build_record(f: RunFacts, previous: Mapping[str, Any] | None) -> dict[str, A
     counts = {r: sum(1 for x in results if x["result"] == r) for r in RESULTS}
     final = f.plan
     pending = [c.resource for c in final.changes] if final is not None else []
-    failures = sum(counts[r] for r in ("failed", "blocked", "cannot-fix"))
+    failures = sum(counts[r] for r in Result.FAILURES)
     failures += len(final.errors) if final is not None else 0
     failures += 1 if f.error is not None or (f.report is not None and f.report.refused) else 0
     verdict = outcome(f)
