@@ -1,8 +1,9 @@
-"""Switching generations: `apply` with generations recorded, checked and rolled back, and `rollback`.
+"""Switching generations: the spec an apply works on (the user's, or a held generation's), and under
+the apply lock the realized state recorded, a switch judged (readiness, then the acceptance chat),
+config.json restored; `rollback`.
 
-Called by the CLI (apply, rollback, plan/status/check for the hold). Around reconcile.apply.executor:
-it picks the spec to apply (the user's, or a held generation's), and under the apply lock records
-the realized state, judges a switch (readiness, then the acceptance chat) and restores config.json.
+Called by reconcile.apply.executor (apply) and the commands (rollback; plan/status/check for the
+hold). Around reconcile.apply.changes, which runs the Changes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import time
 
 from reconcile.apply import generations
-from reconcile.apply.executor import ApplyReport, ChangeResult, ProgressFn, apply_spec
+from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization, who
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Action, Result
@@ -81,7 +82,7 @@ def _judge(loaded: LoadedSpec, report: ApplyReport) -> tuple[bool, str | None]:
     )
 
 
-def _finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str) -> str | None:
+def finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str) -> str | None:
     """Under the lock, at the end of an apply: record the state, judge a switch. Returns the problem.
     A record that cannot be written must not hide what the apply did: it becomes a note."""
     state_dir = applied.spec.machine.state_dir
@@ -107,82 +108,7 @@ def _finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, r
     return problem
 
 
-def apply(
-    loaded: LoadedSpec,
-    *,
-    lock_timeout: float,
-    scheduled: bool = False,
-    auto_rollback: bool = True,
-    progress: ProgressFn | None = None,
-    expected: dict[str, Any] | None = None,
-) -> ApplyReport:
-    """`reconcile apply`: the held generation or the spec, then, after a switch that does not serve,
-    back to the last good generation (exit 4, the reason in the report)."""
-    state_dir = loaded.spec.machine.state_dir
-    effective, notes, hold = held_spec(loaded, scheduled=scheduled)
-    spec_server = effective.spec.server
-    enabled = auto_rollback and getattr(spec_server, "auto_rollback", True)
-    before = generations.current(state_dir)
-    outcome: dict[str, Any] = {}
-
-    def restore(report: ApplyReport) -> None:
-        if hold is not None:
-            restore_config(effective, generations.read(state_dir, hold.generation))
-
-    def done(report: ApplyReport) -> None:
-        outcome["problem"] = problem = _finish(loaded, effective, report, reason="apply")
-        if problem is None:
-            if (
-                hold is None
-                and (old := generations.read_hold(state_dir)) is not None
-                and old.kind == "failed"
-            ):
-                generations.release_hold(state_dir)  # the retried spec serves now
-            return
-        target = generations.last_good(
-            state_dir, other_than=report.generation or generations.current(state_dir)
-        )
-        if (
-            enabled
-            and hold is None
-            and target is not None
-            and target["generation"] != generations.current(state_dir)
-        ):
-            generations.write_hold(
-                state_dir,
-                generations.Hold(target["generation"], "failed", time.time(), who(), loaded.sha256, problem),
-            )
-            outcome["target"] = target
-        elif before is not None and not enabled:
-            report.notes.append("automatic rollback is off: the failed generation stays")
-
-    report = apply_spec(
-        effective,
-        lock_timeout=lock_timeout,
-        scheduled=scheduled,
-        # What a person approved at the terminal (the spec's plan; not a held generation's).
-        expected=expected if effective is loaded else None,
-        exact=False,
-        progress=progress,
-        on_locked=restore,
-        on_done=done,
-    )
-    report.notes[:0] = notes
-    target = outcome.get("target")
-    if target is not None:
-        back = _switch_to(
-            loaded, target, lock_timeout, progress, reason=f"automatic rollback: {outcome['problem']}"
-        )
-        report.notes.append(
-            f"automatic rollback to generation {target['generation']}: {outcome['problem']}; "
-            + ("it serves again" if back.exit_code in (0, 2) else "it did NOT come back: see below")
-        )
-        report.results += [r._replace(resource=f"rollback:{r.resource}") for r in back.results]
-        report.notes += back.notes
-    return report
-
-
-def _switch_to(
+def switch_to(
     loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
 ) -> ApplyReport:
     """Apply generation `gen`'s spec at its realization, its config.json bytes put back first."""
@@ -192,7 +118,7 @@ def _switch_to(
         restore_config(applied, gen)
 
     def done(report: ApplyReport) -> None:
-        _finish(loaded, applied, report, reason=reason)
+        finish(loaded, applied, report, reason=reason)
 
     report = apply_spec(
         applied,
@@ -242,7 +168,7 @@ def rollback(
         ),
     )
     try:
-        report = _switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
+        report = switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
     except BaseException:
         if previous is None:  # nothing switched: the hold as it was
             generations.release_hold(state_dir)

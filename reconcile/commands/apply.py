@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 def cmd_apply(args: Args) -> int:
-    from reconcile.apply.executor import apply_plan_file
+    from reconcile.apply.changes import apply_plan_file
+    from reconcile.apply.executor import apply
     from reconcile.apply.progress import showing
-    from reconcile.apply.switching import apply
 
     started = time.time()
     loaded: LoadedSpec | None = None
@@ -54,7 +54,7 @@ def cmd_apply(args: Args) -> int:
         if not isinstance(exc, NotApproved):  # a person said no at the terminal: no run to report
             record_failure(args, "apply", started, loaded, exc)
         if args.json:  # Ansible and scripts read one document on stdout whatever happened
-            from reconcile.apply.executor import ApplyReport
+            from reconcile.apply.changes import ApplyReport
 
             failed = ApplyReport(getattr(args, "spec", None) or args.planfile or "", refused=str(exc))
             print_report(failed, as_json=True, quiet=False)

@@ -51,7 +51,7 @@ def print_report(report: Any, *, as_json: bool, quiet: bool) -> None:
     """The apply report on stdout; in colour on a terminal (NO_COLOR and TERM=dumb respected)."""
     import io
 
-    from reconcile.apply.executor import render_report
+    from reconcile.apply.changes import render_report
     from reconcile.plan.render import paint_report, use_colour
 
     if as_json or not use_colour(sys.stdout):

@@ -1,7 +1,7 @@
 """What a plan is made of: Changes (to make), Oks (already true) and Findings (preflight).
 
 Pure data, built by `reconcile.plan.planner`, rendered by `reconcile.plan.render`, executed by
-`reconcile.apply.executor`. Everything here is JSON-serialisable and holds no secrets.
+`reconcile.apply.changes`. Everything here is JSON-serialisable and holds no secrets.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from reconcile.apply.executor import ApplyReport
+    from reconcile.apply.changes import ApplyReport
     from reconcile.plan.records import Plan
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.unattended.pause import Pause
