@@ -81,7 +81,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/unattended/metrics.py": (1, STATE),
     "reconcile/unattended/pause.py": (2, STATE),
     "reconcile/unattended/report.py": (1, STATE),
-    "reconcile/unattended/init_survey.py": (2, PROC),
+    "reconcile/authoring/init_survey.py": (2, PROC),
     "reconcile/unattended/timer.py": (2, SYSTEM),
 }
 

@@ -10,8 +10,8 @@ if TYPE_CHECKING:
 
 
 def cmd_init(args: Args) -> int:
-    from reconcile.unattended.init_draft import render_spec
-    from reconcile.unattended.init_survey import default_path, probe_machine, write_spec
+    from reconcile.authoring.init_draft import render_spec
+    from reconcile.authoring.init_survey import default_path, probe_machine, write_spec
 
     facts = probe_machine(pid=args.pid)
     text = render_spec(facts, state_dir=args.state_dir, manage_server=args.manage_server)

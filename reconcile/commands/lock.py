@@ -8,9 +8,9 @@ if TYPE_CHECKING:
 
 
 def cmd_lock(args: Args) -> int:
+    from reconcile.authoring.lockfile import make_lock
     from reconcile.spec.cache import load
     from reconcile.spec.loader import find_spec
-    from reconcile.unattended.lockfile import make_lock
 
     result = make_lock(load(find_spec(args.spec)))  # the spec as written: what floats there
     for line in result.lines:
