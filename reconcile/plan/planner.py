@@ -1,4 +1,4 @@
-"""Desired (Spec) vs observed (probes) -> Plan: each row of the resource table, in its order.
+"""Desired (Spec) vs observed (probes) -> Plan: each declared row (reconcile.resources), in its order.
 
 Called by `reconcile plan`, by the executor (whole plan, then `replan_resource` right before and
 after each action) and by status. Pure apart from running the probes it is asked to run.

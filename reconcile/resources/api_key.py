@@ -1,6 +1,7 @@
 """The API key file: made once, mode and owner as the spec says; its content is never read.
 
-A row of reconcile.resources; probe: probes.api_key; action: actions.api_key.
+Declares (at the end) the api_key probe (probes.api_key) and the api_key kind; action:
+actions.api_key.
 """
 
 from __future__ import annotations

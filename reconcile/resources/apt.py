@@ -1,6 +1,7 @@
 """apt repositories and packages: the plan item for each, and the action that makes it true.
 
-Rows of reconcile.resources; probe: probes.apt; action: actions.apt.
+Declares (at the end) the apt probe (probes.apt) and the apt.repositories and apt kinds; action:
+actions.apt.
 """
 
 from __future__ import annotations

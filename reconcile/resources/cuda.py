@@ -1,6 +1,7 @@
 """The CUDA toolkit: the CUDA_HOME symlink (apply points it), nvcc, its archs and headers (checked).
 
-Rows of reconcile.resources; probe: probes.cuda; action: actions.cuda.
+Declares (at the end) the cuda probe (probes.cuda) and the cuda.home and cuda kinds; action:
+actions.cuda.
 """
 
 from __future__ import annotations

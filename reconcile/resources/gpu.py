@@ -1,6 +1,6 @@
 """The GPUs and their driver: checked against [gpu], never changed (outside apply's reach).
 
-A row of reconcile.resources; probe: probes.gpu.
+Declares (at the end) the gpu probe (probes.gpu) and the gpu kind, which has no action.
 """
 
 from __future__ import annotations

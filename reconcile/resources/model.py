@@ -1,6 +1,7 @@
 """The model's files (download or copy) and its config.json patch: plan items and actions.
 
-Rows of reconcile.resources; probe: probes.model; actions: actions.model, actions.model_config.
+Declares (at the end) the model probe (probes.model) and the model.files and model.config kinds;
+actions: actions.model, actions.model_config.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The virtual environment and its packages: plan items and the actions that make them true.
 
-Rows of reconcile.resources; probe: probes.venv; action: actions.venv.
+Declares (at the end) the venv probe (probes.venv) and the venv and venv.packages kinds; action:
+actions.venv.
 """
 
 from __future__ import annotations
