@@ -9,13 +9,22 @@ import json
 import os
 
 from reconcile.plan.jsondata import PLAN_FORMAT, head, jsonable, resource_entry
-from reconcile.plan.records import Change, Finding, Ok, Plan
+from reconcile.plan.records import Action, Change, Finding, Ok, Plan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
-_SYMBOL_COLOUR = {"✓": "32", "+": "32", "~": "33", "-": "31", "±": "35", "!": "31", "✗": "31", "⚠": "33"}
+_SYMBOL_COLOUR = {
+    "✓": "32",
+    Action.CREATE: "32",
+    Action.CHANGE: "33",
+    Action.REMOVE: "31",
+    Action.RESTART: "35",
+    "!": "31",
+    "✗": "31",
+    "⚠": "33",
+}
 _WIDTH = 16
 
 
