@@ -12,11 +12,11 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from reconcile.engine.apt_policy import policy_table
 from reconcile.errors import ActionError, RetryableError
 from reconcile.host import CommandTimeout, Completed, ToolMissing, atomic_write, run
 from reconcile.plan.records import ActionResult
 from reconcile.safety.filesafety import ensure_dir, open_regular
+from reconcile.vllm.apt_policy import policy_table
 
 _KEY_MAX = 1 << 20  # an armored keyring is a few KiB; a sources file one line
 

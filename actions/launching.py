@@ -15,7 +15,16 @@ from types import MappingProxyType
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
-from reconcile.identity import IDENTITY, MARKER, Identity, deployment_id, launch_identity, state_file_path
+from reconcile.identity import (
+    IDENTITY,
+    MARKER,
+    Identity,
+    crash_loop_hold,
+    deployment_id,
+    launch_identity,
+    read_record,
+    state_file_path,
+)
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import statefiles
@@ -251,9 +260,9 @@ def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int =
 
 
 def diagnoses(lines: list[str]) -> tuple[str, ...]:
-    """Known start-up failures among `lines`, each with its fix (reconcile.engine.failures)."""
+    """Known start-up failures among `lines`, each with its fix (reconcile.vllm.failures)."""
     try:
-        from reconcile.engine.failures import diagnose
+        from reconcile.vllm.failures import diagnose
     except ImportError:
         return ()
     return tuple(f"{d.explanation}; fix: {d.fix} (log: {d.line})" for d in diagnose(lines))
@@ -299,14 +308,6 @@ def wait_ready(
     return ReadinessFailure(reason, log_path, tuple(lines[-40:]), diagnoses(lines))
 
 
-def read_record(spec: Spec) -> dict[str, Any]:
-    """The server's record: identity components, log offset of the last start, start history."""
-    try:  # the one reader: a damaged record is moved aside, said, and reads as none
-        return statefiles.read_server_record(state_file_path(spec)) or {}
-    except OSError:
-        return {}
-
-
 def write_record(spec: Spec, record: Mapping[str, Any]) -> None:
     """The record, 0600 in the 0700 state dir: it names our launches, which is what membership trusts."""
     path = state_file_path(spec)
@@ -330,25 +331,6 @@ def reset_crash_loop(spec: Spec) -> ActionResult:
     record["history"] = [h for h in record.get("history", []) if h.get("outcome") != "failed"]
     write_record(spec, record)
     return ActionResult(True, f"forgot {len(failed)} failed start(s)")
-
-
-def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> str | None:
-    """The crash-loop guard's verdict in words when it refuses starts now (None: it allows them)."""
-    guard = _server(spec).crash_loop
-    now = time.time() if now is None else now
-    recent: list[Mapping[str, Any]] = []
-    for entry in record.get("history", []):
-        if entry.get("outcome") == "ok":
-            recent = []
-        elif entry.get("outcome") == "failed" and entry.get("at", 0) > now - guard.window:
-            recent.append(entry)
-    if len(recent) < guard.max_starts:
-        return None
-    until = time.strftime("%H:%M:%S", time.localtime(recent[-guard.max_starts]["at"] + guard.window))
-    return (
-        f"server {_server(spec).name} failed to start {len(recent)} times within {guard.window:g}s "
-        f"(last: {recent[-1].get('reason', '?')}); not starting it again before {until}"
-    )
 
 
 def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from actions.model_config import (
     BACKUP,
-    deep_merge,
     desired_config,
     drop_stale_backup,
     original_path,
@@ -36,7 +35,7 @@ from reconcile.safety.untrusted import JSON_LIMIT, past_free_space, read_regular
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
 
-__all__ = ["MANIFEST", "deep_merge", "desired_config", "download", "patch_config", "resolve_revision"]
+__all__ = ["MANIFEST", "desired_config", "download", "patch_config", "resolve_revision"]
 
 MANIFEST = ".reconcile-model.json"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

@@ -1,9 +1,10 @@
 """The model's config.json patch: deep-merge `[model].config` onto the original, kept as config.json.bak.
 
-`patch_config` is the action for the `model.config` Change; `desired_config` and `deep_merge` are pure
-helpers the planner and the model probe may call. Merge rules: dicts merge recursively, any other value
-replaces. There is no delete: TOML has no null, so a key leaves the patch by being dropped from it, and
-the backed-up original value comes back. (A Python caller's None is written as JSON null, like any value.)
+`patch_config` is the action for the `model.config` Change; `desired_config` is the pure helper it
+merges with (reconcile.jsonmerge.deep_merge, which the planner and the preflight call too). Merge
+rules: dicts merge recursively, any other value replaces. There is no delete: TOML has no null, so a
+key leaves the patch by being dropped from it, and the backed-up original value comes back. (A Python
+caller's None is written as JSON null, like any value.)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
+from reconcile.jsonmerge import deep_merge
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety.untrusted import JSON_LIMIT, read_regular, reduced_mode
@@ -25,18 +27,6 @@ if TYPE_CHECKING:
 
 CONFIG = "config.json"
 BACKUP = "config.json.bak"
-
-
-def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """A new dict: `base`'s keys in their order, then the patch's new keys; dicts merge recursively."""
-    out = dict(base)
-    for key, value in patch.items():
-        old = out.get(key)
-        if isinstance(old, Mapping) and isinstance(value, Mapping):
-            out[key] = deep_merge(old, value)
-        else:
-            out[key] = _plain(value)
-    return out
 
 
 def desired_config(model_dir: str, patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,15 +121,6 @@ def _parse(raw: bytes, path: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ActionError(f"{path}: a JSON {type(obj).__name__}, not an object; restore it from the hub")
     return obj
-
-
-def _plain(value: Any) -> Any:
-    """Patch values come from frozen spec models: turn mappings/tuples into JSON-ready dicts/lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _keys(patch: Mapping[str, Any]) -> str:

@@ -22,7 +22,6 @@ from actions.launching import (
     connect_host,
     launch_command,
     private_dir,
-    read_record,
     refuse_crash_loop,
     wait_ready,
     write_record,
@@ -30,7 +29,14 @@ from actions.launching import (
 from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, checkpoint, http_request
-from reconcile.identity import IDENTITY, explain_change, pidfile_path, redact_argv, state_file_path
+from reconcile.identity import (
+    IDENTITY,
+    explain_change,
+    pidfile_path,
+    read_record,
+    redact_argv,
+    state_file_path,
+)
 from reconcile.ownership.membership import (
     proc_id,
     scope_of,
@@ -106,7 +112,7 @@ def ensure_running(
 def _kv_note(spec: Spec, record: Mapping[str, Any]) -> str:
     """What vLLM's log said about the KV cache during this start (the figure the memory rule predicts)."""
     from actions.launching import read_log
-    from reconcile.engine.startup import startup_phase
+    from reconcile.vllm.startup import startup_phase
 
     _phase, kv = startup_phase(read_log(_server(spec).log, int(record.get("log_offset", 0))))
     return f"; vLLM's KV cache: {kv} tokens" if kv else ""

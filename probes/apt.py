@@ -181,7 +181,7 @@ def _unknown(names: list[str]) -> tuple[str, ...] | None:
 
 
 def _ask_apt_cache(names: list[str]) -> tuple[str, ...] | None:
-    from reconcile.engine.apt_policy import policy_table
+    from reconcile.vllm.apt_policy import policy_table
 
     try:
         done = host.run(["apt-cache", "policy", *names], env={**os.environ, "LC_ALL": "C"}, timeout=30.0)

@@ -70,7 +70,7 @@ class GpuDevice(Record):
         """The total CUDA reports (cudaMemGetInfo, what vLLM's gpu-memory-utilization multiplies):
         NVML's total less the memory the driver reserves (615 MiB on an H200, driver 580). Old
         drivers without v2 memory info count the reserve as used: 616 MiB is taken off then."""
-        from reconcile.engine.budget import cuda_total  # the one conversion, shared with the oracle
+        from reconcile.vllm.budget import cuda_total  # the one conversion, shared with the oracle
 
         return cuda_total(self.memory_total, self.memory_reserved)
 

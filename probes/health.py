@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import time
 
-from reconcile.engine.versions import numbers
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 from reconcile.safety.display import shown
 from reconcile.safety.untrusted import KEY_LIMIT, read_regular
+from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -364,16 +364,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if isinstance(args, int):
         return args
     try:
-        from reconcile import commands
+        from reconcile.commands import handler
         from reconcile.safety.filesafety import STATE_UMASK
 
         # What apply makes without an explicit mode is private (state, reports, secrets); the trees
         # it builds for others to read (venv, model dir) set their own umask (filesafety.TREE_UMASK).
         os.umask(STATE_UMASK)
 
-        handler = getattr(commands, "cmd_" + args.command)
-        code: int = handler(args)
-        return code
+        return handler(args.command)(args)
     except ReconcileError as exc:
         print(f"reconcile: {exc}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Collection, Mapping, Sequence
 
 from reconcile.record import Record
@@ -16,6 +17,8 @@ from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from reconcile.spec.models import Spec
 
 MARKER = "RECONCILE_DEPLOYMENT"  # inherited by every child: how a deployment's processes are found
@@ -246,3 +249,34 @@ def state_file_path(spec: Spec) -> str:
     if spec.server is None:
         raise ValueError("the spec has no [server]")
     return f"{spec.machine.state_dir.rstrip('/')}/server-{spec.server.name}.json"
+
+
+def read_record(spec: Spec) -> dict[str, Any]:
+    """The server's record: identity components, log offset of the last start, start history."""
+    from reconcile.safety import statefiles
+
+    try:  # the one reader: a damaged record is moved aside, said, and reads as none
+        return statefiles.read_server_record(state_file_path(spec)) or {}
+    except OSError:
+        return {}
+
+
+def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> str | None:
+    """The crash-loop guard's verdict in words when it refuses starts now (None: it allows them)."""
+    if spec.server is None:
+        return None
+    guard = spec.server.crash_loop
+    now = time.time() if now is None else now
+    recent: list[Mapping[str, Any]] = []
+    for entry in record.get("history", []):
+        if entry.get("outcome") == "ok":
+            recent = []
+        elif entry.get("outcome") == "failed" and entry.get("at", 0) > now - guard.window:
+            recent.append(entry)
+    if len(recent) < guard.max_starts:
+        return None
+    until = time.strftime("%H:%M:%S", time.localtime(recent[-guard.max_starts]["at"] + guard.window))
+    return (
+        f"server {spec.server.name} failed to start {len(recent)} times within {guard.window:g}s "
+        f"(last: {recent[-1].get('reason', '?')}); not starting it again before {until}"
+    )

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from actions.model_config import deep_merge, desired_config, patch_config
+from actions.model_config import desired_config, patch_config
 from reconcile.errors import ActionError
+from reconcile.jsonmerge import deep_merge
 
 ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL = {

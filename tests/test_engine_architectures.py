@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reconcile.engine.architectures import coverage, table
-from reconcile.engine.kvspec import layer_specs
+from reconcile.vllm.architectures import coverage, table
+from reconcile.vllm.kvspec import layer_specs
 from tests.test_preflight import findings, load, spec, the
 from tests.test_preflight_memory import H100, NO_PARSER
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from probes.venv import VenvObservation, read_venv
-from reconcile.engine.attention import STOCK_BUILD, Build, mla_backend, scan_build
-from reconcile.engine.kvgroups import kv_layout
-from reconcile.engine.kvspec import layer_specs
-from reconcile.engine.memory import GiB, estimate
 from reconcile.preflight.context import GpuFact
 from reconcile.preflight.gather import _venv_facts
+from reconcile.vllm.attention import STOCK_BUILD, Build, mla_backend, scan_build
+from reconcile.vllm.kvgroups import kv_layout
+from reconcile.vllm.kvspec import layer_specs
+from reconcile.vllm.memory import GiB, estimate
 from tests.test_preflight import findings, spec, the
 
 CORPUS = Path(__file__).resolve().parent / "data" / "model_configs"

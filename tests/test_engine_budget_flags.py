@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconcile.engine.limits import human_int
-from reconcile.engine.memory import GiB, estimate
+from reconcile.vllm.limits import human_int
+from reconcile.vllm.memory import GiB, estimate
 from tests.test_engine_memory import load
 from tests.test_preflight import findings, spec, the
 from tests.test_preflight_memory import H100, NO_PARSER

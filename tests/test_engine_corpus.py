@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from reconcile.engine.families import resolve
-from reconcile.engine.kvgroups import kv_layout
-from reconcile.engine.kvspec import kinds_summary, layer_specs
-from reconcile.engine.limits import derive_max_model_len
-from reconcile.engine.memory import GiB, estimate
+from reconcile.vllm.families import resolve
+from reconcile.vllm.kvgroups import kv_layout
+from reconcile.vllm.kvspec import kinds_summary, layer_specs
+from reconcile.vllm.limits import derive_max_model_len
+from reconcile.vllm.memory import GiB, estimate
 
 CORPUS = Path(__file__).resolve().parent / "data" / "model_configs"
 BF16 = 2

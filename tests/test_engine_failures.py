@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconcile.engine.failures import diagnose, removed_flag_fix
-from reconcile.engine.toolchain import compute_arch, cuda_suffix, header_package, min_cuda_for
+from reconcile.vllm.failures import diagnose, removed_flag_fix
+from reconcile.vllm.toolchain import compute_arch, cuda_suffix, header_package, min_cuda_for
 
 ARGPARSE = (
     "usage: vllm serve [model_tag] [options]\n"

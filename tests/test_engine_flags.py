@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.engine import flags
-from reconcile.engine.flags import canonical, flag_exists, flag_history, release, version_from_pin
+from reconcile.vllm import flags
+from reconcile.vllm.flags import canonical, flag_exists, flag_history, release, version_from_pin
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path("/work/shared/reference/vllm-flags")

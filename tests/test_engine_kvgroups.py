@@ -3,8 +3,8 @@ hybrid manager switched off, chunked local attention. Each expected figure is wo
 
 from __future__ import annotations
 
-from reconcile.engine.kvgroups import kv_layout
-from reconcile.engine.kvspec import CHUNKED, FULL, SLIDING, LayerSpec, layer_specs, pp_layers
+from reconcile.vllm.kvgroups import kv_layout
+from reconcile.vllm.kvspec import CHUNKED, FULL, SLIDING, LayerSpec, layer_specs, pp_layers
 
 
 def attn(layer: int, kind: str = FULL, heads: int = 8, window: int | None = None) -> LayerSpec:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reconcile.engine.limits import (
+from reconcile.vllm.limits import (
     MaxLenError,
     apply_hf_overrides,
     auto_supported,

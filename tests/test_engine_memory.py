@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from reconcile.engine import memory
-from reconcile.engine.memory import GiB, estimate, kv_bytes_per_token, kv_cache_dtype, mamba_bytes_per_seq
-from reconcile.engine.shape import ShapeError, model_shape
 from reconcile.preflight.memory import memory_table
+from reconcile.vllm import memory
+from reconcile.vllm.memory import GiB, estimate, kv_bytes_per_token, kv_cache_dtype, mamba_bytes_per_seq
+from reconcile.vllm.shape import ShapeError, model_shape
 
 MODELS = Path(__file__).resolve().parent / "fixtures" / "models"
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from reconcile.engine.kvgroups import kv_layout
-from reconcile.engine.kvspec import layer_specs
-from reconcile.engine.limits import derive_max_model_len
-from reconcile.engine.memory import GiB, MemoryEstimate, estimate
-from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, v2_runner
-from reconcile.engine.shape import model_shape
+from reconcile.vllm.kvgroups import kv_layout
+from reconcile.vllm.kvspec import layer_specs
+from reconcile.vllm.limits import derive_max_model_len
+from reconcile.vllm.memory import GiB, MemoryEstimate, estimate
+from reconcile.vllm.servedefaults import in_flight_tokens, mamba_cache_mode, v2_runner
+from reconcile.vllm.shape import model_shape
 
 CORPUS = Path(__file__).resolve().parent / "data" / "model_configs"
 BATCHED = 8192  # vLLM's max_num_batched_tokens on an H200 (the oracle logged it)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from reconcile.engine.budget import mamba2_profile_peak
-from reconcile.engine.families import resolve
-from reconcile.engine.limits import derive_max_model_len
-from reconcile.engine.memory import GiB, MemoryEstimate, estimate
+from reconcile.vllm.budget import mamba2_profile_peak
+from reconcile.vllm.families import resolve
+from reconcile.vllm.limits import derive_max_model_len
+from reconcile.vllm.memory import GiB, MemoryEstimate, estimate
 
 ROWS = Path(__file__).resolve().parent / "data" / "served_issue28"
 CUDA_TOTAL = 150_109_880_320  # the lab H200's cudaMemGetInfo total

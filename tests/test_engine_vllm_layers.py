@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconcile.engine import memory
-from reconcile.engine.kvgroups import kv_layout
-from reconcile.engine.kvspec import CHUNKED, FULL, MAMBA, SLIDING, layer_specs, mamba_state
-from reconcile.engine.memory import GiB, estimate
-from reconcile.engine.servedefaults import hybrid_manager
-from reconcile.engine.shape import model_shape
+from reconcile.vllm import memory
+from reconcile.vllm.kvgroups import kv_layout
+from reconcile.vllm.kvspec import CHUNKED, FULL, MAMBA, SLIDING, layer_specs, mamba_state
+from reconcile.vllm.memory import GiB, estimate
+from reconcile.vllm.servedefaults import hybrid_manager
+from reconcile.vllm.shape import model_shape
 
 # The sizes the served tiny models use: hidden 256, 4 heads, 2 KV heads.
 BASE: dict[str, Any] = {

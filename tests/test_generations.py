@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconcile.apply.realizing import MANIFEST
+from reconcile.apply.store import MANIFEST
 from tests.apply_support import Demo, demo_in
 from tests.generations_support import (
     build_wheelhouse,
@@ -170,7 +170,7 @@ def test_a_restart_of_the_same_state_records_no_new_generation(demo: Demo, wheel
 
 
 def test_a_second_realization_shares_identical_files_by_hard_links(demo: Demo, wheels: Path) -> None:
-    from reconcile.apply.realizing import disk_usage
+    from reconcile.apply.store import disk_usage
 
     stored_spec(demo, wheels, "1.0")
     assert demo.cli("apply").returncode == 2

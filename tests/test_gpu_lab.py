@@ -347,7 +347,7 @@ def test_check_answers_a_chat_completion_through_the_key() -> None:
 
 def test_status_reads_the_real_servers_metrics_and_vllms_startup_phases() -> None:
     """Issue 16: the names reconcile reads (vLLM 0.26's /metrics, its start-up log lines) are real ones."""
-    from reconcile.engine.startup import PHASES
+    from reconcile.vllm.startup import PHASES
 
     _code, out, _err, _took = cli("status", "--json", "--spec", str(LAB / "spec-len512.toml"))
     metrics = json.loads(out)["server"]["metrics"]

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import tomlkit
 
+from reconcile.authoring.init_draft import render_spec
+from reconcile.authoring.init_survey import find_servers, parse_serve_args, probe_machine, write_spec
 from reconcile.cli import main
 from reconcile.plan.planner import make_plan
 from reconcile.spec.loader import load_spec
-from reconcile.unattended.draft import render_spec
-from reconcile.unattended.survey import find_servers, parse_serve_args, probe_machine, write_spec
 from tests.test_server_support import FAKE_VLLM, free_port, wait_for
 
 SECRET = "sk-init-must-never-copy-this"

@@ -135,8 +135,8 @@ def test_status_says_which_ownership_path_is_in_use_and_why(
 ) -> None:
     import io
 
+    from reconcile.commands.status import StatusReport, render_status
     from reconcile.ownership.cgroups import cgroup_name, cgroup_procs
-    from reconcile.plan.status import StatusReport, render_status
 
     spec = deployment.spec()
     server_action.ensure_running(spec, INPUTS)

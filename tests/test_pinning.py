@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from reconcile.authoring.lockfile import best_version
 from reconcile.cli import main
 from reconcile.spec.loader import load_spec
 from reconcile.spec.pins import apply_lock_pins, lock_notes
-from reconcile.unattended.lockfile import best_version
 from tests.fakes.hub_server import FakeHub
 
 REPO = "org/toy"

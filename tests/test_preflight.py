@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from reconcile.engine.memory import GiB
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs
 from reconcile.preflight.gather import run_preflight
 from reconcile.spec.models import Spec
+from reconcile.vllm.memory import GiB
 
 HERE = Path(__file__).resolve().parent
 MODELS = HERE / "fixtures" / "models"
@@ -196,7 +196,7 @@ def test_a_lower_bound_pin_warns_about_flags_newer_releases_dropped() -> None:
 
 
 def test_a_flag_the_lists_cannot_decide_is_a_warning() -> None:
-    from reconcile.engine.flags import table
+    from reconcile.vllm.flags import table
 
     new_in_025 = next(f for f, runs in table().runs.items() if runs[0][0] == "0.25.0")
     s = spec(server={"args": {new_in_025[2:]: True}})

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from reconcile.engine.catalogue import known_model
 from reconcile.plan.planner import make_plan
 from reconcile.spec.loader import load_spec
+from reconcile.vllm.catalogue import known_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "specs", "blackwell-2x5090.toml")

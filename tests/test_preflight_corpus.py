@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from reconcile.engine.memory import GiB
-from reconcile.engine.weights import parameters
 from reconcile.preflight.context import GpuFact
 from reconcile.preflight.gather import run_preflight
 from reconcile.spec.models import Spec
+from reconcile.vllm.memory import GiB
+from reconcile.vllm.weights import parameters
 from tests.test_preflight import BASE, GOOD, of
 
 CORPUS = Path(__file__).resolve().parent / "data" / "model_configs"

@@ -120,7 +120,7 @@ def test_the_planner_reads_the_venv_and_the_dirs_its_pth_files_add(tmp_path: Pat
     seen = read_venv(str(venv))
     assert not isinstance(seen, type(None)) and hasattr(seen, "distributions")
     assert requires(seen.distributions["vllm"]) == VLLM_REQUIRES  # type: ignore[union-attr]
-    inputs = inputs_from(spec(), Observed(None, None, None, seen, None, None, None, None))  # type: ignore[arg-type]
+    inputs = inputs_from(spec(), Observed(venv=seen))
     assert inputs.venv_distributions is not None
     assert {"vllm", "xgrammar", "lm-format-enforcer"} <= set(inputs.venv_distributions)
     assert inputs.vllm_requires == VLLM_REQUIRES and inputs.venv_python == "3.12.3"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconcile.engine.memory import GiB
 from reconcile.preflight.context import GpuFact
+from reconcile.vllm.memory import GiB
 from tests.test_preflight import findings, load, spec, the
 
 NO_PARSER: dict[str, Any] = {"reasoning-parser": None, "reasoning-parser-plugin": None}

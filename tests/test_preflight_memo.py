@@ -148,17 +148,17 @@ def test_a_warm_converged_plan_imports_no_rule_and_no_engine_and_says_the_same(t
     spec = ROOT / "specs" / "cpu-demo.toml"
     code = (
         f"import sys; from reconcile.cli import main; main(['plan', '--spec', {str(spec)!r}]); "
-        "print(sorted(m for m in sys.modules if m.startswith(('reconcile.engine.', 'reconcile.preflight.'))"
+        "print(sorted(m for m in sys.modules if m.startswith(('reconcile.vllm.', 'reconcile.preflight.'))"
         # versions, weightfiles and (issue 14's) attention gather the inputs; no rule reads them
-        " and m not in ('reconcile.engine.versions', 'reconcile.engine.weightfiles',"
-        " 'reconcile.engine.attention')))"
+        " and m not in ('reconcile.vllm.versions', 'reconcile.vllm.weightfiles',"
+        " 'reconcile.vllm.attention')))"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "home")}
     runs = [
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env) for _ in "abc"
     ]
     cold, warm, again = (r.stdout.rsplit("\n", 2) for r in runs)
-    assert "reconcile.engine.memory" in cold[1]  # the first plan ran the rules
+    assert "reconcile.vllm.memory" in cold[1]  # the first plan ran the rules
     assert warm[1] == again[1] == str(
         ["reconcile.preflight.context", "reconcile.preflight.gather", "reconcile.preflight.memo",
          "reconcile.preflight.paths"]

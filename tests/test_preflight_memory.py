@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reconcile.engine.memory import GiB
-from reconcile.engine.weights import estimate, index_total, parameters
 from reconcile.preflight.context import GpuFact, WeightsFact
+from reconcile.vllm.memory import GiB
+from reconcile.vllm.weights import estimate, index_total, parameters
 from tests.test_preflight import findings, load, rtx5090, spec, the
 
 NO_PARSER: dict[str, Any] = {"reasoning-parser": None, "reasoning-parser-plugin": None}

@@ -106,7 +106,7 @@ def lab_fit(tmp_path: Path, tp: int, gpus: int | None) -> tuple[Finding, list[st
     (tmp_path / "lab.toml").write_text(text)
     s = load_spec(str(tmp_path / "lab.toml")).spec
     seen = gpu.probe(s, nvml=fake_nvml.h200(gpus)) if gpus else None
-    inputs = inputs_from(s, Observed(seen, None, None, None, None, None, None, None))
+    inputs = inputs_from(s, Observed(gpu=seen))
     files = {"model.safetensors": TINY_WEIGHTS, "config.json": 700}
     found = run_preflight(
         s,

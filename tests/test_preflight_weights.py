@@ -44,7 +44,7 @@ def llama_dir(tmp_path: Path, **extra_files: Any) -> Path:
 
 
 def observed(model_dir: Path) -> Observed:
-    return Observed(None, None, None, None, read_model_dir(str(model_dir), ()), None, None, None)
+    return Observed(model=read_model_dir(str(model_dir), ()))
 
 
 def llama_spec(tmp_path: Path, model_dir: Path, **model: Any) -> Spec:
@@ -125,6 +125,6 @@ def test_the_planner_budgets_from_cudas_total_not_nvmls(tmp_path: Path) -> None:
 
     s = spec(gpu={"count": 1, "name": "NVIDIA H200", "compute_capability": "9.0"})
     inventory = gpu.probe(s, nvml=fake_nvml.h200())
-    inputs = inputs_from(s, Observed(inventory, None, None, None, None, None, None, None))  # type: ignore[arg-type]
+    inputs = inputs_from(s, Observed(gpu=inventory))
     assert inputs.gpus is not None
     assert inputs.gpus[0].total_bytes == (143771 - 615) * 2**20

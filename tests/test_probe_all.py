@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import cuda, files, model
+from probes import api_key, cuda, model
 from probes.common import Absent, ProbeFailure, Unavailable
 from reconcile.plan import prober as probing
 from reconcile.spec.models import Spec
@@ -68,14 +68,14 @@ def test_a_crashing_probe_is_its_own_failure_and_the_others_still_report(machine
     assert same(observed.venv, Absent(str(machine["venv"])))
     assert isinstance(observed.model, model.ModelObservation)
     assert isinstance(observed.model.config, model.JsonDoc)
-    assert isinstance(observed.api_key, files.FileFacts) and observed.api_key.mode == "0600"
+    assert isinstance(observed.api_key, api_key.FileFacts) and observed.api_key.mode == "0600"
     assert [n for n in probing.PROBE_NAMES if isinstance(getattr(observed, n), ProbeFailure)] == ["gpu"]
 
 
 def test_sections_missing_from_the_spec_are_none_and_not_probed() -> None:
     stub = {name: must_not_run for name in probing.PROBE_NAMES}
     observed = probing.probe_all(Spec(), probes=stub)
-    assert observed == probing.Observed(None, None, None, None, None, None, None, None)
+    assert observed == probing.Observed()
 
 
 def test_probes_that_wait_run_at_once_beside_the_others(machine: dict[str, Path]) -> None:
@@ -94,7 +94,7 @@ def test_probes_that_wait_run_at_once_beside_the_others(machine: dict[str, Path]
     assert elapsed < 1.0, f"four 0.5 s probes took {elapsed:.2f} s: the waiting ones did not overlap"
     assert same(observed.gpu, Unavailable("no GPU")) and observed.cuda == "cuda-observation"
     assert observed.health == "health-observation" and same(observed.venv, Absent("/opt/vllm-venv"))
-    assert isinstance(observed.api_key, files.FileFacts)
+    assert isinstance(observed.api_key, api_key.FileFacts)
 
 
 def test_file_reading_probes_run_in_the_callers_thread(machine: dict[str, Path]) -> None:
@@ -142,10 +142,10 @@ def test_every_probe_of_the_table_resolves_to_its_module() -> None:
 def test_probe_one_re_probes_a_single_resource(machine: dict[str, Path]) -> None:
     spec = spec_for(machine)
     before = probing.probe_one(spec, "api_key")
-    assert isinstance(before, files.FileFacts) and before.mode == "0600"
+    assert isinstance(before, api_key.FileFacts) and before.mode == "0600"
     machine["key"].chmod(0o640)
     after = probing.probe_one(spec, "api_key")
-    assert isinstance(after, files.FileFacts) and after.mode == "0640"
+    assert isinstance(after, api_key.FileFacts) and after.mode == "0640"
     crashed = probing.probe_one(spec, "gpu", probes={"gpu": crashes})
     assert isinstance(crashed, ProbeFailure) and crashed.reason.startswith("gpu probe crashed: RuntimeError")
     assert probing.probe_one(Spec(), "model") is None

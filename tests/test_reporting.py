@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconcile.apply.state import apply_lock
+from reconcile.apply.lock import apply_lock
 from reconcile.cli import main
 from reconcile.plan.records import Change, Ok, Plan
 from reconcile.unattended import report as reporting

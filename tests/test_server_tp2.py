@@ -99,7 +99,7 @@ def plan(demo: Demo) -> Any:
 
 
 def apply(demo: Demo) -> Any:
-    from reconcile.apply.executor import apply_spec
+    from reconcile.apply.changes import apply_spec
     from reconcile.spec.loader import load_spec
 
     report = apply_spec(load_spec(str(demo.spec_path)), lock_timeout=10, progress=lambda _line: None)

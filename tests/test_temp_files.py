@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from actions.model import download
-from reconcile.apply.state import sweep_stale_temps
+from reconcile.apply.lock import sweep_stale_temps
 from reconcile.host import atomic_write
 from reconcile.spec.models import Model, Spec
 

@@ -37,8 +37,8 @@ OPERATOR = "a file the operator names on the command line (`apply FILE`), read a
 DATA_TREE = "a [model] source tree: data from outside, read by the source-tree rules (class 2)"
 
 ALLOWED: dict[str, tuple[int, str]] = {
+    "actions/api_key.py": (3, BELOW),
     "actions/cgroups.py": (5, PROC),
-    "actions/files.py": (3, BELOW),
     "actions/launching.py": (1, BELOW),
     "actions/model.py": (1, BELOW),
     "actions/model_config.py": (4, BELOW),
@@ -57,15 +57,11 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "probes/model_source.py": (1, DATA_TREE),
     "probes/venv.py": (6, BELOW),
     "reconcile/apply/generations.py": (1, STATE),
-    "reconcile/apply/profile.py": (1, STATE),
-    "reconcile/apply/realized.py": (1, STATE),
-    "reconcile/apply/realizing.py": (13, BELOW),
+    "reconcile/apply/journal.py": (1, STATE),
+    "reconcile/apply/realization.py": (1, STATE),
     "reconcile/apply/saved_plan.py": (1, OPERATOR),
-    "reconcile/engine/architectures.py": (1, OURS),
-    "reconcile/engine/attention.py": (1, BELOW),
-    "reconcile/engine/catalogue.py": (1, OURS),
-    "reconcile/engine/families.py": (1, OURS),
-    "reconcile/engine/flags.py": (1, OURS),
+    "reconcile/apply/store.py": (13, BELOW),
+    "reconcile/authoring/init_survey.py": (2, PROC),
     "reconcile/host.py": (11, SEAM),
     "reconcile/ownership/cgroups.py": (2, PROC),
     "reconcile/ownership/membership.py": (2, PROC),
@@ -73,11 +69,15 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/preflight/features.py": (1, OURS),
     "reconcile/preflight/gather.py": (2, BELOW),
     "reconcile/private_cache.py": (7, STATE),
-    "reconcile/resources/facts.py": (1, DATA_TREE),
+    "reconcile/resources/model.py": (1, DATA_TREE),
     "reconcile/spec/provenance.py": (1, SPEC),
     "reconcile/unattended/pause.py": (1, STATE),
-    "reconcile/unattended/survey.py": (2, PROC),
     "reconcile/unattended/timer.py": (2, SYSTEM),
+    "reconcile/vllm/architectures.py": (1, OURS),
+    "reconcile/vllm/attention.py": (1, BELOW),
+    "reconcile/vllm/catalogue.py": (1, OURS),
+    "reconcile/vllm/families.py": (1, OURS),
+    "reconcile/vllm/flags.py": (1, OURS),
 }
 
 

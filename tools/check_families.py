@@ -17,9 +17,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reconcile.engine.kvgroups import kv_layout  # noqa: E402
-from reconcile.engine.kvspec import kinds_summary, layer_specs  # noqa: E402
-from reconcile.engine.limits import derive_max_model_len  # noqa: E402
+from reconcile.vllm.kvgroups import kv_layout  # noqa: E402
+from reconcile.vllm.kvspec import kinds_summary, layer_specs  # noqa: E402
+from reconcile.vllm.limits import derive_max_model_len  # noqa: E402
 
 
 def figures(config: dict[str, Any], tp: int) -> tuple[object, ...]:

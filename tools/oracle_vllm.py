@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reconcile.engine.limits import derive_max_model_len
-from reconcile.engine.memory import cuda_total
+from reconcile.vllm.limits import derive_max_model_len
+from reconcile.vllm.memory import cuda_total
 
 GiB = 1024**3
 BUDGET = 10 * GiB  # KV cache memory both sides turn into a token count

@@ -25,13 +25,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reconcile.engine.attention import Build, mla_backend, scan_build  # noqa: E402
-from reconcile.engine.kvgroups import kv_layout  # noqa: E402
-from reconcile.engine.kvspec import MAMBA, layer_specs  # noqa: E402
-from reconcile.engine.limits import derive_max_model_len  # noqa: E402
-from reconcile.engine.memory import DTYPE_BYTES, ssm_dtype  # noqa: E402
-from reconcile.engine.servedefaults import in_flight_tokens, mamba_cache_mode, v2_runner  # noqa: E402
-from reconcile.engine.shape import model_shape  # noqa: E402
+from reconcile.vllm.attention import Build, mla_backend, scan_build  # noqa: E402
+from reconcile.vllm.kvgroups import kv_layout  # noqa: E402
+from reconcile.vllm.kvspec import MAMBA, layer_specs  # noqa: E402
+from reconcile.vllm.limits import derive_max_model_len  # noqa: E402
+from reconcile.vllm.memory import DTYPE_BYTES, ssm_dtype  # noqa: E402
+from reconcile.vllm.servedefaults import in_flight_tokens, mamba_cache_mode, v2_runner  # noqa: E402
+from reconcile.vllm.shape import model_shape  # noqa: E402
 from tools.oracle_vllm import BUDGET, VERSION, GiB, count, cuda_probe, memory_totals, vllm_side  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "model_configs"

@@ -29,9 +29,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reconcile.engine.attention import Build, scan_build  # noqa: E402
-from reconcile.engine.limits import derive_max_model_len  # noqa: E402
-from reconcile.engine.memory import MemoryEstimate, cuda_total, estimate  # noqa: E402
+from reconcile.vllm.attention import Build, scan_build  # noqa: E402
+from reconcile.vllm.limits import derive_max_model_len  # noqa: E402
+from reconcile.vllm.memory import MemoryEstimate, cuda_total, estimate  # noqa: E402
 
 GiB = 1024**3
 UTIL = 0.10

@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     data = {
         "_about": f"vLLM {version}'s text-generation architectures (model registry) and whether "
         "reconcile's KV-cache engine models them. Written by tools/vllm_architectures.py from that "
-        "release's source; read by reconcile/engine/architectures.py.",
+        "release's source; read by reconcile/vllm/architectures.py.",
         "vllm": version,
         "architectures": table,
     }

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reconcile.apply import profile as gens
-from reconcile.apply.realizing import disk_usage, in_use_by_processes, realizations, remove
+from reconcile.apply import generations
+from reconcile.apply.store import disk_usage, in_use_by_processes, realizations, remove
 
 
 @dataclass
@@ -20,8 +20,8 @@ class Collected:
 
 
 def collect(state_dir: str, store: str, *, keep: int, extra_keep: tuple[str, ...] = ()) -> Collected:
-    records = gens.read_all(state_dir)
-    current, hold = gens.current(state_dir), gens.read_hold(state_dir)
+    records = generations.read_all(state_dir)
+    current, hold = generations.current(state_dir), generations.read_hold(state_dir)
     why: dict[str, str] = {p: "the spec's realization" for p in extra_keep}
 
     def path_of(g: dict[str, object]) -> str | None:

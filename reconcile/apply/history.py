@@ -1,6 +1,6 @@
 """`reconcile history` and `reconcile diff N M`: generations and what differs between two of them.
 
-Called by the CLI. Reads the records of reconcile.generations (never a secret: hashed at rest).
+Called by the CLI. Reads the records of reconcile.apply.generations (never a secret: hashed at rest).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from reconcile.apply import profile as gens
+from reconcile.apply import generations
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -60,7 +60,7 @@ def _changes(label: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list
 def _config(state_dir: str, digest: str | None) -> dict[str, Any]:
     if not digest:
         return {}
-    data = gens.kept_config(state_dir, digest)
+    data = generations.kept_config(state_dir, digest)
     try:
         return _flat(json.loads(data)) if data is not None else {"(kept bytes)": "missing"}
     except ValueError:
@@ -93,11 +93,11 @@ def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> l
 
 
 def render_history(state_dir: str, stream: TextIO) -> int:
-    found = gens.scan(state_dir)
+    found = generations.scan(state_dir)
     if not found:
-        stream.write(f"no generations under {gens.profile_dir(state_dir)} (nothing applied yet)\n")
+        stream.write(f"no generations under {generations.profile_dir(state_dir)} (nothing applied yet)\n")
         return 0
-    now, hold = gens.current(state_dir), gens.read_hold(state_dir)
+    now, hold = generations.current(state_dir), generations.read_hold(state_dir)
     previous: Mapping[str, Any] | None = None
     for n, g in found:
         if isinstance(g, str):  # not verified, or malformed: never compared, never rolled back to
@@ -123,7 +123,7 @@ def render_history(state_dir: str, stream: TextIO) -> int:
 
 
 def render_diff(state_dir: str, a: int, b: int, stream: TextIO) -> int:
-    ga, gb = gens.read(state_dir, a), gens.read(state_dir, b)
+    ga, gb = generations.read(state_dir, a), generations.read(state_dir, b)
     lines = differences(state_dir, ga, gb)
     stream.write(f"generation {a} -> {b}\n")
     for line in lines or ["no difference in what serving depends on"]:

@@ -97,7 +97,7 @@ class StartupWatch:
         self.kv: str | None = None
 
     def text(self, elapsed: float, lines: Sequence[str]) -> str:
-        from reconcile.engine.startup import startup_phase
+        from reconcile.vllm.startup import startup_phase
 
         last = lines[-1] if lines else ""
         now = time.monotonic()

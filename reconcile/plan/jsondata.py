@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from reconcile.resources import TYPE_TAGS as PROBE_TAGS
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -17,46 +19,26 @@ APPLY_FORMAT = "reconcile-apply-json/1"
 STATUS_FORMAT = "reconcile-status-json/1"
 TAG_KEY = "_type"  # not "type": probe results have fields of that name (an apt source's deb/deb-src)
 
-# Class name -> the tag JSON readers see. Classes get renamed; tags do not (tests/test_json_schemas.py
-# fails when a probe result has no tag here).
+# Class name -> the tag JSON readers see: the shared states here, each probe's own record types in its
+# declaration (reconcile/resources/<kind>.py). Classes get renamed; tags do not
+# (tests/test_json_schemas.py fails when a probe result has no tag).
 TYPE_TAGS: Mapping[str, str] = {
     "Unavailable": "unavailable",
     "ProbeFailure": "probe-failure",
     "Absent": "absent",
     "Invalid": "invalid",
-    "AptObservation": "apt",
-    "PackageStatus": "apt.package",
-    "AptSource": "apt.source",
-    "Unparsed": "apt.unparsed",
-    "CudaToolkit": "cuda",
-    "CudaHome": "cuda.home",
-    "Nvcc": "cuda.nvcc",
-    "Header": "cuda.header",
-    "FileFacts": "file",
-    "HubListing": "hub-listing",  # the tag it had before it was listed
-    "GpuInventory": "gpu",
-    "GpuDevice": "gpu.device",
-    "GpuProcess": "gpu.process",
-    "NvidiaSmiGpu": "gpu.nvidia-smi",
-    "HealthObservation": "health",
-    "ModelCard": "health.model",
-    "CheckStep": "check.step",
-    "CheckResult": "check",
-    "ModelObservation": "model",
-    "JsonDoc": "model.json",
-    "DownloadRecord": "model.download",
-    "ServerObservation": "server",
-    "DeploymentProcess": "server.process",
-    "Pidfile": "server.pidfile",
-    "PortListener": "server.listener",
-    "ServerRecord": "server.record",
-    "ServingMetrics": "server.metrics",
-    "Ownership": "ownership",  # the tag it had before it was listed (tests/test_json_schemas.py)
-    "VenvObservation": "venv",
-    "Distribution": "venv.distribution",
-    "PthEntry": "venv.pth",
-    "Interpreter": "venv.interpreter",
+    **PROBE_TAGS,
 }
+
+# plan-json/1 has always written the probes' results (`observed`) in this order, which is format, not a
+# list of resources: a probe not named here follows them, in declaration order.
+_OBSERVED_ORDER = ("gpu", "cuda", "apt", "venv", "model", "api_key", "server", "health")
+
+
+def observed_keys(names: tuple[str, ...]) -> list[str]:
+    """`names` (the probes, in declaration order) in the order plan-json writes them."""
+    last = len(_OBSERVED_ORDER)
+    return sorted(names, key=lambda n: _OBSERVED_ORDER.index(n) if n in _OBSERVED_ORDER else last)
 
 
 def head(fmt: str, spec: str, plan: Any, exit_code: int) -> dict[str, Any]:
@@ -118,13 +100,15 @@ def resource_entry(item: Any) -> dict[str, Any]:
         "diffs": [{"field": d.field, "old": d.old, "new": d.new} for d in item.diffs],
         "depends_on": list(item.depends_on),
         "actionable": item.actionable,
-        "via": item.via,
+        "via": item.made_true_by,
     }
 
 
 def _first_error(report: Any) -> dict[str, Any] | None:
     """What an Ansible task shows as `msg`: the preflight rule and its fix, a bad spec's FILE:LINE
     line, or the first change that failed."""
+    from reconcile.plan.records import Result
+
     plan = report.final_plan
     if report.refused is not None:
         errors = plan.errors if plan is not None else ()
@@ -133,7 +117,7 @@ def _first_error(report: Any) -> dict[str, Any] | None:
             return {"message": e.message, "rule": e.rule, "fix": e.fix, "resource": None}
         return {"message": report.refused, "rule": None, "fix": None, "resource": None}
     for r in report.results:
-        if r.result in ("failed", "blocked", "cannot-fix"):
+        if r.result in Result.FAILURES:
             return {"message": r.message, "rule": None, "fix": None, "resource": r.resource}
     if report.paused is None and not report.converged:
         pending = ", ".join(c.resource for c in plan.changes) if plan is not None else "unknown"

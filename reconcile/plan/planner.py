@@ -1,4 +1,4 @@
-"""Desired (Spec) vs observed (probes) -> Plan: each row of the resource table, in its order.
+"""Desired (Spec) vs observed (probes) -> Plan: each declared row (reconcile.resources), in its order.
 
 Called by `reconcile plan`, by the executor (whole plan, then `replan_resource` right before and
 after each action) and by status. Pure apart from running the probes it is asked to run.
@@ -11,23 +11,29 @@ from collections.abc import Iterator, Mapping
 
 from reconcile.errors import ReconcileError
 from reconcile.plan.prober import Observed, probe_all, probe_some
-from reconcile.plan.records import Change, Item, Plan
-from reconcile.resources import BY_NAME, TABLE, Resource
+from reconcile.plan.records import Action, Change, Item, Plan
+from reconcile.resources import BY_NAME, TABLE
 from reconcile.spec.loaded import LoadedSpec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from reconcile.resources.common import Kind
     from reconcile.spec.models import Spec
 
 
-def _planned(row: Resource, spec: Spec, obs: Observed) -> Item | None:
-    """The row's planner's item, with the row's dependencies on a Change (the table declares them)."""
-    item = row.plan(spec, obs)
+def _stamped(row: Kind, spec: Spec, item: Item) -> Item:
+    """The item as the row's: its name, and on a Change the row's dependencies (the row declares them)."""
     if isinstance(item, Change):
-        return item._replace(depends_on=row.depends_on(spec))
-    return item
+        return item._replace(resource=row.name, depends_on=row.depends_on(spec))
+    return item._replace(resource=row.name)
+
+
+def _planned(row: Kind, spec: Spec, obs: Observed) -> Item | None:
+    """The row's planner's item, stamped as the row's."""
+    item = row.plan(spec, obs)
+    return None if item is None else _stamped(row, spec, item)
 
 
 def plan_items(spec: Spec, obs: Observed) -> list[Item]:
@@ -36,17 +42,12 @@ def plan_items(spec: Spec, obs: Observed) -> list[Item]:
     pending = [
         row.name
         for row, item in planned
-        if row.identity_input and isinstance(item, Change) and item.actionable
+        if row.restarts_server and isinstance(item, Change) and item.actionable
     ]
-    out: list[Item] = []
-    for row, item in planned:
-        if row.revise is not None:
-            revised = row.revise(item, spec, obs, pending)
-            item = (
-                revised._replace(depends_on=row.depends_on(spec)) if isinstance(revised, Change) else revised
-            )
-        out.append(item)
-    return out
+    return [
+        item if row.after_plan is None else _stamped(row, spec, row.after_plan(item, spec, obs, pending))
+        for row, item in planned
+    ]
 
 
 def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
@@ -86,7 +87,7 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
 
 class _ObservedData(Mapping[str, object]):  # values: JSON data (Any to the readers)
     """The probes' results as JSON-able data, each converted when first read: a text plan reads none
-    (a 500-package venv's conversion was ~6 ms of every plan). Keys in Observed's order."""
+    (a 500-package venv's conversion was ~6 ms of every plan). Keys in plan-json's order."""
 
     def __init__(self, obs: Observed) -> None:
         self._obs = obs
@@ -102,7 +103,9 @@ class _ObservedData(Mapping[str, object]):  # values: JSON data (Any to the read
         return self._done[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._obs._fields)
+        from reconcile.plan.jsondata import observed_keys
+
+        return iter(observed_keys(self._obs._fields))
 
     def __len__(self) -> int:
         return len(self._obs._fields)
@@ -119,7 +122,9 @@ def replan_resource(loaded: LoadedSpec, resource: str) -> Change | None:
         item = _planned(row, spec, probe_some(spec, row.probes))
     except Exception as exc:
         what = str(exc) if isinstance(exc, ReconcileError) else f"{type(exc).__name__}: {exc}"
-        return Change(resource, "~", f"cannot be checked: {what}", "re-planning it failed", actionable=False)
+        return Change(
+            resource, Action.CHANGE, f"cannot be checked: {what}", "re-planning it failed", actionable=False
+        )
     return item if isinstance(item, Change) else None
 
 

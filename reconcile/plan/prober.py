@@ -1,100 +1,35 @@
 """Runs the probes a spec calls for and gathers their results into one `Observed`.
 
-Called by the planner (`probe_all`) and by the executor's re-probes around each action (`probe_some`).
-A probe's module is imported only when a spec needs it. A probe that raises becomes its ProbeFailure;
-it never hides the other probes' results.
+The probes are the resources' declarations (`PROBES` of each reconcile/resources/<kind>.py). Called by
+the planner (`probe_all`) and by the executor's re-probes around each action (`probe_some`). A probe's
+module is imported only when a spec needs it. A probe that raises becomes its ProbeFailure; it never
+hides the other probes' results.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 
-from probes.common import Absent, Invalid, ProbeFailure, Unavailable
-from reconcile.record import Record
+from reconcile.resources import BY_PROBE, PROBE_NAMES, PROBES, Observed
+from reconcile.resources.common import ProbeFn, run_guarded
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
-    from probes.apt import AptObservation
-    from probes.cuda import CudaToolkit
-    from probes.files import FileFacts
-    from probes.gpu import GpuInventory
-    from probes.model import ModelObservation
-    from probes.venv import VenvObservation
     from reconcile.spec.models import Spec
 
-ProbeFn = Callable[["Spec"], object]
-
-
-class Probe(Record):
-    """A probe: its module under `probes/` (imported only when a spec needs it) and the spec section
-    whose presence calls for it. Each resource row names the probes its planner reads.
-
-    `waits`: it spends its time waiting on something outside this process (the driver, a child
-    process, a socket), so it runs in a thread of its own while the others run one after another in
-    the caller's. The others are Python reading local files, which threads only slow down: they take
-    turns on the interpreter's lock (a warm 500-package plan was ~3 ms slower with each in a thread)."""
-
-    name: str
-    module: str
-    section: str
-    waits: bool = False
-
-
-PROBES: tuple[Probe, ...] = (
-    Probe("gpu", "probes.gpu", "gpu", waits=True),  # NVML's calls into the driver
-    Probe("cuda", "probes.cuda", "cuda", waits=True),  # nvcc, when its answers are not remembered
-    Probe("apt", "probes.apt", "apt", waits=True),  # dpkg-query (~10-25 ms of its own)
-    Probe("venv", "probes.venv", "venv"),
-    Probe("model", "probes.model", "model"),
-    Probe("api_key", "probes.files", "api_key"),
-    Probe("server", "probes.server", "server"),
-    Probe("health", "probes.health", "server", waits=True),  # HTTP to the server's endpoint
-)
-
-PROBE_NAMES = tuple(p.name for p in PROBES)
-_BY_NAME = {p.name: p for p in PROBES}
-
-
-class Observed(Record):
-    """What the probes saw. None where the spec has no such section (so nothing was probed)."""
-
-    gpu: GpuInventory | Unavailable | ProbeFailure | None
-    cuda: CudaToolkit | ProbeFailure | None
-    apt: AptObservation | Unavailable | ProbeFailure | None
-    venv: VenvObservation | Absent | Invalid | ProbeFailure | None
-    model: ModelObservation | Absent | Invalid | ProbeFailure | None
-    api_key: FileFacts | Absent | ProbeFailure | None
-    # probes.server.ServerObservation / probes.health.HealthObservation, or Unavailable/ProbeFailure.
-    server: Any
-    health: Any
+__all__ = ["PROBES", "PROBE_NAMES", "Observed", "probe_all", "probe_one", "probe_some", "run_guarded"]
 
 
 def default_probe(name: str) -> ProbeFn:
     """The probe function of `name`, from its module (imported now, the first time it is needed)."""
-    module = _BY_NAME[name].module
-    __import__(module)  # importlib.import_module's work, without importing importlib (and warnings)
-    fn: ProbeFn = sys.modules[module].probe
-    return fn
+    return BY_PROBE[name].function()
 
 
 def wanted(spec: Spec, name: str) -> bool:
     """Whether the spec has the section this probe looks at."""
-    if name not in _BY_NAME:
+    if name not in BY_PROBE:
         raise ValueError(f"unknown probe {name!r} (known: {', '.join(PROBE_NAMES)})")
-    return getattr(spec, _BY_NAME[name].section) is not None
-
-
-def run_guarded(name: str, fn: ProbeFn, spec: Spec) -> object:
-    """Run one probe; an exception becomes a ProbeFailure naming the probe, with the traceback as raw."""
-    try:
-        return fn(spec)
-    except Exception as exc:
-        import traceback  # linecache, tokenize: only when a probe crashed
-
-        return ProbeFailure(f"{name} probe crashed: {type(exc).__name__}: {exc}", raw=traceback.format_exc())
+    return BY_PROBE[name].wanted(spec)
 
 
 def _call(name: str, fn: ProbeFn, spec: Spec) -> Callable[[], object]:
@@ -110,22 +45,22 @@ def _resolve(names: list[str], probes: Mapping[str, ProbeFn] | None) -> dict[str
 
 
 def _run(spec: Spec, names: list[str], probes: Mapping[str, ProbeFn] | None) -> Observed:
-    results: dict[str, object] = dict.fromkeys(PROBE_NAMES)
+    results: dict[str, object] = {}
     table = _resolve(names, probes)
-    waiting = [n for n in names if _BY_NAME[n].waits]
-    here = [n for n in names if not _BY_NAME[n].waits]
-    if waiting and not here:
-        here.append(waiting.pop())  # this thread would only wait: it runs one of them itself
+    threaded = [n for n in names if BY_PROBE[n].threaded]
+    here = [n for n in names if not BY_PROBE[n].threaded]
+    if threaded and not here:
+        here.append(threaded.pop())  # this thread would only wait: it runs one of them itself
     jobs = {}
-    if waiting:
+    if threaded:
         from reconcile.threads import Background
 
-        jobs = {n: Background(_call(n, table[n], spec), f"probe-{n}") for n in waiting}
+        jobs = {n: Background(_call(n, table[n], spec), f"probe-{n}") for n in threaded}
     for name in here:
         results[name] = run_guarded(name, table[name], spec)
     for name, job in jobs.items():
         results[name] = job.result()
-    return Observed(**results)  # type: ignore[arg-type]
+    return Observed(**results)
 
 
 def probe_one(spec: Spec, name: str, probes: Mapping[str, ProbeFn] | None = None) -> object:
@@ -136,8 +71,8 @@ def probe_one(spec: Spec, name: str, probes: Mapping[str, ProbeFn] | None = None
 
 
 def probe_all(spec: Spec, probes: Mapping[str, ProbeFn] | None = None) -> Observed:
-    """Run every probe the spec calls for: those that wait (Probe.waits) in threads, all at once, while
-    this thread runs the others; returns when the slowest is done.
+    """Run every probe the spec calls for: the threaded ones (Probe.threaded) in threads, all at once,
+    while this thread runs the others; returns when the slowest is done.
 
     `probes` replaces some of the default probe functions by name (tests inject slow or failing ones).
     """

@@ -1,7 +1,7 @@
 """What a plan is made of: Changes (to make), Oks (already true) and Findings (preflight).
 
 Pure data, built by `reconcile.plan.planner`, rendered by `reconcile.plan.render`, executed by
-`reconcile.apply.executor`. Everything here is JSON-serialisable and holds no secrets.
+`reconcile.apply.changes`. Everything here is JSON-serialisable and holds no secrets.
 """
 
 from __future__ import annotations
@@ -13,12 +13,39 @@ from reconcile.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Literal
+    from typing import Any, Final, Literal
 
-    Kind = Literal["+", "~", "-", "±"]
+    ChangeKind = Literal["+", "~", "-", "±"]
     Severity = Literal["error", "warning", "info"]
 
-KIND_WORDS: Mapping[str, str] = {"+": "add", "~": "change", "-": "remove", "±": "restart"}
+
+class Action:
+    """What apply will do to a resource: a Change's kind, as the text plan and JSON write it."""
+
+    CREATE: Final = "+"
+    CHANGE: Final = "~"
+    REMOVE: Final = "-"
+    RESTART: Final = "±"
+
+
+KIND_WORDS: Mapping[str, str] = {
+    Action.CREATE: "add",
+    Action.CHANGE: "change",
+    Action.REMOVE: "remove",
+    Action.RESTART: "restart",
+}
+
+
+class Result:
+    """What apply did with one Change (ChangeResult.result), as the report, JSON and metrics write it."""
+
+    CHANGED: Final = "changed"
+    ALREADY_TRUE: Final = "already-true"
+    FAILED: Final = "failed"
+    BLOCKED: Final = "blocked"  # something it depends on failed
+    CANNOT_FIX: Final = "cannot-fix"  # drift apply only reports
+    ALL: Final = (CHANGED, ALREADY_TRUE, FAILED, BLOCKED, CANNOT_FIX)
+    FAILURES: Final = (FAILED, BLOCKED, CANNOT_FIX)
 
 
 class FieldDiff(Record):
@@ -33,7 +60,7 @@ class Change(Record):
     """One resource that is not as the spec says, and what apply will do about it."""
 
     resource: str  # "apt", "cuda.home", "venv", "model.files", "model.config", "api_key", "server"
-    kind: Kind
+    kind: ChangeKind
     summary: str
     reason: str
     diffs: tuple[FieldDiff, ...] = ()
@@ -43,11 +70,11 @@ class Change(Record):
     actionable: bool = True
     # Not acted on itself, but made true by the change of that resource, which runs first (the headers
     # the [apt] packages bring): counted "to change", and "cannot fix" only if still different after it.
-    via: str | None = None
+    made_true_by: str | None = None
 
     @property
     def will_change(self) -> bool:
-        return self.actionable or self.via is not None
+        return self.actionable or self.made_true_by is not None
 
 
 class Ok(Record):

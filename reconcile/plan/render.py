@@ -9,13 +9,22 @@ import json
 import os
 
 from reconcile.plan.jsondata import PLAN_FORMAT, head, jsonable, resource_entry
-from reconcile.plan.records import Change, Finding, Ok, Plan
+from reconcile.plan.records import Action, Change, Finding, Ok, Plan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
-_SYMBOL_COLOUR = {"✓": "32", "+": "32", "~": "33", "-": "31", "±": "35", "!": "31", "✗": "31", "⚠": "33"}
+_SYMBOL_COLOUR = {
+    "✓": "32",
+    Action.CREATE: "32",
+    Action.CHANGE: "33",
+    Action.REMOVE: "31",
+    Action.RESTART: "35",
+    "!": "31",
+    "✗": "31",
+    "⚠": "33",
+}
 _WIDTH = 16
 
 
@@ -82,8 +91,8 @@ def _change_lines(p: _Painter, c: Change) -> list[str]:
         out.append(f"{pad}{d.field}: {short(d.old)} -> {short(d.new)}")
     if c.reason and c.reason != c.summary:
         out.append(p.dim(f"{pad}why: {c.reason}"))
-    if c.via is not None:
-        out.append(p.dim(f"{pad}apply changes {c.via} first, which brings this"))
+    if c.made_true_by is not None:
+        out.append(p.dim(f"{pad}apply changes {c.made_true_by} first, which brings this"))
     elif not c.actionable:
         out.append(p.dim(f"{pad}apply cannot fix this; it only reports it"))
     return out

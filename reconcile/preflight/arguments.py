@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconcile.engine.failures import removed_flag_fix
-from reconcile.engine.flags import flag_exists, flag_history, listed_versions, release
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, _pin, _pin_is_exact, finding
+from reconcile.vllm.failures import removed_flag_fix
+from reconcile.vllm.flags import flag_exists, flag_history, listed_versions, release
 
 if TYPE_CHECKING:
     from collections.abc import Callable

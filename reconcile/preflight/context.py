@@ -16,9 +16,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Literal
 
-    from reconcile.engine.attention import Build
     from reconcile.plan.records import Severity
     from reconcile.spec.models import ArgValue, Server, Spec
+    from reconcile.vllm.attention import Build
 
 
 class GpuFact(Record):
@@ -117,7 +117,7 @@ def finding(rule: str, severity: Severity, message: str, fix: str = "", /, **evi
 
 
 def context(spec: Spec, server: Server, inputs: PreflightInputs) -> RuleContext:
-    from reconcile.engine.flags import canonical  # the engine only when rules run (gather's memo)
+    from reconcile.vllm.flags import canonical  # the engine only when rules run (gather's memo)
 
     args: dict[str, ArgValue] = {}
     written: dict[str, str] = {}
@@ -187,7 +187,7 @@ def _pin_is_exact(spec: Spec) -> bool:
 
 def model_config(c: RuleContext) -> Mapping[str, Any] | None:
     """config.json as vLLM will read it: the patched file plus args.hf-overrides."""
-    from reconcile.engine import limits
+    from reconcile.vllm import limits
 
     config = c.inputs.model_config
     return None if config is None else limits.apply_hf_overrides(config, c.args.get("hf-overrides"))
@@ -195,7 +195,7 @@ def model_config(c: RuleContext) -> Mapping[str, Any] | None:
 
 def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
     """(max-model-len as vLLM parses it, an error text); (None, None) for auto or unset."""
-    from reconcile.engine import limits
+    from reconcile.vllm import limits
 
     raw = c.args.get("max-model-len")
     try:
@@ -207,7 +207,7 @@ def requested_len(c: RuleContext) -> tuple[int | None, str | None]:
 def served_len(c: RuleContext) -> tuple[int | None, str]:
     """The max-model-len vLLM will serve and how it was set: the explicit value, else (unset) the
     length it derives from the config; (None, "auto") when it fits the length to memory."""
-    from reconcile.engine import limits
+    from reconcile.vllm import limits
 
     requested, error = requested_len(c)
     if requested is not None or error or c.args.get("max-model-len") is not None:

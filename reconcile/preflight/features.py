@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from reconcile.engine.flags import release
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config
+from reconcile.vllm.flags import release
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -51,7 +51,7 @@ def _vllm_version(spec: Spec, obs: Observed) -> tuple[str | None, str]:
     if isinstance(obs.venv, VenvObservation) and obs.venv.vllm_version:
         return obs.venv.vllm_version, "installed"
     if spec.venv is not None and "vllm" in spec.venv.packages:
-        from reconcile.engine.flags import version_from_pin
+        from reconcile.vllm.flags import version_from_pin
 
         pinned = version_from_pin(spec.venv.packages["vllm"])
         if pinned:
@@ -86,8 +86,8 @@ def _gpus(
 def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[str, Any]:
     """The model's config, files and weights as apply will lay them out. `within` (validate): a local
     source outside that repository is neither read nor walked (its facts are then unknown)."""
-    from actions.model_config import deep_merge
     from probes.model import JsonDoc, ModelObservation
+    from reconcile.jsonmerge import deep_merge
 
     out: dict[str, Any] = {}
     m, want = obs.model, spec.model
@@ -124,7 +124,7 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
 
 
 def _known_model(repo: str | None) -> dict[str, Any] | None:
-    from reconcile.engine.catalogue import known_model
+    from reconcile.vllm.catalogue import known_model
 
     return known_model(repo)
 
@@ -134,14 +134,14 @@ def _weights_before_download(
 ) -> WeightsFact | None:
     """The weights' size while no weight file is there: the safetensors index's total_size (model dir
     or local source), else the hub's listing (one cached metadata call; never when offline)."""
-    from reconcile.engine.weightfiles import weight_files
+    from reconcile.vllm.weightfiles import weight_files
 
     if weight_files(files):
         return None  # on disk: the memory rule counts the files themselves
     index = _read_json(os.path.join(root, "model.safetensors.index.json"), within)
     total = None
     if index:
-        from reconcile.engine.weights import index_total  # the model's shape tables: only for an index
+        from reconcile.vllm.weights import index_total  # the model's shape tables: only for an index
 
         total = index_total(index)
     if total:
@@ -184,7 +184,7 @@ def _venv_facts(venv: VenvObservation) -> dict[str, Any]:
     """Every distribution the server's interpreter sees (the venv's site-packages and the dirs its
     .pth files add, as the lab's torch is) and vLLM's declared requirements."""
     from probes.venv import requires, scan_site_packages
-    from reconcile.engine.attention import scan_build
+    from reconcile.vllm.attention import scan_build
 
     dists = {name: d.version for name, d in venv.distributions.items()}
     dirs = list(venv.site_packages)

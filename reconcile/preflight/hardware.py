@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.limits import text_config
-from reconcile.engine.memory import kv_cache_dtype
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, capability, finding, model_config
+from reconcile.vllm.limits import text_config
+from reconcile.vllm.memory import kv_cache_dtype
 
 # vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS (checked by _check_valid_dtype): float16 is
 # refused for these model types, "Numerical instability. Please use bfloat16 or float32 instead."

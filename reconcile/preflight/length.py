@@ -6,9 +6,9 @@ Part of `reconcile.preflight`; same context, same Findings. Ids and failures: do
 
 from __future__ import annotations
 
-from reconcile.engine import limits
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config, requested_len
+from reconcile.vllm import limits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

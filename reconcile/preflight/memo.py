@@ -5,7 +5,7 @@ Called by reconcile.preflight.gather. The rules are pure functions of the spec, 
 planner gathered (PreflightInputs) and the code and data tables they ship with; the key is all of
 them: the spec and the inputs as exact, type-tagged marshal data, this interpreter and kernel (the
 requirement markers judge the platform), and the stat of every file of reconcile/preflight,
-reconcile/engine, reconcile/data and the `packaging` they call. A hit needs the key byte for byte;
+reconcile/vllm, reconcile/data and the `packaging` they call. A hit needs the key byte for byte;
 a value the key cannot spell (an object of no known kind) is never remembered. The entry is a
 private marshal file (reconcile.private_cache: 0600 in 0700, ours, or a miss); damaged is a miss.
 A spec that holds a secret inline is never remembered (the key would keep it in clear).
@@ -35,7 +35,7 @@ _FORMAT = 1
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE = os.path.dirname(_HERE)
 # What the rules run and read: the rule modules, the engine, the data tables, and Finding itself.
-_CODE = (_HERE, os.path.join(_PACKAGE, "engine"), os.path.join(_PACKAGE, "data"))
+_CODE = (_HERE, os.path.join(_PACKAGE, "vllm"), os.path.join(_PACKAGE, "data"))
 _RECORDS = os.path.join(_PACKAGE, "plan", "records.py")
 
 

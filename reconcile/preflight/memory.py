@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconcile.engine import memory
-from reconcile.engine.architectures import coverage
-from reconcile.engine.families import text_part
-from reconcile.engine.kvspec import MAMBA
-from reconcile.engine.memory import GiB, size
-from reconcile.engine.shape import ShapeError
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, capability, finding, model_config, served_len
 from reconcile.preflight.memory_table import memory_table
 from reconcile.record import Record
+from reconcile.vllm import memory
+from reconcile.vllm.architectures import coverage
+from reconcile.vllm.families import text_part
+from reconcile.vllm.kvspec import MAMBA
+from reconcile.vllm.memory import GiB, size
+from reconcile.vllm.shape import ShapeError
 
 
 class Sizing(Record):
@@ -79,7 +79,7 @@ def sizing(c: RuleContext, *, tp: int | None = None, weights_scale: float = 1.0)
         if w is not None:
             e, source = e._replace(weights_total=w.total, weight_files=w.files, notes=()), w.source
         else:
-            from reconcile.engine.weights import estimate
+            from reconcile.vllm.weights import estimate
 
             guess = estimate(config, c.inputs.hf_quant_config)
             note = f"weights estimated from config.json: {guess.how} (not downloaded yet)"

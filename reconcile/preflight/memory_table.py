@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from reconcile.engine import memory
-from reconcile.engine.memory import MiB, size
+from reconcile.vllm import memory
+from reconcile.vllm.memory import MiB, size
 
 
 def _weights_how(e: memory.MemoryEstimate, source: str) -> str:

@@ -6,9 +6,9 @@ Part of `reconcile.preflight`; same context, same Findings. Ids and failures: do
 
 from __future__ import annotations
 
-from reconcile.engine.shape import ModelShape, ShapeError, model_shape
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding, model_config
+from reconcile.vllm.shape import ModelShape, ShapeError, model_shape
 
 
 def _ranks(c: RuleContext) -> str:

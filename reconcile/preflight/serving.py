@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from fnmatch import fnmatch
 
-from reconcile.engine.memory import GiB
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding
+from reconcile.vllm.memory import GiB
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

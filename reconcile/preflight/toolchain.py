@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 
-from reconcile.engine.toolchain import compute_arch, cuda_suffix, header_package, min_cuda_for
-from reconcile.engine.versions import numbers
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import RuleContext, finding
+from reconcile.vllm.toolchain import compute_arch, cuda_suffix, header_package, min_cuda_for
+from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

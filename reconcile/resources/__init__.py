@@ -1,79 +1,69 @@
-"""The resource table: every resource reconcile manages, declared once, in dependency order.
+"""Every resource reconcile manages, declared once: one module per kind, listed here in apply order.
 
-A row names the resource, the probes its planner reads, what it depends on, its planner and its
-action. The prober, the planner, the executor's ordering and the re-plans around each action all
-read this table; nothing else knows the list of resources. Adding one: docs/architecture.md.
+Each module declares `PROBES` (the read half: its probes' modules, spec sections, threads and JSON
+tags) and `KINDS` (its rows: planner, action, dependencies, restart semantics). The prober,
+`Observed`, the planner, the executor's order and re-plans, the JSON type tags and the table in
+docs/architecture.md are derived from them; nothing else knows the list of resources and nothing
+compares their names. Adding one: docs/architecture.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from reconcile.record import Record
 from reconcile.resources import api_key, apt, cuda, gpu, model, server, venv
+from reconcile.resources.common import Kind, Probe, run_guarded
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from reconcile.plan.prober import Observed
-    from reconcile.plan.records import ActionResult, Change, Item
-    from reconcile.spec.loaded import LoadedSpec
+    from typing import Any
+
     from reconcile.spec.models import Spec
 
-Planner = Callable[["Spec", "Observed"], "Item | None"]
-Action = Callable[["LoadedSpec", "Change", Callable[[str], None]], "ActionResult"]
-Revise = Callable[["Item", "Spec", "Observed", list[str]], "Item"]
+MODULES = (gpu, apt, cuda, venv, model, api_key, server)  # the apply order
+
+TABLE: tuple[Kind, ...] = tuple(kind for m in MODULES for kind in m.KINDS)
+BY_NAME: Mapping[str, Kind] = {k.name: k for k in TABLE}
+PROBES: tuple[Probe, ...] = tuple(p for m in MODULES for p in m.PROBES)
+PROBE_NAMES: tuple[str, ...] = tuple(p.name for p in PROBES)
+BY_PROBE: Mapping[str, Probe] = {p.name: p for p in PROBES}
+TYPE_TAGS: Mapping[str, str] = {cls: tag for p in PROBES for cls, tag in p.tags.items()}
 
 
-class Resource(Record):
-    """One row: `depends_on(spec)` is what must be true before its action runs (a failure there
-    blocks it); `identity_input` marks what the server's launch identity covers, so that a pending
-    change to it restarts the server; `revise` sees those pending changes after the whole plan."""
+class Observed:
+    """What the probes saw, by probe name: `obs.venv`, `obs.server`, ... (None where the spec has no
+    such section, so nothing was probed). Built by the prober; `Observed(gpu=...)` in tests."""
 
-    name: str
-    probes: tuple[str, ...]
-    depends_on: Callable[[Spec], tuple[str, ...]]
-    plan: Planner
-    perform: Action | None  # None: apply reports the drift, it never acts (GPUs, headers)
-    identity_input: bool = False
-    revise: Revise | None = None
+    __slots__ = ("_results",)
+    _fields: tuple[str, ...] = PROBE_NAMES
+
+    def __init__(self, **results: object) -> None:
+        unknown = results.keys() - BY_PROBE.keys()
+        if unknown:
+            raise TypeError(f"unknown probe(s) {sorted(unknown)} (known: {', '.join(PROBE_NAMES)})")
+        self._results = {name: results.get(name) for name in PROBE_NAMES}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._results[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Observed) and self._results == other._results
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Observed({', '.join(f'{k}={v!r}' for k, v in self._results.items())})"
+
+    def _replace(self, **results: object) -> Observed:
+        return Observed(**{**self._results, **results})
 
 
-def _always(*names: str) -> Callable[[Spec], tuple[str, ...]]:
-    return lambda spec: names
-
-
-def _apt_deps(spec: Spec) -> tuple[str, ...]:
-    return ("apt.repositories",) if spec.apt is not None and spec.apt.repositories else ()
-
-
-def _cuda_home_deps(spec: Spec) -> tuple[str, ...]:
-    return ("apt",) if spec.apt is not None else ()
-
-
-# A start waits for everything the server reads at launch.
-_SERVER_DEPENDS = ("apt", "cuda.home", "venv", "venv.packages", "model.files", "model.config", "api_key")
-
-TABLE: tuple[Resource, ...] = (
-    Resource("gpu", ("gpu",), _always(), gpu.plan_gpu, None),
-    Resource("apt.repositories", ("apt",), _always(), apt.plan_apt_repositories, apt.add_repositories),
-    Resource("apt", ("apt",), _apt_deps, apt.plan_apt, apt.install),
-    Resource("cuda.home", ("cuda",), _cuda_home_deps, cuda.plan_cuda_home, cuda.point_home),
-    Resource("cuda", ("cuda",), _always("apt", "cuda.home"), cuda.plan_cuda, None),
-    Resource("venv", ("venv",), _always(), venv.plan_venv, venv.create),
-    Resource("venv.packages", ("venv",), _always("venv"), venv.plan_venv_packages, venv.install, True),
-    Resource("model.files", ("model",), _always(), model.plan_model_files, model.download, True),
-    Resource(
-        "model.config", ("model",), _always("model.files"), model.plan_model_config, model.patch_config, True
-    ),
-    Resource("api_key", ("api_key",), _always(), api_key.plan_api_key, api_key.ensure_key),
-    Resource(
-        "server",
-        ("server", "health", "venv", "model", "gpu"),
-        _always(*_SERVER_DEPENDS),
-        server.plan_server,
-        server.perform,
-        revise=server.restart_after,
-    ),
-)
-
-BY_NAME: Mapping[str, Resource] = {r.name: r for r in TABLE}
+def observe_here(spec: Spec, names: tuple[str, ...]) -> Observed:
+    """Run the probes `names` the spec calls for, one after another in this thread; every other
+    probe's field is None. For an action that needs the facts as they are now (the server's start)."""
+    return Observed(
+        **{n: run_guarded(n, BY_PROBE[n].function(), spec) for n in names if BY_PROBE[n].wanted(spec)}
+    )

@@ -1,17 +1,18 @@
 """apt repositories and packages: the plan item for each, and the action that makes it true.
 
-Rows of reconcile.resources; probe: probes.apt; action: actions.apt.
+Declares (at the end) the apt probe (probes.apt) and the apt.repositories and apt kinds; action:
+actions.apt.
 """
 
 from __future__ import annotations
 
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
-from reconcile.resources.common import Progress, failed
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, Progress, change, failed, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from reconcile.plan.prober import Observed
-    from reconcile.plan.records import Kind
+    from reconcile.plan.records import ChangeKind
+    from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
 
@@ -24,7 +25,7 @@ def _repo_file(spec: Spec, name: str) -> str:
 def plan_apt_repositories(spec: Spec, obs: Observed) -> Item | None:
     if spec.apt is None or not spec.apt.repositories:
         return None
-    if (bad := failed("apt.repositories", obs.apt, "apt")) is not None:
+    if (bad := failed(obs.apt, "apt")) is not None:
         return bad
     from probes.apt import AptObservation
 
@@ -43,10 +44,9 @@ def plan_apt_repositories(spec: Spec, obs: Observed) -> Item | None:
         if not good or (repo.keyring and not obs.apt.keyrings.get(repo.keyring, False)):
             missing.append(repo.name)
     if not missing:
-        return Ok("apt.repositories", ", ".join(r.name for r in spec.apt.repositories))
-    return Change(
-        "apt.repositories",
-        "+",
+        return ok(", ".join(r.name for r in spec.apt.repositories))
+    return change(
+        Action.CREATE,
         f"add repository {', '.join(missing)}",
         "the spec names a repository that apt does not have (or its keyring is missing)",
         tuple(FieldDiff(n, None, _repo_file(spec, n)) for n in missing),
@@ -57,7 +57,7 @@ def plan_apt_repositories(spec: Spec, obs: Observed) -> Item | None:
 def plan_apt(spec: Spec, obs: Observed) -> Item | None:
     if spec.apt is None or not spec.apt.packages:
         return None
-    if (bad := failed("apt", obs.apt, "apt")) is not None:
+    if (bad := failed(obs.apt, "apt")) is not None:
         return bad
     from probes.apt import AptObservation
 
@@ -73,10 +73,9 @@ def plan_apt(spec: Spec, obs: Observed) -> Item | None:
             diffs.append(FieldDiff(name, have, pin or "installed"))
     n = len(spec.apt.packages)
     if not todo:
-        return Ok("apt", f"{n} package{'s' if n != 1 else ''} installed")
-    kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
-    return Change(
-        "apt",
+        return ok(f"{n} package{'s' if n != 1 else ''} installed")
+    kind: ChangeKind = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
+    return change(
         kind,
         f"install {', '.join(todo)}",
         f"{len(todo)} of {n} packages not as the spec says",
@@ -106,3 +105,28 @@ def install(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionRes
     known = apt.apt_knows(names)
     # `apt-get update` only when a source was just added or apt does not know a package.
     return apt.install(packages, update=not all(known.values()))
+
+
+def _apt_deps(spec: Spec) -> tuple[str, ...]:
+    """`apt.repositories` (when the spec has any)"""
+    return ("apt.repositories",) if spec.apt is not None and spec.apt.repositories else ()
+
+
+PROBES = (
+    Probe(  # dpkg-query (~10-25 ms of its own)
+        "apt",
+        "probes.apt",
+        "apt",
+        threaded=True,
+        tags={
+            "AptObservation": "apt",
+            "PackageStatus": "apt.package",
+            "AptSource": "apt.source",
+            "Unparsed": "apt.unparsed",
+        },
+    ),
+)
+KINDS = (
+    Kind("apt.repositories", "apt", ("apt",), plan_apt_repositories, add_repositories),
+    Kind("apt", "apt", ("apt",), plan_apt, install, _apt_deps),
+)

@@ -1,18 +1,21 @@
 """The CUDA toolkit: the CUDA_HOME symlink (apply points it), nvcc, its archs and headers (checked).
 
-Rows of reconcile.resources; probe: probes.cuda; action: actions.cuda.
+Declares (at the end) the cuda probe (probes.cuda) and the cuda.home and cuda kinds; action:
+actions.cuda.
 """
 
 from __future__ import annotations
 
-from reconcile.engine.versions import numbers
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
-from reconcile.resources.common import Progress, failed
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, Progress, change, failed, needs, ok
+from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from reconcile.plan.prober import Observed
-    from reconcile.plan.records import Kind
+    from collections.abc import Sequence
+
+    from reconcile.plan.records import ChangeKind
+    from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
 
@@ -20,7 +23,7 @@ if TYPE_CHECKING:
 def plan_cuda_home(spec: Spec, obs: Observed) -> Item | None:
     if spec.cuda is None:
         return None
-    if (bad := failed("cuda.home", obs.cuda, "cuda")) is not None:
+    if (bad := failed(obs.cuda, "cuda")) is not None:
         return bad
     from probes.cuda import CudaToolkit
 
@@ -29,30 +32,27 @@ def plan_cuda_home(spec: Spec, obs: Observed) -> Item | None:
     shown = f"{home.path} -> {home.link_target}" if home.state == "symlink" else f"{home.path} ({home.state})"
     if target is None:
         if home.resolved is None:
-            return Change(
-                "cuda.home",
-                "~",
+            return change(
+                Action.CHANGE,
                 f"{home.path} is {home.state}",
                 "CUDA_HOME must exist (set [cuda].target to let apply point it)",
                 actionable=False,
             )
-        return Ok("cuda.home", shown)
+        return ok(shown)
     import os
 
     if home.state == "symlink" and home.resolved is not None and home.resolved == os.path.realpath(target):
-        return Ok("cuda.home", shown)
+        return ok(shown)
     if home.state == "directory":
-        return Change(
-            "cuda.home",
-            "~",
+        return change(
+            Action.CHANGE,
             f"{home.path} is a real directory, not a symlink",
             f"move it aside (mv {home.path} {home.path}-old) and apply again; apply never deletes it",
             (FieldDiff("target", "(directory)", target),),
             actionable=False,
         )
-    kind: Kind = "+" if home.state == "absent" else "~"
-    return Change(
-        "cuda.home",
+    kind: ChangeKind = Action.CREATE if home.state == "absent" else Action.CHANGE
+    return change(
         kind,
         f"{shown}  =>  {target}",
         "nvcc under CUDA_HOME must be the toolkit the spec names",
@@ -65,7 +65,7 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
     """nvcc, its arch list and the headers: brought by apt packages, so only checked here."""
     if spec.cuda is None:
         return None
-    if (bad := failed("cuda", obs.cuda, "cuda")) is not None:
+    if (bad := failed(obs.cuda, "cuda")) is not None:
         return bad
     from probes.cuda import CudaToolkit, Nvcc
 
@@ -98,31 +98,28 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
             if isinstance(nvcc, Nvcc)
             else "nvcc"
         )
-        return Ok("cuda", f"{found}; {len(obs.cuda.headers)} headers found")
+        return ok(f"{found}; {len(obs.cuda.headers)} headers found")
     hint = _header_packages(missing, nvcc.release if isinstance(nvcc, Nvcc) else None)
     summary = "; ".join(f"{d.field}: {d.old}" for d in diffs)
-    from reconcile.resources.facts import headers_via
-
-    via = headers_via(
+    brought_by = headers_brought_by(
         spec, missing, [d.field for d in diffs], nvcc.release if isinstance(nvcc, Nvcc) else None
     )
-    return Change(
-        "cuda",
-        "~",
+    return change(
+        Action.CHANGE,
         summary,
         f"[apt] packages bring them ({hint})"
-        if via
+        if brought_by
         else "the toolkit comes from apt packages; add them to [apt].packages"
         + (f" ({hint})" if hint else ""),
         tuple(diffs),
         actionable=False,
-        via=via,
+        made_true_by=brought_by,
     )
 
 
 def _header_packages(headers: list[str], release: str | None) -> str:
     try:
-        from reconcile.engine.failures import header_package
+        from reconcile.vllm.failures import header_package
     except ImportError:
         return ""
     out = []
@@ -137,3 +134,38 @@ def point_home(loaded: LoadedSpec, change: Change, progress: Progress) -> Action
     from actions import cuda
 
     return cuda.point_home(str(change.params["home"]), str(change.params["target"]))
+
+
+def headers_brought_by(
+    spec: Spec, missing: Sequence[str], fields: Sequence[str], release: str | None
+) -> str | None:
+    """ "apt" when headers are all that is missing from the toolkit and [apt] packages lists the package
+    of every one: the apt change brings them, the cuda row only waits for it (None otherwise)."""
+    from reconcile.vllm.failures import header_package
+
+    if not missing or spec.apt is None or any(f != "headers.missing" for f in fields):
+        return None
+    listed = {p.partition("=")[0] for p in spec.apt.packages}
+    packages = [header_package(h, release) for h in missing]
+    return "apt" if all(p is not None and p in listed for p in packages) else None
+
+
+def _cuda_home_deps(spec: Spec) -> tuple[str, ...]:
+    """`apt` (when the spec has `[apt]`)"""
+    return ("apt",) if spec.apt is not None else ()
+
+
+PROBES = (
+    Probe(  # nvcc, when its answers are not remembered
+        "cuda",
+        "probes.cuda",
+        "cuda",
+        threaded=True,
+        tags={"CudaToolkit": "cuda", "CudaHome": "cuda.home", "Nvcc": "cuda.nvcc", "Header": "cuda.header"},
+    ),
+)
+KINDS = (
+    Kind("cuda.home", "cuda", ("cuda",), plan_cuda_home, point_home, _cuda_home_deps),
+    # nvcc and headers come from apt packages: apply never acts on this row
+    Kind("cuda", "cuda", ("cuda",), plan_cuda, None, needs("apt", "cuda.home")),
+)

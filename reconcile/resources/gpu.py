@@ -1,17 +1,18 @@
 """The GPUs and their driver: checked against [gpu], never changed (outside apply's reach).
 
-A row of reconcile.resources; probe: probes.gpu.
+Declares (at the end) the gpu probe (probes.gpu) and the gpu kind, which has no action.
 """
 
 from __future__ import annotations
 
 from probes.common import ProbeFailure, Unavailable
-from reconcile.engine.versions import numbers
-from reconcile.plan.records import Change, FieldDiff, Item, Ok
+from reconcile.plan.records import Action, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, change, ok
+from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from reconcile.plan.prober import Observed
+    from reconcile.resources import Observed
     from reconcile.spec.models import Spec
 
 
@@ -24,7 +25,9 @@ def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
     )
     inv = obs.gpu
     if isinstance(inv, (Unavailable, ProbeFailure)):
-        return Change("gpu", "~", f"unavailable: {inv.reason}", f"the spec wants {wanted}", actionable=False)
+        return change(
+            Action.CHANGE, f"unavailable: {inv.reason}", f"the spec wants {wanted}", actionable=False
+        )
     assert inv is not None
     diffs: list[FieldDiff] = []
     if want.count is not None and inv.count != want.count:
@@ -39,12 +42,28 @@ def plan_gpu(spec: Spec, obs: Observed) -> Item | None:
         diffs.append(FieldDiff("driver", inv.driver_version, f">= {want.min_driver}"))
     seen = f"{inv.count}× {', '.join(names) or 'no GPU'} ({', '.join(ccs)}), driver {inv.driver_version}"
     if diffs:
-        return Change(
-            "gpu",
-            "~",
+        return change(
+            Action.CHANGE,
             seen,
             f"the spec wants {wanted}; drivers and GPUs are outside apply's reach",
             tuple(diffs),
             actionable=False,
         )
-    return Ok("gpu", seen)
+    return ok(seen)
+
+
+PROBES = (
+    Probe(  # NVML's calls into the driver
+        "gpu",
+        "probes.gpu",
+        "gpu",
+        threaded=True,
+        tags={
+            "GpuInventory": "gpu",
+            "GpuDevice": "gpu.device",
+            "GpuProcess": "gpu.process",
+            "NvidiaSmiGpu": "gpu.nvidia-smi",
+        },
+    ),
+)
+KINDS = (Kind("gpu", "gpu", ("gpu",), plan_gpu, None),)  # drivers and GPUs are outside apply's reach

@@ -1,6 +1,7 @@
 """The model's files (download or copy) and its config.json patch: plan items and actions.
 
-Rows of reconcile.resources; probe: probes.model; actions: actions.model, actions.model_config.
+Declares (at the end) the model probe (probes.model) and the model.files and model.config kinds;
+actions: actions.model, actions.model_config.
 """
 
 from __future__ import annotations
@@ -8,17 +9,17 @@ from __future__ import annotations
 import os
 
 from probes.common import Invalid, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
-from reconcile.resources.common import Progress, failed, giB
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, Progress, change, failed, giB, needs, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from reconcile.plan.prober import Observed
+    from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
-    from reconcile.spec.models import Spec
+    from reconcile.spec.models import Model, Spec
 
 
 def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
@@ -30,7 +31,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     m = obs.model
     origin = f"{want.repo}@{want.revision}" if want.repo else (want.source or "?")
     if isinstance(m, ProbeFailure):
-        return failed("model.files", m, "model")
+        return failed(m, "model")
     drift_walks = isinstance(m, ModelObservation) and isinstance(m.record, DownloadRecord)
     refused = None  # with a record, source_drift below walks the source
     if want.source and not want.repo and not drift_walks:
@@ -40,9 +41,8 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
         return refused
     if not isinstance(m, ModelObservation):
         verb = "download" if want.repo else "copy"
-        return Change(
-            "model.files",
-            "+",
+        return change(
+            Action.CREATE,
             f"{verb} {origin} into {want.dir}",
             "the model directory is absent",
             (FieldDiff("dir", None, want.dir),),
@@ -79,17 +79,15 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                 diffs.append(FieldDiff("files", ", ".join(drift[:3]), f"as in {want.source}"))
     if diffs:
         verb = "download" if want.repo else "copy"
-        return Change(
-            "model.files",
-            "~",
+        return change(
+            Action.CHANGE,
             f"{verb} {origin} into {want.dir}",
             "the model's files differ from the spec",
             tuple(diffs),
         )
     if m.missing_required:
-        return Change(
-            "model.files",
-            "~",
+        return change(
+            Action.CHANGE,
             f"missing {', '.join(m.missing_required)}",
             f"{origin} does not bring these required files; add them to the model dir or fix "
             "[model].required_files",
@@ -99,7 +97,7 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
     commit = f" ({record.commit[:12]})" if isinstance(record, DownloadRecord) and record.commit else ""
     if isinstance(record, DownloadRecord) and record.source:
         origin = record.source
-    return Ok("model.files", f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
+    return ok(f"{want.dir}: {len(m.files)} files, {giB(total)}, from {origin}{commit}")
 
 
 def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapping[str, int]) -> Item | None:
@@ -114,9 +112,8 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
         return _refused(source, exc)
     need = {name: size for name, size in sizes.items() if have.get(name) != size}
     if (problem := past_free_space(model_dir, need)) is not None:
-        return Change(
-            "model.files",
-            "~",
+        return change(
+            Action.CHANGE,
             f"[model].source {source}: {problem}: refused",
             "free space there, or leave files out with allow_patterns",
             actionable=False,
@@ -126,9 +123,8 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
 
 def _refused(source: str, exc: OSError) -> Change:
     name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
-    return Change(
-        "model.files",
-        "~",
+    return change(
+        Action.CHANGE,
         f"[model].source {source}: {name} is {exc.strerror}: refused",
         "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
         actionable=False,
@@ -142,20 +138,17 @@ def _same_revision(record: Any, revision: str) -> bool:
 def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if spec.model is None:
         return None
-    from actions.model_config import deep_merge
     from probes.model import JsonDoc, ModelObservation
+    from reconcile.jsonmerge import deep_merge
 
     patch = spec.model.config
     m = obs.model
     if not isinstance(m, ModelObservation):
         if not patch:
             return None
-        from reconcile.resources.facts import source_config
-
         was = source_config(spec.model)  # a local source's config.json is what the copy brings
-        return Change(
-            "model.config",
-            "~",
+        return change(
+            Action.CHANGE,
             "config.json  + " + _keys(patch),
             "patch the config once the files are in",
             tuple(FieldDiff(k, was.get(k), v) for k, v in patch.items()),
@@ -164,9 +157,8 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     if isinstance(backup, Invalid) or isinstance(m.config, Invalid):
         bad = backup if isinstance(backup, Invalid) else m.config
         assert isinstance(bad, Invalid)
-        return Change(
-            "model.config",
-            "~",
+        return change(
+            Action.CHANGE,
             f"{bad.path}: {bad.message}",
             "fix or remove the file by hand",
             actionable=False,
@@ -179,13 +171,12 @@ def plan_model_config(spec: Spec, obs: Observed) -> Item | None:
     desired = deep_merge(original, patch)
     if current == desired:
         if not patch:
-            return Ok("model.config", "config.json is the original")
-        return Ok("model.config", f"config.json has {_keys(patch)}")
+            return ok("config.json is the original")
+        return ok(f"config.json has {_keys(patch)}")
     diffs = _json_diffs(current or {}, desired)
-    sign = "+" if all(d.old is None for d in diffs) else "~"
-    return Change(
-        "model.config",
-        "~",
+    sign = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
+    return change(
+        Action.CHANGE,
         f"config.json  {sign} {', '.join(d.field for d in diffs[:3])}",
         "config.json differs from the original merged with [model].config",
         tuple(diffs),
@@ -238,3 +229,44 @@ def patch_config(loaded: LoadedSpec, change: Change, progress: Progress) -> Acti
 
     assert loaded.spec.model is not None
     return model_config.patch_config(loaded.spec.model.dir, loaded.spec.model.config)
+
+
+def source_config(model: Model) -> dict[str, Any]:
+    """The top-level keys of `[model] source`'s config.json ({} without a local source, or unreadable)."""
+    if not model.source:
+        return {}
+    import json
+
+    try:
+        with open(os.path.join(model.source, "config.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+PROBES = (
+    Probe(
+        "model",
+        "probes.model",
+        "model",
+        tags={
+            "ModelObservation": "model",
+            "JsonDoc": "model.json",
+            "DownloadRecord": "model.download",
+            "HubListing": "hub-listing",  # the tag it had before it was listed (probes.hub: the preflight's)
+        },
+    ),
+)
+KINDS = (
+    Kind("model.files", "model", ("model",), plan_model_files, download, restarts_server=True),
+    Kind(
+        "model.config",
+        "model",
+        ("model",),
+        plan_model_config,
+        patch_config,
+        needs("model.files"),
+        restarts_server=True,
+    ),
+)

@@ -1,21 +1,22 @@
 """The server's part of the plan: start, restart (and why), stop strays, or leave it alone.
 
-A row of reconcile.resources (plan_server, restart_after, perform); probes: probes.server and
-probes.health; action: actions.server. The
-launch identity a start would have is computed here from the same probes the plan used.
+Declares the server kind (its planner, its after-plan restart, its action) and the server and health
+probes; action: actions.server. The launch identity a start would have is computed here from the
+same probes the plan used.
 """
 
 from __future__ import annotations
 
 from probes.common import ProbeFailure, Unavailable
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item, Ok
+from reconcile.resources.common import Kind, Probe, change, needs, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actions.launching import LaunchInputs
-    from reconcile.plan.prober import Observed
+    from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
 
@@ -51,8 +52,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     want = spec.server
     seen = obs.server
     if isinstance(seen, (ProbeFailure, Unavailable)):
-        return Change(
-            "server", "~", f"cannot be checked: {seen.reason}", "the server probe failed", actionable=False
+        return change(
+            Action.CHANGE, f"cannot be checked: {seen.reason}", "the server probe failed", actionable=False
         )
     assert isinstance(seen, ServerObservation)
     strays = seen.strays
@@ -60,19 +61,18 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if not want.running:
         if seen.processes:
             pids = ", ".join(str(p.pid) for p in seen.processes)
-            return Change(
-                "server", "-", f"stop {want.name} (pids {pids})", "the spec says running = false", stray_diffs
+            return change(
+                Action.REMOVE, f"stop {want.name} (pids {pids})", "the spec says running = false", stray_diffs
             )
-        return Ok("server", f"{want.name} stopped, as the spec says")
+        return ok(f"{want.name} stopped, as the spec says")
     running = seen.server
     where = f"{want.host}:{want.port}"
     if running is None:
         extra = f"; first stop {len(strays)} stray process(es) of a dead server" if strays else ""
         if seen.pidfile.state == "corrupt":
             extra += f"; pidfile {seen.pidfile.path} {seen.pidfile.reason}: kept aside as .corrupt"
-        return Change(
-            "server",
-            "+",
+        return change(
+            Action.CREATE,
             f"start {want.name} on {where}{extra}",
             "no process of this deployment is running"
             if not strays
@@ -83,9 +83,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if running.identity != desired.digest:
         old = seen.record.components if isinstance(seen.record, ServerRecord) else {}
         why = explain_change(old, desired.components)
-        return Change(
-            "server",
-            "±",
+        return change(
+            Action.RESTART,
             f"restart {want.name}: {why}",
             why,
             (FieldDiff("identity", running.identity, desired.digest), *stray_diffs),
@@ -93,26 +92,23 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     health = obs.health
     state = getattr(health, "state", None)
     if state == "not_listening":
-        return Change(
-            "server",
-            "~",
+        return change(
+            Action.CHANGE,
             f"wait for {want.name} (pid {running.pid}) to finish starting",
             "the process runs but its port does not answer yet",
             stray_diffs,
         )
     if state != "healthy":
         detail = getattr(health, "error", None) or f"/health answered {getattr(health, 'health_status', '?')}"
-        return Change(
-            "server",
-            "±",
+        return change(
+            Action.RESTART,
             f"restart {want.name}: unhealthy ({detail})",
             "the server is unhealthy",
             stray_diffs,
         )
     if strays:
-        return Change(
-            "server",
-            "-",
+        return change(
+            Action.REMOVE,
             f"stop {len(strays)} stray process(es) of {want.name}",
             "processes of this deployment (its cgroup, its recorded launches, its marker) outside the "
             "live server's group",
@@ -121,9 +117,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if seen.pidfile.state != "ours":
         # Healthy and the right identity, but the pidfile does not name it (apply was killed
         # between the start and the pidfile write): adopt it, no restart.
-        return Change(
-            "server",
-            "~",
+        return change(
+            Action.CHANGE,
             f"record {want.name}'s pid {running.pid} in {seen.pidfile.path}",
             f"the pidfile is {seen.pidfile.state}"
             + (f" ({seen.pidfile.reason}; kept aside as .corrupt)" if seen.pidfile.reason else ""),
@@ -132,8 +127,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     version = getattr(health, "version", None)
     cards = getattr(health, "models", ()) or ()
     served = ", ".join(f"{c.id} (max_model_len {c.max_model_len})" for c in cards)
-    return Ok(
-        "server",
+    return ok(
         f"{want.name} pid {running.pid} healthy on {where}"
         + (f", vLLM {version}" if version else "")
         + (f", serving {served}" if served else ""),
@@ -148,9 +142,8 @@ def restart_after(item: Item, spec: Spec, obs: Observed, pending: list[str]) -> 
         return item
     running = getattr(obs.server, "running_identity", None)
     why = f"{', '.join(pending)} will change and its launch identity covers them"
-    return Change(
-        "server",
-        "±",
+    return change(
+        Action.RESTART,
         f"restart {spec.server.name} after {', '.join(pending)}",
         why,
         (FieldDiff("identity", running, f"(new, after {', '.join(pending)})"),),
@@ -162,10 +155,10 @@ def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None])
 
     from actions import server
     from actions.supervising import line_progress, tty_progress
-    from reconcile.plan.prober import probe_some
+    from reconcile.resources import observe_here
 
     spec = loaded.spec
-    obs = probe_some(spec, ("venv", "model"))
+    obs = observe_here(spec, ("venv", "model"))
     if hasattr(progress, "update"):  # the CLI's reconcile.apply.progress.Terminal: phases, live or as lines
         from reconcile.apply.progress import readiness_progress
 
@@ -173,3 +166,48 @@ def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None])
     else:
         shown = tty_progress(sys.stderr) or line_progress(progress)
     return server.apply(change, spec, launch_inputs(spec, obs), progress=shown)
+
+
+# A start waits for everything the server reads at launch.
+_SERVER_DEPENDS = ("apt", "cuda.home", "venv", "venv.packages", "model.files", "model.config", "api_key")
+
+PROBES = (
+    Probe(
+        "server",
+        "probes.server",
+        "server",
+        tags={
+            "ServerObservation": "server",
+            "DeploymentProcess": "server.process",
+            "Pidfile": "server.pidfile",
+            "PortListener": "server.listener",
+            "ServerRecord": "server.record",
+            "ServingMetrics": "server.metrics",  # probes.metrics: status's
+            "Ownership": "ownership",  # the tag it had before it was listed (tests/test_json_schemas.py)
+        },
+    ),
+    Probe(  # HTTP to the server's endpoint
+        "health",
+        "probes.health",
+        "server",
+        threaded=True,
+        tags={
+            "HealthObservation": "health",
+            "ModelCard": "health.model",
+            "CheckStep": "check.step",  # the check command's (probes.health.chat_check)
+            "CheckResult": "check",
+        },
+    ),
+)
+KINDS = (
+    Kind(
+        "server",
+        "server",
+        ("server", "health", "venv", "model", "gpu"),
+        plan_server,
+        perform,
+        needs(*_SERVER_DEPENDS),
+        after_plan=restart_after,
+        serves=True,
+    ),
+)

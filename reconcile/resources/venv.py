@@ -1,6 +1,7 @@
 """The virtual environment and its packages: plan items and the actions that make them true.
 
-Rows of reconcile.resources; probe: probes.venv; action: actions.venv.
+Declares (at the end) the venv probe (probes.venv) and the venv and venv.packages kinds; action:
+actions.venv.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import functools
 import os
 
 from probes.common import Absent, Invalid, ProbeFailure
-from reconcile.plan.records import ActionResult, Change, FieldDiff, Item, Ok
-from reconcile.resources.common import Progress, failed
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, Progress, change, failed, needs, ok
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
     from packaging.version import Version
 
     from probes.venv import VenvObservation
-    from reconcile.plan.prober import Observed
-    from reconcile.plan.records import Kind
+    from reconcile.plan.records import ChangeKind
+    from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec, Venv
 
@@ -30,19 +31,17 @@ def plan_venv(spec: Spec, obs: Observed) -> Item | None:
     want = spec.venv
     v = obs.venv
     if isinstance(v, ProbeFailure):
-        return failed("venv", v, "venv")
+        return failed(v, "venv")
     if isinstance(v, Absent):
-        return Change(
-            "venv",
-            "+",
+        return change(
+            Action.CREATE,
             f"create {want.path} with {want.python}",
             "the venv does not exist",
             (FieldDiff("path", None, want.path),),
         )
     if isinstance(v, Invalid):
-        return Change(
-            "venv",
-            "~",
+        return change(
+            Action.CHANGE,
             f"{want.path}: {v.message}",
             "not a virtual environment; move it aside and apply again (apply never deletes it)",
             actionable=False,
@@ -65,8 +64,8 @@ def plan_venv(spec: Spec, obs: Observed) -> Item | None:
         diffs.append(FieldDiff("pip", None, "installed"))
         reason = "pip is missing (a venv whose creation was interrupted): it cannot install the packages"
     if diffs:
-        return Change("venv", "~", f"fix {want.path}", reason, tuple(diffs))
-    return Ok("venv", f"{want.path} (Python {v.version or '?'})")
+        return change(Action.CHANGE, f"fix {want.path}", reason, tuple(diffs))
+    return ok(f"{want.path} (Python {v.version or '?'})")
 
 
 def _needs_pip(want: Venv, v: VenvObservation) -> bool:
@@ -101,13 +100,10 @@ def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
     if not wanted:
         assert installed is not None
         shown = ", ".join(f"{k} {installed.version_of(k)}" for k in list(spec.venv.packages)[:3])
-        return Ok(
-            "venv.packages", f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''})"
-        )
-    kind: Kind = "+" if all(d.old is None for d in diffs) else "~"
+        return ok(f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''})")
+    kind: ChangeKind = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
     shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
-    return Change(
-        "venv.packages",
+    return change(
         kind,
         f"install {shown}",
         f"{len(wanted)} of {n} packages missing or not satisfying the spec",
@@ -203,3 +199,24 @@ def install(loaded: LoadedSpec, change: Change, progress: Progress) -> ActionRes
 
     assert loaded.spec.venv is not None
     return venv.install(loaded.spec.venv, dict(change.params["packages"]))
+
+
+PROBES = (
+    Probe(
+        "venv",
+        "probes.venv",
+        "venv",
+        tags={
+            "VenvObservation": "venv",
+            "Distribution": "venv.distribution",
+            "PthEntry": "venv.pth",
+            "Interpreter": "venv.interpreter",
+        },
+    ),
+)
+KINDS = (
+    Kind("venv", "venv", ("venv",), plan_venv, create),
+    Kind(
+        "venv.packages", "venv", ("venv",), plan_venv_packages, install, needs("venv"), restarts_server=True
+    ),
+)

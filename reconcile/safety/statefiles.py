@@ -3,8 +3,8 @@ opened non-blocking, never through a link, a regular file only, size-bounded, it
 damaged one is moved aside as `<name>.corrupt-<UTC time>`, said in one line, and the run goes on.
 
 Called by the modules that own each file (unattended.report/pause/metrics, plan.conditions,
-apply.state/generations/profile, ownership.membership, probes.server, actions.launching); the CLI
-prints the lines (take_notes). No other module opens or parses a state file.
+apply.lock/journal/generations, ownership.membership, probes.server, identity); the commands
+print the lines (take_notes). No other module opens or parses a state file.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The lock file `specs/<name>.lock` (Nix's flake.lock): what floats in a spec, pinned.
 
 `apply_lock_pins` (the CLI, right after loading a spec for plan and apply) makes the lock's pins
-the desired state; the planner reads `lock_notes`, the executor `used_pins`. `reconcile.unattended.lockfile`
+the desired state; the planner reads `lock_notes`, the executor `used_pins`. `reconcile.authoring.lockfile`
 writes the lock.
 """
 

@@ -1,1 +1,1 @@
-"""The unattended commands: timer, pause, run reports and metrics, init, the lock file."""
+"""What runs unattended: the timer, the pause, the run reports and metrics."""

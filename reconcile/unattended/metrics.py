@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from reconcile.host import atomic_write
+from reconcile.plan.records import Result
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import ensure_dir
 
@@ -19,7 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-RESULTS = ("changed", "already-true", "failed", "blocked", "cannot-fix")
+RESULTS = Result.ALL
 OUTCOMES = ("converged", "changed", "drift", "paused", "refused", "failed", "error", "interrupted")
 
 

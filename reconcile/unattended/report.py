@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from reconcile.host import atomic_write
+from reconcile.plan.records import Result
 from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
@@ -24,7 +25,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from reconcile.apply.executor import ApplyReport
+    from reconcile.apply.changes import ApplyReport
     from reconcile.plan.records import Plan
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.unattended.pause import Pause
@@ -111,7 +112,7 @@ def build_record(f: RunFacts, previous: Mapping[str, Any] | None) -> dict[str, A
     counts = {r: sum(1 for x in results if x["result"] == r) for r in RESULTS}
     final = f.plan
     pending = [c.resource for c in final.changes] if final is not None else []
-    failures = sum(counts[r] for r in ("failed", "blocked", "cannot-fix"))
+    failures = sum(counts[r] for r in Result.FAILURES)
     failures += len(final.errors) if final is not None else 0
     failures += 1 if f.error is not None or (f.report is not None and f.report.refused) else 0
     verdict = outcome(f)

@@ -1,7 +1,7 @@
 """The TOML text of `reconcile init`: MachineFacts as a spec, a comment on every section.
 
-Called by the CLI's init command (facts from reconcile.unattended.survey). tomlkit keeps the comments; the
-result is validated as a Spec before it is returned, so init never writes a spec plan refuses.
+Called by the CLI's init command (facts from reconcile.authoring.init_survey). tomlkit keeps the
+comments; the result is validated as a Spec before it is returned, so init never writes a spec plan refuses.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
-from reconcile.unattended.survey import HEADERS, HELPERS, FoundServer, MachineFacts, generated_at
+from reconcile.authoring.init_survey import HEADERS, HELPERS, FoundServer, MachineFacts, generated_at
 
 KEY_FILE = "/root/vllm-api.key"
 

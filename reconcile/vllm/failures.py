@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 
-from reconcile.engine.flags import canonical
-from reconcile.engine.toolchain import cuda_suffix, header_package
 from reconcile.record import Record
+from reconcile.vllm.flags import canonical
+from reconcile.vllm.toolchain import cuda_suffix, header_package
 
 # header_package stays importable from here: reconcile.plan.planner uses it for its apt hint.
 __all__ = ["Diagnosis", "cuda_suffix", "diagnose", "header_package", "removed_flag_fix"]

@@ -8,14 +8,20 @@ Called by the CLI. Status writes nothing: the conditions' "since" times are read
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from reconcile.commands.common import load_spec, with_hold
 from reconcile.plan.conditions import Condition, read_conditions
 from reconcile.plan.jsondata import STATUS_FORMAT, head, jsonable
 from reconcile.plan.records import Plan
 from reconcile.spec.loaded import LoadedSpec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from reconcile.commands.common import Args
 
 
 @dataclass
@@ -65,7 +71,7 @@ def _server_facts(plan: Plan, loaded: LoadedSpec) -> dict[str, Any]:
     if server.served_model_name and models and all(m.get("id") != server.served_model_name for m in models):
         problems.append(f"served name {server.served_model_name!r} not in /v1/models")
     if want_len is not None and models:
-        from reconcile.engine.limits import parse_max_model_len
+        from reconcile.vllm.limits import parse_max_model_len
 
         try:
             wanted = parse_max_model_len(want_len)
@@ -114,7 +120,7 @@ def _metrics(loaded: LoadedSpec, facts: dict[str, Any]) -> dict[str, Any] | None
 def _hold(loaded: LoadedSpec) -> str | None:
     if loaded.spec.server is None:
         return None
-    from actions.launching import crash_loop_hold, read_record
+    from reconcile.identity import crash_loop_hold, read_record
 
     return crash_loop_hold(loaded.spec, read_record(loaded.spec))
 
@@ -250,3 +256,14 @@ def run_check(loaded: LoadedSpec, stream: TextIO) -> int:
         stream.write(f"  {'✓' if step.ok else '✗'} {step.name:<10} {step.message}\n")
     stream.write(f"\n{'passed' if result.ok else 'FAILED'} in {result.seconds:.1f}s\n")
     return 0 if result.ok else 1
+
+
+def cmd_status(args: Args) -> int:
+    loaded, held = with_hold(load_spec(args))
+    report = status_of(loaded)
+    render_status(report, sys.stdout, as_json=args.json, notes=held)
+    return report.exit_code
+
+
+def cmd_check(args: Args) -> int:
+    return run_check(with_hold(load_spec(args))[0], sys.stdout)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.attention import Backend, Build, mla_backend
-from reconcile.engine.budget import (
+from reconcile.record import Record
+from reconcile.vllm.attention import Backend, Build, mla_backend
+from reconcile.vllm.budget import (
     CUDA_GRAPH_BYTES,
     NVML_RESERVED_FALLBACK,
     GiB,
@@ -26,15 +27,14 @@ from reconcile.engine.budget import (
     rope_cache,
     size,
 )
-from reconcile.engine.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
-from reconcile.engine.families import resolve
-from reconcile.engine.kvgroups import KVLayout, kv_layout
-from reconcile.engine.kvspec import MAMBA, LayerSpec, layer_specs, pp_layers
-from reconcile.engine.limits import human_int, int_flag
-from reconcile.engine.servedefaults import hybrid_manager, in_flight_tokens, mamba_cache_mode, on, v2_runner
-from reconcile.engine.shape import ModelShape, model_shape
-from reconcile.engine.weightfiles import weight_files
-from reconcile.record import Record
+from reconcile.vllm.dtypes import DTYPE_BYTES, kv_cache_dtype, model_dtype, ssm_dtype
+from reconcile.vllm.families import resolve
+from reconcile.vllm.kvgroups import KVLayout, kv_layout
+from reconcile.vllm.kvspec import MAMBA, LayerSpec, layer_specs, pp_layers
+from reconcile.vllm.limits import human_int, int_flag
+from reconcile.vllm.servedefaults import hybrid_manager, in_flight_tokens, mamba_cache_mode, on, v2_runner
+from reconcile.vllm.shape import ModelShape, model_shape
+from reconcile.vllm.weightfiles import weight_files
 
 __all__ = [
     "CUDA_GRAPH_BYTES",

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.kvspec import CHUNKED, LayerSpec
-from reconcile.engine.shape import ModelShape
+from reconcile.vllm.kvspec import CHUNKED, LayerSpec
+from reconcile.vllm.shape import ModelShape
 
 
 def in_flight_tokens(batched_tokens: int, pp: int, async_scheduling: bool, v2_runner: bool) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.shape import MIXER2, ModelShape, mamba2_dims
 from reconcile.record import Record
+from reconcile.vllm.shape import MIXER2, ModelShape, mamba2_dims
 
 GiB = 1024**3
 MiB = 1024**2

@@ -10,8 +10,8 @@ import hashlib
 import json
 import os
 
-from reconcile.apply import profile as gens
-from reconcile.apply.realizing import realize
+from reconcile.apply import generations
+from reconcile.apply.store import realize
 from reconcile.errors import ReconcileError
 from reconcile.safety.sensitive import redact_document, restore_document
 
@@ -19,7 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from reconcile.apply.executor import ApplyReport
+    from reconcile.apply.changes import ApplyReport
     from reconcile.spec.loaded import LoadedSpec
 
 
@@ -43,12 +43,14 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
     spec = loaded.spec
     state_dir = spec.machine.state_dir
     inputs = launch_inputs(spec, probe_some(spec, ("venv", "model")))
-    config = gens.keep_config(state_dir, inputs.config_json) if inputs.config_json is not None else None
+    config = (
+        generations.keep_config(state_dir, inputs.config_json) if inputs.config_json is not None else None
+    )
     launch: dict[str, Any] | None = None
     if spec.server is not None:
         cmd = launch_command(spec, inputs, key_required=False)
         # The env the spec declares (our own PATH, HOME and the markers vary by caller), secrets hashed.
-        shown = gens.scrub_env(dict(spec.server.env), getattr(spec.server, "secret_env", ()))
+        shown = generations.scrub_env(dict(spec.server.env), getattr(spec.server, "secret_env", ()))
         launch = {"argv": redact_argv(cmd.argv), "env": shown, "identity": cmd.identity.digest}
     venv_path = spec.venv.path if spec.venv is not None else None
     key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
@@ -81,14 +83,16 @@ def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> tuple[LoadedSpe
 
 def seal_realization(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, good: bool) -> None:
     """A converged venv becomes an immutable realization; a good one is what the profile points at."""
-    from reconcile.apply.realizing import link_profile, realization_inputs, seal, share_files, store_of
+    from reconcile.apply.store import link_profile, realization_inputs, seal, share_files, store_of
 
     # The spec's own `[venv] path` as written (the loaded spec's venv is already its realization).
     venv, profile = applied.spec.venv, (original.resolved.get("venv") or {}).get("path")
     store = store_of(venv)
     if venv is None or not isinstance(profile, str) or store is None or report.final_plan is None:
         return
-    if any(c.resource.startswith("venv") for c in report.final_plan.changes):
+    from reconcile.resources import BY_NAME
+
+    if any(BY_NAME[c.resource].section == "venv" for c in report.final_plan.changes):
         return
     from probes.venv import VenvObservation, read_venv
 
@@ -112,7 +116,7 @@ def restore_config(applied: LoadedSpec, gen: dict[str, Any]) -> None:
     model, digest = applied.spec.model, gen.get("config_json")
     if model is None or not digest:
         return
-    data = gens.kept_config(applied.spec.machine.state_dir, digest)
+    data = generations.kept_config(applied.spec.machine.state_dir, digest)
     path = os.path.join(model.dir, "config.json")
     try:
         with open(path, "rb") as f:

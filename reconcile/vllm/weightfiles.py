@@ -1,6 +1,6 @@
 """Which files of a model directory vLLM loads weights from.
 
-Called by reconcile.engine.memory and by the preflight's gathering (reconcile.preflight.gather), which
+Called by reconcile.vllm.memory and by the preflight's gathering (reconcile.preflight.gather), which
 must not import the whole memory model for it on a converged plan.
 """
 

@@ -2,7 +2,7 @@
 
 Read from config.json as its transformers config class sees it (engine.families: defaults, Jamba's
 `layers_block_type`, NemotronH `hybrid_override_pattern`, `layer_types`, multimodal `text_config`).
-Used by `reconcile.engine.memory` and engine.kvspec.
+Used by `reconcile.vllm.memory` and engine.kvspec.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.families import layer_geometry, resolve
 from reconcile.record import Record
+from reconcile.vllm.families import layer_geometry, resolve
 
 _ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid"}
 _MAMBA = {"m", "mamba", "mamba2", "linear_attention"}

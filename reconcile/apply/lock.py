@@ -1,6 +1,6 @@
-"""What reconcile keeps between runs under `machine.state_dir`: the apply lock and generations,
-and the sweep of the temp files a killed apply left. Called by the executor (lock, sweep, record)
-and the CLI; generations are reconcile.apply.generations'.
+"""The apply lock under `machine.state_dir`, and the sweep of the temp files a killed apply left.
+Called by the executor (lock, sweep) and the CLI; the apply journal is reconcile.apply.journal's,
+the generations reconcile.apply.generations'.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def sweep_stale_temps(spec: Spec) -> list[str]:
     pidfile (the temps of those very files). Only reconcile's own temp names, of a writer that is gone
     (host.remove_stale_temps). Returns the paths removed.
     """
-    from reconcile.apply.generations import generations_dir
+    from reconcile.apply.journal import generations_dir
     from reconcile.identity import pidfile_path
 
     places: list[tuple[str, Collection[str] | None]] = [

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.families import resolve
-from reconcile.engine.kvspec import MAMBA, layer_kinds
 from reconcile.record import Record
+from reconcile.vllm.families import resolve
+from reconcile.vllm.kvspec import MAMBA, layer_kinds
 
 # Bits one quantized weight takes, scales included (a group's scale spread over its weights).
 _QUANT_BITS = {"NVFP4": 4.5, "MXFP4": 4.25, "FP8": 8.0, "INT8": 8.0}

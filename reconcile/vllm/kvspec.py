@@ -13,10 +13,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reconcile.engine.attention import DEFAULT_BLOCK
-from reconcile.engine.families import Resolved, layer_geometry, resolve
-from reconcile.engine.shape import ShapeError, config_int, mamba2_dims
 from reconcile.record import Record
+from reconcile.vllm.attention import DEFAULT_BLOCK
+from reconcile.vllm.families import Resolved, layer_geometry, resolve
+from reconcile.vllm.shape import ShapeError, config_int, mamba2_dims
 
 FULL, SLIDING, CHUNKED, MLA, MAMBA = "full", "sliding_window", "chunked_local", "mla", "mamba"
 ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, MLA)

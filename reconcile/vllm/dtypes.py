@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.shape import ModelShape
+from reconcile.vllm.shape import ModelShape
 
 DTYPE_BYTES: Mapping[str, int] = {
     "float32": 4, "float": 4, "fp32": 4,

@@ -12,9 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from reconcile.engine.families import resolve, text_part
-from reconcile.engine.flags import release
 from reconcile.record import Record
+from reconcile.vllm.families import resolve, text_part
+from reconcile.vllm.flags import release
 
 # Checked in this order; the smallest present wins (the order only decides the key named in messages).
 LENGTH_KEYS = (

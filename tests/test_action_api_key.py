@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actions.files import ensure_key
+from actions.api_key import ensure_key
 from reconcile.errors import ActionError
 from reconcile.spec.models import ApiKey
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from reconcile.engine.architectures import layer_head_dim
 from reconcile.record import Record
+from reconcile.vllm.architectures import layer_head_dim
 
 # A str, not a pathlib.Path: pathlib (with urllib.parse and ipaddress) costs ~5-9 ms to import.
 TABLE_PATH = os.path.join(

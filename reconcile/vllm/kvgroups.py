@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reconcile.engine.kvspec import CHUNKED, FULL, MAMBA, MLA, SLIDING, LayerSpec
 from reconcile.record import Record
+from reconcile.vllm.kvspec import CHUNKED, FULL, MAMBA, MLA, SLIDING, LayerSpec
 
 
 class KVGroup(Record):

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from typing import TextIO
 
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Finding
 from reconcile.record import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from reconcile.commands.common import Args
 
 # Rules whose verdict is about the machine that runs them, not about the spec.
 MACHINE_RULES = frozenset(
@@ -78,7 +83,7 @@ def check_spec(path: str, root: str) -> SpecVerdict:
     """One spec: loaded (lock file pins applied) and preflighted against what it declares. Its files
     are data from a repository under review: nothing outside `root` is read (an `extends`, a lock or
     the spec itself that leads out is an error that shows nothing of what is there)."""
-    from reconcile.plan.prober import PROBE_NAMES, Observed
+    from reconcile.plan.prober import Observed
     from reconcile.preflight.gather import findings_for
     from reconcile.spec.loader import load_spec
     from reconcile.spec.pins import apply_lock_pins
@@ -87,7 +92,7 @@ def check_spec(path: str, root: str) -> SpecVerdict:
         loaded = apply_lock_pins(load_spec(path, within=root), within=root)
     except ReconcileError as exc:
         return SpecVerdict(path, str(exc), ())
-    nothing_probed = Observed(**dict.fromkeys(PROBE_NAMES))
+    nothing_probed = Observed()
     found = findings_for(loaded.spec, nothing_probed, within=root)
     return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
 
@@ -137,3 +142,7 @@ def render(verdicts: list[SpecVerdict], stream: TextIO, *, strict: bool) -> int:
     checked = sum(1 for v in verdicts if not v.extended_by)
     stream.write(f"{checked} spec(s) checked, {failed} failed\n")
     return 1 if failed else 0
+
+
+def cmd_validate(args: Args) -> int:
+    return render(validate_dir(args.directory), sys.stdout, strict=args.strict)
