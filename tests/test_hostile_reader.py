@@ -1,0 +1,93 @@
+"""Issue 24's hostile second reader: attacks found by reading only the docs and the code, each run
+for real (a `nobody` process through setpriv, real files, links and listeners), each seen
+succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+NOBODY = 65534
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+
+
+@pytest.fixture
+def yard() -> Iterator[Path]:
+    """A root-owned 0755 directory under /var/tmp that `nobody` can reach (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="reconcile-hostile-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def nobody_runs(script: str) -> None:
+    subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sh", "-c", script],
+        check=True,
+        cwd="/",
+        timeout=30,
+    )
+
+
+def tattler(directory: Path) -> Path:
+    """nobody's program: run by anyone, it records the uid it ran as in `ran-as` beside it."""
+    directory.mkdir()
+    os.chown(directory, NOBODY, NOBODY)
+    program = directory / "tattle"
+    nobody_runs(f"printf '#!/bin/sh\\nid -u > {directory}/ran-as\\n' > {program} && chmod 755 {program}")
+    return program
+
+
+def cli(yard: Path, *args: str, spec: Path | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "reconcile", *args, *(["--spec", str(spec)] if spec else [])]
+    env = {**os.environ, "XDG_CACHE_HOME": str(yard / "cache")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=yard, env=env)
+
+
+def spec_text(yard: Path) -> str:
+    venv = f'[venv]\npath = "{yard}/venv"\npython = "/usr/bin/python3"\n'
+    return f'[machine]\nstate_dir = "{yard}/state"\n\n{venv}'
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("how", ["config 0666", "config nobody's"])
+def test_a_spec_repository_config_others_can_write_never_makes_root_run_a_program(
+    yard: Path, how: str
+) -> None:
+    """The spec and every directory above it are root's (provenance passes), but the repository's
+    `.git/config` is writable by nobody. `plan` runs `git status` on the spec's repository as root:
+    `core.fsmonitor` in that config is a program git runs."""
+    repo = yard / "fleet"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    spec = repo / "spec.toml"
+    spec.write_text(spec_text(yard))
+    git(repo, "add", "spec.toml")
+    git(repo, "-c", "user.name=r", "-c", "user.email=r@x", "commit", "-qm", "spec")
+    commit = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout
+    assert f"git {commit[:12]}" in cli(yard, "plan", spec=spec).stdout  # a repository of root's: its commit
+    config = repo / ".git" / "config"
+    if how == "config 0666":
+        config.chmod(0o666)
+    else:
+        os.chown(config, NOBODY, NOBODY)
+    program = tattler(yard / "theirs")
+    nobody_runs(f"printf '[core]\\n\\tfsmonitor = {program}\\n' >> {config}")
+    run = cli(yard, "plan", spec=spec)
+    assert run.returncode in (0, 2), run.stdout + run.stderr
+    # main: "0": root ran nobody's program from the repository's config
+    assert not (yard / "theirs" / "ran-as").exists()
+    assert commit[:12] not in run.stdout  # the repository is not vouched for
