@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.apply_support import Demo
+from tests.test_network_attacks import attacker, demo, watched
+
+__all__ = ["demo"]  # the demo fixture, from the network attacks
+
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
@@ -91,3 +96,23 @@ def test_a_spec_repository_config_others_can_write_never_makes_root_run_a_progra
     # main: "0": root ran nobody's program from the repository's config
     assert not (yard / "theirs" / "ran-as").exists()
     assert commit[:12] not in run.stdout  # the repository is not vouched for
+
+
+# Text that reorders or hides what the terminal shows: a right-to-left override (U+202E) and its
+# isolate (U+2067) turn "evil" around; a zero-width space, joiner and BOM hide a difference
+# between two names; a pop (U+202C) and a left-to-right mark. None is a C0/C1 control.
+INVISIBLE = "\u202e\u2067\u200b\u200d\ufeff\u202c\u200e\u2066\u2069\u061c\u2060"
+
+
+def test_bidi_overrides_and_zero_width_characters_from_a_listener_never_reach_the_terminal(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """nobody holds the port and answers /version and /v1/models with text that reorders the
+    line (Trojan Source's U+202E) or hides characters. main: `status` printed them raw."""
+    attacker(demo, strangers, "escapes", "*", "x" + INVISIBLE + "live.")
+    for command in ("status", "plan", "check"):
+        run = watched(demo, command)
+        assert run.returncode is not None, run
+        raw = [f"U+{ord(c):04X}" for c in INVISIBLE if c in run.output]
+        assert not raw, (command, raw, run.output)
+    assert "0.26.0x\\u202e\\u2067\\u200b" in watched(demo, "status").output
