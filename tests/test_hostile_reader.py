@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +18,9 @@ import pytest
 
 from tests.apply_support import Demo
 from tests.test_network_attacks import attacker, demo, watched
+from tests.test_untrusted_trees import BOUND, Tree, tree
 
-__all__ = ["demo"]  # the demo fixture, from the network attacks
+__all__ = ["demo", "tree"]  # the fixtures, from the network attacks and the source-tree attacks
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
@@ -116,3 +118,29 @@ def test_bidi_overrides_and_zero_width_characters_from_a_listener_never_reach_th
         raw = [f"U+{ord(c):04X}" for c in INVISIBLE if c in run.output]
         assert not raw, (command, raw, run.output)
     assert "0.26.0x\\u202e\\u2067\\u200b" in watched(demo, "status").output
+
+
+@pytest.mark.parametrize(
+    "name", ["config.json", "tokenizer_config.json", "hf_quant_config.json", "model.safetensors.index.json"]
+)
+@pytest.mark.parametrize("kind", ["a FIFO", "a link to /dev/zero"])
+def test_a_source_json_file_nobody_swaps_never_hangs_or_fills_the_first_plan(
+    tree: Tree, name: str, kind: str
+) -> None:
+    """Before the first copy the preflight and the model.config change read the source's own JSON
+    files (the copy is not there yet). nobody owns the source: main opened them by name, blocking,
+    and read them whole (a FIFO hung `plan`; /dev/zero grew it without end)."""
+    path = tree.source / name
+    path.unlink(missing_ok=True)
+    if kind == "a FIFO":
+        tree.as_nobody("mkfifo", str(path))
+    else:
+        tree.as_nobody("ln", "-s", "/dev/zero", str(path))
+    started = time.monotonic()
+    try:
+        plan = tree.cli("plan", timeout=BOUND)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"plan hung on {kind} at the source's {name}")  # main
+    assert time.monotonic() - started < BOUND
+    assert "Traceback" not in plan.output, plan.output
+    assert plan.returncode in (1, 2), plan.output

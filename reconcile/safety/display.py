@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from typing import Any, TextIO
 
 # A control character is shown as its escape: `\n`, `\t`, `\r`, else `\u001b` (C0, DEL, C1, U+2028 and
-# U+2029, and the invisible bidi and zero-width characters of names.INVISIBLE: `\u202e`). Visible, it says what was there, and each form is also a valid JSON escape, so `--json`
-# output that passes through SafeStream stays JSON and decodes to the same string.
+# U+2029, and the invisible bidi and zero-width characters of names.INVISIBLE: `\u202e`). Visible, it
+# says what was there, and each form is also a valid JSON escape, so `--json` output that passes
+# through SafeStream stays JSON and decodes to the same string.
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 # What reconcile itself writes: the colours of reconcile.plan.render (reset, bold, dim, red, green,
