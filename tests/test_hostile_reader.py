@@ -56,7 +56,7 @@ def tattler(directory: Path) -> Path:
 def cli(yard: Path, *args: str, spec: Path | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "reconcile", *args, *(["--spec", str(spec)] if spec else [])]
     env = {**os.environ, "XDG_CACHE_HOME": str(yard / "cache")}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=yard, env=env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, cwd=yard, env=env)
 
 
 def spec_text(yard: Path) -> str:
@@ -144,3 +144,41 @@ def test_a_source_json_file_nobody_swaps_never_hangs_or_fills_the_first_plan(
     assert time.monotonic() - started < BOUND
     assert "Traceback" not in plan.output, plan.output
     assert plan.returncode in (1, 2), plan.output
+
+
+def key_spec(yard: Path, name: str) -> Path:
+    spec = yard / f"{name}.toml"
+    spec.write_text(f'[machine]\nstate_dir = "{yard}/state"\n\n[api_key]\nfile = "{yard}/{name}.key"\n')
+    return spec
+
+
+def test_a_saved_plan_file_nobody_can_swap_never_chooses_the_spec_root_applies(yard: Path) -> None:
+    """`reconcile plan --out` writes plan files 0644, so any user can read one; the plan file names
+    the spec `apply FILE` applies. The operator saves plan A where nobody can write (a drop
+    directory of theirs); nobody puts root's own saved plan of spec B (copied, readable) in its
+    place. main: `apply FILE` applied spec B."""
+    a, b = key_spec(yard, "a"), key_spec(yard, "b")
+    private = yard / "private"
+    private.mkdir(mode=0o755)
+    assert cli(yard, "plan", "--out", str(private / "b.json"), spec=b).returncode == 2  # 0644
+    drop = yard / "drop"
+    drop.mkdir()
+    os.chown(drop, NOBODY, NOBODY)
+    plan = drop / "plan.json"
+    assert cli(yard, "plan", "--out", str(plan), spec=a).returncode == 2
+    nobody_runs(f"mv {plan} {drop}/old && cp {private}/b.json {plan}")
+    run = cli(yard, "apply", str(plan))
+    assert not (yard / "b.key").exists(), run.stdout + run.stderr  # main: spec B applied, exit 2
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stdout + run.stderr
+    assert f"{drop} is owned by nobody" in run.stderr, run.stderr
+
+
+def test_a_saved_plan_file_that_is_a_fifo_is_refused_not_waited_on(yard: Path) -> None:
+    drop = yard / "drop"
+    drop.mkdir(mode=0o755)
+    os.mkfifo(drop / "plan.json")
+    try:
+        run = cli(yard, "apply", str(drop / "plan.json"))
+    except subprocess.TimeoutExpired:
+        pytest.fail("apply FILE waited on a FIFO")  # main
+    assert run.returncode == 1 and "FIFO" in run.stderr and len(run.stderr.splitlines()) == 1, run.stderr

@@ -33,7 +33,6 @@ BELOW = (
 )
 SYSTEM = "the system's own root-only files (/etc/apt, dpkg's admindir, /etc/systemd/system)"
 TEMP = "a private temp directory reconcile made itself (mkdtemp, 0700)"
-OPERATOR = "a file the operator names on the command line (`apply FILE`), read as data"
 DATA_TREE = "a [model] source tree: data from outside, read by the source-tree rules (class 2)"
 
 ALLOWED: dict[str, tuple[int, str]] = {
@@ -60,7 +59,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/apply/profile.py": (1, STATE),
     "reconcile/apply/realized.py": (1, STATE),
     "reconcile/apply/realizing.py": (13, BELOW),
-    "reconcile/apply/saved_plan.py": (1, OPERATOR),
     "reconcile/engine/architectures.py": (1, OURS),
     "reconcile/engine/attention.py": (1, BELOW),
     "reconcile/engine/catalogue.py": (1, OURS),
