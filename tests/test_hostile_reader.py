@@ -182,3 +182,97 @@ def test_a_saved_plan_file_that_is_a_fifo_is_refused_not_waited_on(yard: Path) -
     except subprocess.TimeoutExpired:
         pytest.fail("apply FILE waited on a FIFO")  # main
     assert run.returncode == 1 and "FIFO" in run.stderr and len(run.stderr.splitlines()) == 1, run.stderr
+
+
+def evil_wheel(path: Path, marker: Path) -> None:
+    """A wheel whose only file is a .pth: every start of the venv's python runs its import line."""
+    import zipfile
+
+    pth = f"import os; open({str(marker)!r}, 'w').write(str(os.getuid()))\n"
+    info = "evilpkg-1.0.dist-info"
+    files = {
+        "evilpkg.pth": pth,
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
+def test_a_wheel_nobody_owns_in_roots_wheelhouse_never_runs_as_root(yard: Path) -> None:
+    """The wheelhouse directory and every directory above it are root's (the read role passes),
+    but one wheel in it is nobody's: nobody can rewrite it whenever it likes, and pip installs
+    what it holds. main: apply installed nobody's .pth and root's venv python ran it."""
+    wheelhouse = yard / "wheelhouse"
+    wheelhouse.mkdir(mode=0o755)
+    wheel = wheelhouse / "evilpkg-1.0-py3-none-any.whl"
+    marker = yard / "theirs" / "ran-as"
+    (yard / "theirs").mkdir()
+    os.chown(yard / "theirs", NOBODY, NOBODY)
+    evil_wheel(yard / "theirs" / "w.whl", marker)
+    wheel.touch()
+    os.chown(wheel, NOBODY, NOBODY)
+    nobody_runs(f"cat {yard}/theirs/w.whl > {wheel}")
+    spec = yard / "spec.toml"
+    spec.write_text(spec_text(yard) + f'wheelhouse = "{wheelhouse}"\npackages = {{ evilpkg = "*" }}\n')
+    run = cli(yard, "apply", spec=spec)
+    assert not marker.exists(), run.stdout + run.stderr  # main: "0"
+    assert str(wheel) in run.stdout + run.stderr and "nobody" in run.stdout + run.stderr, run.stdout
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "a 0777 wheelhouse of root's",
+        "a 0666 wheel of root's",
+        "a 0777 extra site-packages of root's",
+        "nobody's module deep in an extra site-packages",
+        "nobody's directory in an extra site-packages",
+        "a 0666 apt key_source of root's",
+    ],
+)
+def test_what_a_read_path_holds_is_held_to_the_read_role_not_only_the_way_to_it(
+    yard: Path, where: str
+) -> None:
+    """The read role promised "root reads it and trusts what it says", but main checked only the
+    directories on the way and the owner of the last component: a root-owned path anyone may
+    write, or nobody's file inside a tree root reads (pip's wheelhouse, python's extra
+    site-packages), planned clean, and apply then installed or imported what nobody put there."""
+    tree = yard / "tree"
+    tree.mkdir(mode=0o755)
+    extra = ""
+    if "wheel" in where:
+        extra = f'wheelhouse = "{tree}"\n'
+        (tree / "x-1.0-py3-none-any.whl").write_bytes(b"")
+    elif "site-packages" in where:
+        extra = f'extra_site_packages = ["{tree}"]\n'
+        (tree / "pkg" / "sub").mkdir(parents=True, mode=0o755)
+        (tree / "pkg" / "sub" / "mod.py").write_text("")
+    spec = yard / "spec.toml"
+    text = spec_text(yard) + extra
+    if "key_source" in where:
+        (tree / "key.asc").write_text("")
+        text += (
+            f'\n[apt]\nsources_dir = "{yard}/sources"\n\n[[apt.repositories]]\nname = "x"\n'
+            f'uri = "https://example.invalid/x"\nsuite = "stable"\ncomponents = ["main"]\n'
+            f'keyring = "{yard}/x.gpg"\nkey_source = "{tree}/key.asc"\n'
+        )
+    spec.write_text(text)
+    target = {
+        "a 0777 wheelhouse of root's": tree,
+        "a 0666 wheel of root's": tree / "x-1.0-py3-none-any.whl",
+        "a 0777 extra site-packages of root's": tree,
+        "nobody's module deep in an extra site-packages": tree / "pkg" / "sub" / "mod.py",
+        "nobody's directory in an extra site-packages": tree / "pkg",
+        "a 0666 apt key_source of root's": tree / "key.asc",
+    }[where]
+    if where.startswith("nobody's"):
+        os.chown(target, NOBODY, NOBODY)
+    else:
+        target.chmod(0o777 if target.is_dir() else 0o666)
+    run = cli(yard, "plan", spec=spec)
+    out = run.stdout + run.stderr
+    assert "paths.owner" in out or f"{target} is" in out, out  # main: planned without a word
+    assert f"{target} is" in out, out
