@@ -276,3 +276,27 @@ def test_what_a_read_path_holds_is_held_to_the_read_role_not_only_the_way_to_it(
     out = run.stdout + run.stderr
     assert "paths.owner" in out or f"{target} is" in out, out  # main: planned without a word
     assert f"{target} is" in out, out
+
+
+def test_init_never_drafts_root_s_spec_from_another_users_server(yard: Path) -> None:
+    """`reconcile init` as root reads every `vllm serve` on the machine. nobody starts one (any
+    program with that command line) with its own model, flags and HF_ENDPOINT (a mirror of theirs):
+    main drafted them into root's spec (--manage-server: live sections apply then runs)."""
+    marker = "nobodys-mirror-5e1f"
+    script = "import time; print('ready', flush=True); time.sleep(120)"
+    argv = ["python3", "-c", script, "vllm.entrypoints.openai.api_server", "--model", f"{marker}/m"]
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv],
+        env={"PATH": "/usr/bin:/bin", "HF_ENDPOINT": f"http://127.0.0.1:9/{marker}"},
+        stdout=subprocess.PIPE,
+        cwd="/",
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        out = yard / "drafted.toml"
+        run = cli(yard, "init", "--out", str(out), "--manage-server", "--state-dir", str(yard / "state"))
+        text = out.read_text() if out.exists() else ""
+        assert marker not in text and marker not in run.stdout, text  # main: model and HF_ENDPOINT drafted
+    finally:
+        proc.kill()
+        proc.wait()
