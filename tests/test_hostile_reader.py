@@ -300,3 +300,36 @@ def test_init_never_drafts_root_s_spec_from_another_users_server(yard: Path) -> 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_init_never_drafts_a_venv_another_user_owns(yard: Path) -> None:
+    """`reconcile init` looks for venvs in users' homes (/home/*/*/bin/vllm). nobody's venv there is
+    nobody's to fill (here with a FIFO among its packages' METADATA): main drafted it as root's
+    [venv] (the path rule refuses it at plan, but root's draft should not name it)."""
+    plant = "a FIFO at a METADATA"
+    home = yard / "home"
+    home.mkdir(mode=0o755)
+    venv = home / "nobody" / "venv"
+    (home / "nobody").mkdir()
+    os.chown(home / "nobody", NOBODY, NOBODY)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    nobody_runs(
+        f"mkdir -p {venv}/bin {site}/vllm-0.26.0.dist-info && printf '#!/bin/sh\\n' > {venv}/bin/vllm"
+        f" && chmod 755 {venv}/bin/vllm && printf 'home = /usr/bin\\nversion = 3.12.3\\n' > {venv}/pyvenv.cfg"
+        f" && printf 'Name: vllm\\nVersion: 0.26.0\\n' > {site}/vllm-0.26.0.dist-info/METADATA"
+    )
+    target = venv / "pyvenv.cfg" if "pyvenv" in plant else site / "vllm-0.26.0.dist-info" / "METADATA"
+    nobody_runs(f"rm {target} && mkfifo {target}")
+    code = (
+        "from reconcile.unattended.survey import probe_machine\n"
+        f"facts = probe_machine(venv_globs=({str(home)!r} + '/*/*/bin/vllm',))\n"
+        "print('venv', facts.venv and facts.venv.path, facts.other_venvs)\n"
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=BOUND, cwd=yard
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"init hung on {plant} in nobody's venv")  # main
+    assert run.returncode == 0, run.stderr
+    assert str(venv) not in run.stdout, run.stdout

@@ -141,6 +141,14 @@ def _environ(pid: int, proc: str) -> dict[str, str]:
     return out
 
 
+def _trusted(venv: str) -> bool:
+    """A venv root may run: it and every directory above it root's or ours, writable by nobody else
+    (the path rule's write-dir role, as the drafted [venv] path will be held to)."""
+    from reconcile.safety.filesafety import parent_problem
+
+    return parent_problem(venv, follow=True, is_dir=True) is None
+
+
 def _ours(pid: int, proc: str) -> bool:
     """Whether root or the user running init runs `pid` (real and effective uid, /proc/PID/status):
     another user's process says nothing about what root should run, whatever its command line."""
@@ -266,8 +274,8 @@ def probe_machine(
         servers = [hit[1]]
     server = servers[0] if servers else None
     found = sorted({os.path.dirname(os.path.dirname(p)) for g in venv_globs for p in glob.glob(g)})
-    found = [v for v in found if _is_venv(v)]
-    if server is not None and server.venv:
+    found = [v for v in found if _is_venv(v) and _trusted(v)]
+    if server is not None and server.venv and _trusted(server.venv):
         path, how = server.venv, f"the venv of the running server (pid {server.pid})"
     elif found:
         path, how = found[0], f"found at {found[0]}/bin/vllm"
