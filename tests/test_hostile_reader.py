@@ -5,6 +5,7 @@ succeeding on main before its fix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -362,3 +363,72 @@ def test_a_mirror_that_drips_a_download_cannot_hold_apply(tmp_path: Path) -> Non
             )
         except subprocess.TimeoutExpired:
             pytest.fail("a 4 MiB download at 1 KiB/s held the download past 30 s")  # main: ~70 min
+
+
+RACER = r"""
+import os, sys, time
+parent, victim = sys.argv[1], sys.argv[2]
+keys, aside = os.path.join(parent, "keys"), os.path.join(parent, "aside")
+print("ready", flush=True)
+end = time.monotonic() + 60
+n = 0
+while time.monotonic() < end:
+    try:
+        os.rename(keys, aside + str(n))  # the moment root's makedirs made it
+    except OSError:
+        continue
+    try:
+        os.symlink(victim, keys)
+    except OSError:
+        pass
+    n += 1
+"""
+
+
+def test_the_key_owner_cannot_turn_the_new_key_directory_into_a_link_to_roots(yard: Path) -> None:
+    """The path rule lets the key's `owner` own the directories above the key. When the key's own
+    directory is missing, main made it (makedirs) and then chmod/chown'ed it by name: the owner
+    (nobody here) renames the new directory and puts a link to a root directory in its place, and
+    root chowns that directory to nobody. Driven through the real action, many times, against a
+    real racing `nobody` process."""
+    from actions.files import ensure_key
+    from reconcile.spec.models import ApiKey
+
+    parent = yard / "nobody"
+    parent.mkdir()
+    os.chown(parent, NOBODY, NOBODY)
+    victim = yard / "victim"
+    victim.mkdir(mode=0o755)
+    racer = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            RACER,
+            str(parent),
+            str(victim),
+        ],
+        stdout=subprocess.PIPE,
+        cwd="/",
+    )
+    try:
+        assert racer.stdout is not None and racer.stdout.readline().strip() == b"ready"
+        key = ApiKey(file=str(parent / "keys" / "api.key"), owner="nobody")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and victim.stat().st_uid == 0:
+            with contextlib.suppress(Exception):
+                ensure_key(key)
+            for entry in parent.iterdir():  # nobody's leftovers: root may clean its own test yard
+                with contextlib.suppress(OSError):  # the racer moves them meanwhile
+                    if entry.is_symlink() or entry.is_file():
+                        entry.unlink()
+                    else:
+                        shutil.rmtree(entry, ignore_errors=True)
+    finally:
+        racer.kill()
+        racer.wait()
+    st = victim.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o755)  # main: nobody's, 0700, within seconds
