@@ -432,3 +432,21 @@ def test_the_key_owner_cannot_turn_the_new_key_directory_into_a_link_to_roots(ya
         racer.wait()
     st = victim.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o755)  # main: nobody's, 0700, within seconds
+
+
+def test_remote_code_from_a_source_another_user_writes_is_refused(tree: Tree) -> None:
+    """A `[model] source` is data whoever writes it, as long as the server reads it as data. With
+    `trust-remote-code` vLLM imports the model's own .py files (copied from the source) in the
+    server, root's by default: nobody's source becomes nobody's code in root's server. main: the plan
+    went ahead without a word."""
+    nobody_runs(f"printf 'import os\\nos.system(\"id > /tmp/x\")\\n' > {tree.source}/modeling_x.py")
+    tree.spec.write_text(
+        tree.spec.read_text()
+        + '\n[server]\nname = "m"\nexecutable = "/bin/true"\nlog = "'
+        + str(tree.root / "m.log")
+        + '"\nargs = { trust-remote-code = true }\n'
+    )
+    plan = tree.cli("plan")
+    assert "Traceback" not in plan.output, plan.output
+    assert "trust-remote-code" in plan.output and str(tree.source) in plan.output, plan.output
+    assert plan.returncode == 1 or "✗" in plan.output, plan.output

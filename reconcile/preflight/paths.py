@@ -80,6 +80,30 @@ def _unindexed(key: str) -> str:
     return head if bracket and head and tail[:-1].isdigit() else key
 
 
+def _remote_code_problem(spec: Spec) -> Finding | None:
+    """A local `[model] source` is data whoever writes it, until `trust-remote-code` makes vLLM
+    import the model's own .py files in the server (root's by default): then the source tree is
+    code root runs, and is held to the read role, its whole tree (as an extra site-packages is)."""
+    server, model = spec.server, spec.model
+    if server is None or model is None or not model.source:
+        return None
+    flag = server.args.get("trust-remote-code", server.args.get("trust_remote_code"))
+    if flag in (None, False, "false"):
+        return None
+    problem = read_problem(model.source, entries=-1)
+    if problem is None:
+        return None
+    return Finding(
+        "paths.remote-code",
+        "error",
+        f"[model].source {model.source}: {problem}; with trust-remote-code the server runs the "
+        "model's own Python code from it",
+        "copy the model into a directory only root can write and name that as the source, or drop "
+        "trust-remote-code",
+        {"path": model.source, "key": "[model].source"},
+    )
+
+
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
     planted key, an executable in a directory they can write), and for a symlinked model dir."""
@@ -103,6 +127,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
                     {"path": path, "key": what},
                 )
             )
+    if (remote := _remote_code_problem(spec)) is not None:
+        out.append(remote)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
             st = os.lstat(path)
