@@ -450,3 +450,24 @@ def test_remote_code_from_a_source_another_user_writes_is_refused(tree: Tree) ->
     assert "Traceback" not in plan.output, plan.output
     assert "trust-remote-code" in plan.output and str(tree.source) in plan.output, plan.output
     assert plan.returncode == 1 or "✗" in plan.output, plan.output
+
+
+def test_a_path_entry_another_user_writes_never_supplies_a_program_root_runs(yard: Path) -> None:
+    """reconcile runs git, pip's helpers, apt-get, systemctl, nvidia-smi... by name, through PATH.
+    A PATH entry nobody can write (a directory of theirs in an operator's or a unit's PATH) put
+    nobody's `git` in root's plan: main ran it as root."""
+    repo = yard / "fleet"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    spec = repo / "spec.toml"
+    spec.write_text(spec_text(yard))
+    git(repo, "add", "spec.toml")
+    git(repo, "-c", "user.name=r", "-c", "user.email=r@x", "commit", "-qm", "spec")
+    theirs = tattler(yard / "theirs")
+    nobody_runs(f"mv {theirs} {theirs.parent}/git")
+    argv = [sys.executable, "-m", "reconcile", "plan", "--spec", str(spec)]
+    env = {**os.environ, "XDG_CACHE_HOME": str(yard / "cache"), "PATH": f"{theirs.parent}:/usr/bin:/bin"}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, cwd=yard, env=env)
+    assert run.returncode in (0, 2), run.stdout + run.stderr
+    assert not (yard / "theirs" / "ran-as").exists()  # main: "0"
+    assert "git " in run.stdout.splitlines()[0], run.stdout  # root's own git, from /usr/bin, still asked

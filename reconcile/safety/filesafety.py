@@ -274,6 +274,25 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     return None
 
 
+def search_path(value: str) -> tuple[str, list[str]]:
+    """PATH as root may search it: each entry an absolute directory that only root or we can change
+    (StrictModes on it and every directory above it, the read role), so that no program reconcile
+    runs by name (git, apt-get, systemctl, uv, nvidia-smi) can be another user's. (the PATH kept,
+    one "entry: why" per entry left out). A relative or empty entry (the current directory) is left
+    out too."""
+    kept, dropped = [], []
+    for entry in value.split(os.pathsep):
+        if not entry.startswith("/"):
+            dropped.append(f"{entry or '(empty)'}: not an absolute directory")
+            continue
+        problem = read_problem(entry)
+        if problem is None:
+            kept.append(entry)
+        else:
+            dropped.append(f"{entry}: {problem}")
+    return os.pathsep.join(kept), dropped
+
+
 def _loose(path: str, st: os.stat_result) -> str | None:
     if not st.st_mode & 0o022:
         return None
