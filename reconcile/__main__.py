@@ -1,7 +1,19 @@
-"""`python -m reconcile` runs the CLI."""
+"""`python -m reconcile` runs the CLI.
 
+`-m` puts the current directory first on sys.path, and the CLI imports most modules lazily (json,
+tomllib, subprocess...): run in a fleet repository under review (`validate` in CI) or by the timer's
+unit (WorkingDirectory= the spec's directory), a json.py lying there would be imported, as root. So
+that entry goes first, before anything else is imported (python -P does the same; the timer's unit
+passes it too). A `reconcile/` package in the current directory would already have been imported in
+place of this one: run the `reconcile` console script, or `python -P -m reconcile`, there.
+"""
+
+import os
 import sys
 
-from reconcile.cli import main
+if not sys.flags.safe_path and sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.getcwd():
+    del sys.path[0]
+
+from reconcile.cli import main  # after the current directory left sys.path
 
 sys.exit(main())

@@ -471,3 +471,50 @@ def test_a_path_entry_another_user_writes_never_supplies_a_program_root_runs(yar
     assert run.returncode in (0, 2), run.stdout + run.stderr
     assert not (yard / "theirs" / "ran-as").exists()  # main: "0"
     assert "git " in run.stdout.splitlines()[0], run.stdout  # root's own git, from /usr/bin, still asked
+
+
+SHADOW = "import os; open({mark!r}, 'w').write(str(os.getuid())); raise SystemExit('shadowed')\n"
+
+
+def shadowing_repo(yard: Path) -> Path:
+    """A fleet repository whose specs directory also holds a json.py (merged with a spec change;
+    reviewers read the TOML): data, never code root runs."""
+    repo = yard / "fleet"
+    repo.mkdir()
+    (repo / "gpu-1.toml").write_text(spec_text(yard))
+    (repo / "json.py").write_text(SHADOW.format(mark=str(yard / "ran-as")))
+    return repo
+
+
+def test_python_m_reconcile_in_a_fleet_repository_never_imports_its_python_files(yard: Path) -> None:
+    """`python -m reconcile` puts the current directory first on sys.path. CI runs `validate` in the
+    repository under review; main imported its json.py (validate, then plan, as root)."""
+    repo = shadowing_repo(yard)
+    for args in (("validate", str(repo)), ("plan", "--spec", str(repo / "gpu-1.toml"))):
+        run = subprocess.run(
+            [sys.executable, "-m", "reconcile", *args],
+            capture_output=True,
+            text=True,
+            timeout=BOUND,
+            cwd=repo,
+        )
+        assert not (yard / "ran-as").exists(), (args, run.stderr)  # main: "0", "shadowed"
+        assert "shadowed" not in run.stderr and run.returncode in (0, 2), run.stderr
+
+
+def test_the_timer_never_imports_python_files_beside_the_spec(yard: Path) -> None:
+    """The timer's unit runs `python -m reconcile` with WorkingDirectory= the spec's directory: on
+    main every scheduled apply, as root, imported a json.py that lay beside the spec."""
+    from reconcile.unattended.timer import Schedule, parse_every, render_service
+
+    repo = shadowing_repo(yard)
+    spec = str(repo / "gpu-1.toml")
+    schedule = Schedule(spec, str(yard / "state"), parse_every("15m"), 0)
+    unit = render_service(schedule)
+    (line,) = [ln for ln in unit.splitlines() if ln.startswith("ExecStart=")]
+    argv = [w.strip('"') for w in line[len("ExecStart=") :].split()]
+    (cwd,) = [ln.split("=", 1)[1] for ln in unit.splitlines() if ln.startswith("WorkingDirectory=")]
+    assert cwd == str(repo)
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, cwd=cwd)  # as systemd would
+    assert not (yard / "ran-as").exists(), run.stderr  # main: "0"
+    assert "shadowed" not in run.stderr, run.stderr
