@@ -518,3 +518,20 @@ def test_the_timer_never_imports_python_files_beside_the_spec(yard: Path) -> Non
     run = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, cwd=cwd)  # as systemd would
     assert not (yard / "ran-as").exists(), run.stderr  # main: "0"
     assert "shadowed" not in run.stderr, run.stderr
+
+
+def test_the_pythons_reconcile_runs_never_import_python_files_beside_the_spec(yard: Path) -> None:
+    """The timer's apply runs in the spec's directory; apply runs the venv's `python -m pip` and
+    `python -c` there, each of which puts the current directory first on sys.path. main: a json.py
+    beside the spec was imported by root's pip."""
+    repo = shadowing_repo(yard)
+    wheelhouse = yard / "wheelhouse"
+    wheelhouse.mkdir(mode=0o755)
+    evil_wheel(wheelhouse / "evilpkg-1.0-py3-none-any.whl", yard / "unused")  # root's own wheel
+    (repo / "gpu-1.toml").write_text(
+        spec_text(yard) + f'wheelhouse = "{wheelhouse}"\npackages = {{ evilpkg = "*" }}\n'
+    )
+    argv = [sys.executable, "-P", "-m", "reconcile", "apply", "--spec", str(repo / "gpu-1.toml")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND * 2, cwd=repo)
+    assert not (yard / "ran-as").exists(), run.stdout + run.stderr  # main: "0", from pip
+    assert run.returncode == 2, run.stdout + run.stderr
