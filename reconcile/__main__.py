@@ -11,9 +11,10 @@ place of this one: run the `reconcile` console script, or `python -P -m reconcil
 import os
 import sys
 
-if not sys.flags.safe_path and sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.getcwd():
+SAFE_PATH = getattr(sys.flags, "safe_path", False)  # python -P (3.11+): the entry was never added
+if not SAFE_PATH and sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.getcwd():
     del sys.path[0]
 
-from reconcile.cli import main  # after the current directory left sys.path
+from reconcile.cli import main  # noqa: E402  (after the current directory left sys.path)
 
 sys.exit(main())
