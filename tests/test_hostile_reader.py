@@ -535,3 +535,29 @@ def test_the_pythons_reconcile_runs_never_import_python_files_beside_the_spec(ya
     run = subprocess.run(argv, capture_output=True, text=True, timeout=BOUND * 2, cwd=repo)
     assert not (yard / "ran-as").exists(), run.stdout + run.stderr  # main: "0", from pip
     assert run.returncode == 2, run.stdout + run.stderr
+
+
+def test_an_nvcc_another_user_owns_in_the_toolkit_never_runs_as_root(yard: Path) -> None:
+    """A toolkit unpacked from a tarball keeps the archive's owners: its bin/nvcc can be another
+    user's while every directory is root's. Every plan runs `nvcc --version` as root: main ran
+    nobody's nvcc (it could then rewrite it whenever it liked)."""
+    target = yard / "cuda-13.0"
+    (target / "bin").mkdir(parents=True, mode=0o755)
+    (target / "bin").chmod(0o755)
+    target.chmod(0o755)
+    nvcc = target / "bin" / "nvcc"
+    nvcc.touch()
+    os.chown(nvcc, NOBODY, NOBODY)
+    mark = yard / "theirs" / "ran-as"
+    (yard / "theirs").mkdir()
+    os.chown(yard / "theirs", NOBODY, NOBODY)
+    nobody_runs(
+        f"printf '#!/bin/sh\\nid -u > {mark}\\necho release 13.0, V13.0.88\\n' > {nvcc} && chmod 755 {nvcc}"
+    )
+    (yard / "cuda").symlink_to(target)
+    spec = yard / "spec.toml"
+    spec.write_text(spec_text(yard) + f'\n[cuda]\nhome = "{yard}/cuda"\ntarget = "{target}"\n')
+    run = cli(yard, "plan", spec=spec)
+    assert not mark.exists(), run.stdout + run.stderr  # main: "0"
+    assert "Traceback" not in run.stderr, run.stderr
+    assert "bin/nvcc is owned by nobody" in run.stdout, run.stdout
