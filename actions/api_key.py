@@ -57,12 +57,42 @@ def _names(uid: int, gid: int) -> str:
 
 
 def _make_parent(directory: str, uid: int, gid: int) -> bool:
-    """Create the key's directory 0700 and owned like the key (else its owner could not reach it)."""
-    if os.path.isdir(directory):
-        return False
-    os.makedirs(directory, mode=0o700)
-    os.chmod(directory, 0o700)  # makedirs' mode is filtered by the umask
-    os.chown(directory, uid, gid)
+    """Create the key's directory 0700 and owned like the key (else its owner could not reach it).
+
+    By descriptor (the path-trust layer's walk, then mkdirat and fchmod/fchown on the new directory
+    opened O_NOFOLLOW), never by name: the directories above may be the key owner's (the path rule
+    allows them), and between a mkdir and a chown by name they could put a link to any of root's
+    directories in its place, which root would then chown to them."""
+    from reconcile.safety.filesafety import UnsafePath, owners, walk
+
+    try:
+        w = walk(directory, owners({uid}), follow_last=True, is_dir=True)
+    except UnsafePath as exc:
+        raise ActionError(f"[api_key].file {directory}: {exc}") from None
+    try:
+        if w.st is not None:
+            if not stat.S_ISDIR(os.stat(w.name, dir_fd=w.dir_fd).st_mode):
+                raise ActionError(f"{w.real} is not a directory: move it aside or fix [api_key].file")
+            return False
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=w.dir_fd)
+    finally:
+        w.close()
+    try:
+        for name in [w.name, *w.missing]:
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+                made = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                raise ActionError(
+                    f"{directory}: cannot make {name} ({exc.strerror}; another user may have put "
+                    "something there): nothing was chowned, check that directory"
+                ) from None
+            os.close(fd)
+            fd = made
+            os.fchmod(fd, 0o700)  # mkdir's mode is filtered by the umask
+            os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
     return True
 
 

@@ -102,7 +102,13 @@ def find_and_query_nvcc(home: CudaHome) -> Nvcc | Unavailable | ProbeFailure:
         if on_path is None:
             return Unavailable(f"nvcc not found: {in_home} {problem} and no nvcc is on PATH")
         path, via, why = on_path, "PATH", f"{in_home} {problem}; found on PATH at {on_path}"
-    outputs = query_nvcc(path)
+    from reconcile.safety.filesafety import UnsafePath, resolve_exec
+
+    try:  # every plan runs it as root: the exec role, as for [server] executable
+        real = resolve_exec(path, what="nvcc")  # run by its walked real path; shown as found
+    except UnsafePath as exc:
+        return ProbeFailure(f"{path}: not run: {exc}")
+    outputs = query_nvcc(real)
     if isinstance(outputs, ProbeFailure):
         return outputs
     version_text, arch_text, cached = outputs

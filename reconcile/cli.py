@@ -359,6 +359,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout, sys.stderr = out, err
 
 
+def _trusted_search_path() -> None:
+    """Every program reconcile runs by name is looked up on a PATH only root or we can change
+    (reconcile.safety.filesafety.search_path); what it leaves out is said once on stderr."""
+    from reconcile.safety.filesafety import search_path
+
+    kept, dropped = search_path(os.environ.get("PATH", os.defpath))
+    if dropped:
+        os.environ["PATH"] = kept
+        for why in dropped:
+            print(f"reconcile: PATH entry left out: {why}", file=sys.stderr)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     if isinstance(args, int):
@@ -370,6 +382,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # What apply makes without an explicit mode is private (state, reports, secrets); the trees
         # it builds for others to read (venv, model dir) set their own umask (filesafety.TREE_UMASK).
         os.umask(STATE_UMASK)
+        _trusted_search_path()
 
         return handler(args.command)(args)
     except ReconcileError as exc:

@@ -62,7 +62,7 @@ def run(
             text=True,
             errors="replace",
             timeout=timeout,
-            cwd=cwd,
+            cwd=cwd or "/",  # never the caller's: see run_lines
             stdin=None if input is not None else subprocess.DEVNULL,
             umask=0o022,  # the system's usual one for the trees tools build (apt, pip, venv), not our 077
         )
@@ -94,6 +94,10 @@ def run_lines(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            # In /, not reconcile's own directory (the timer's is the spec's): `python -c` and
+            # `python -m pip` put their current directory first on sys.path, and a .py there would be
+            # imported by root's pip or the venv's python.
+            cwd="/",
         )
     except FileNotFoundError as exc:
         raise ToolMissing(f"{argv[0]}: not found") from exc

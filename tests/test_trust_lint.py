@@ -33,7 +33,6 @@ BELOW = (
 )
 SYSTEM = "the system's own root-only files (/etc/apt, dpkg's admindir, /etc/systemd/system)"
 TEMP = "a private temp directory reconcile made itself (mkdtemp, 0700)"
-OPERATOR = "a file the operator names on the command line (`apply FILE`), read as data"
 DATA_TREE = "a [model] source tree: data from outside, read by the source-tree rules (class 2)"
 
 ALLOWED: dict[str, tuple[int, str]] = {
@@ -59,7 +58,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/apply/generations.py": (1, STATE),
     "reconcile/apply/journal.py": (1, STATE),
     "reconcile/apply/realization.py": (1, STATE),
-    "reconcile/apply/saved_plan.py": (1, OPERATOR),
     "reconcile/apply/store.py": (13, BELOW),
     "reconcile/authoring/init_survey.py": (2, PROC),
     "reconcile/host.py": (11, SEAM),
@@ -67,9 +65,8 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/ownership/membership.py": (2, PROC),
     "reconcile/ownership/sockets.py": (2, PROC),
     "reconcile/preflight/features.py": (1, OURS),
-    "reconcile/preflight/gather.py": (2, BELOW),
+    "reconcile/preflight/gather.py": (1, BELOW),
     "reconcile/private_cache.py": (7, STATE),
-    "reconcile/resources/model.py": (1, DATA_TREE),
     "reconcile/spec/provenance.py": (1, SPEC),
     "reconcile/unattended/pause.py": (1, STATE),
     "reconcile/unattended/timer.py": (2, SYSTEM),

@@ -59,16 +59,23 @@ def save_plan(plan: Plan, loaded: LoadedSpec, path: str) -> None:
     atomic_write(path, (json.dumps(body, indent=2, default=str) + "\n").encode(), mode=0o644)
 
 
+FIX = (
+    "a plan file names the spec `apply FILE` runs, so reconcile reads one only when root or the user "
+    "running it owns it and every directory above it, and nobody else can write them: save the plan "
+    "under a directory only root can write"
+)
+
+
 def read_plan_file(path: str) -> tuple[str, dict[str, Any]]:
     """(the spec's path, the saved fingerprint) of a plan file, or one clear error."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+    from reconcile.spec.provenance import read_trusted
+
+    try:  # it names the spec root applies: held to the spec's own rule (issue 24, class 3)
+        raw = read_trusted(path, path, missing_ok=True, fix=FIX)
+        if raw is None:
+            raise ReconcileError(f"{path}: no such plan file (make one with `reconcile plan --out {path}`)")
+        saved = json.loads(raw)
         spec_path = saved["spec_path"]
-    except FileNotFoundError:
-        raise ReconcileError(
-            f"{path}: no such plan file (make one with `reconcile plan --out {path}`)"
-        ) from None
     except (ValueError, KeyError, TypeError):
         raise ReconcileError(f"{path}: not a plan file written by `reconcile plan --out`") from None
     expected = {"spec_sha256": saved.get("spec_sha256"), "changes": saved.get("changes")}

@@ -141,10 +141,32 @@ def _environ(pid: int, proc: str) -> dict[str, str]:
     return out
 
 
+def _trusted(venv: str) -> bool:
+    """A venv root may run: it and every directory above it root's or ours, writable by nobody else
+    (the path rule's write-dir role, as the drafted [venv] path will be held to)."""
+    from reconcile.safety.filesafety import parent_problem
+
+    return parent_problem(venv, follow=True, is_dir=True) is None
+
+
+def _ours(pid: int, proc: str) -> bool:
+    """Whether root or the user running init runs `pid` (real and effective uid, /proc/PID/status):
+    another user's process says nothing about what root should run, whatever its command line."""
+    from reconcile.safety.filesafety import owners
+
+    for line in _read(f"{proc}/{pid}/status").splitlines():
+        if line.startswith(b"Uid:"):
+            parts = line.split()
+            return len(parts) >= 3 and {int(parts[1]), int(parts[2])} <= owners()
+    return False
+
+
 def _server_at(pid: int, proc: str) -> tuple[int, FoundServer] | None:
     """(parent pid, server) when /proc/PID runs `vllm serve` (or vLLM's api_server module)."""
     from reconcile.identity import redact_argv
 
+    if not _ours(pid, proc):
+        return None
     tokens = [t for t in _read(f"{proc}/{pid}/cmdline").decode(errors="replace").split("\0") if t]
     at = next(
         (i for i, t in enumerate(tokens[:-1]) if os.path.basename(t) == "vllm" and tokens[i + 1] == "serve"),
@@ -246,12 +268,14 @@ def probe_machine(
     if pid is not None:
         hit = _server_at(pid, proc)
         if hit is None:
-            raise ReconcileError(f"--pid {pid}: not a running `vllm serve` (see `ps -o args= -p {pid}`)")
+            raise ReconcileError(
+                f"--pid {pid}: not a running `vllm serve` of root or yours (see `ps -o user=,args= -p {pid}`)"
+            )
         servers = [hit[1]]
     server = servers[0] if servers else None
     found = sorted({os.path.dirname(os.path.dirname(p)) for g in venv_globs for p in glob.glob(g)})
-    found = [v for v in found if _is_venv(v)]
-    if server is not None and server.venv:
+    found = [v for v in found if _is_venv(v) and _trusted(v)]
+    if server is not None and server.venv and _trusted(server.venv):
         path, how = server.venv, f"the venv of the running server (pid {server.pid})"
     elif found:
         path, how = found[0], f"found at {found[0]}/bin/vllm"

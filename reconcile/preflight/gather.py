@@ -17,6 +17,7 @@ from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
+from reconcile.safety.untrusted import JSON_LIMIT, read_regular
 from reconcile.spec.provenance import outside, read_confined
 
 TYPE_CHECKING = False
@@ -37,9 +38,8 @@ def _read_json(path: str, within: str | None = None) -> Mapping[str, Any] | None
         except (ReconcileError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+    try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
+        data = json.loads(read_regular(path, JSON_LIMIT, follow=True))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -8,7 +8,7 @@ import contextlib
 import os
 
 from reconcile.plan.records import Finding
-from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem, resolve_exec
+from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem, read_problem, resolve_exec
 from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
 
@@ -68,6 +68,42 @@ def symlinked_model_dir(model_dir: str) -> str | None:
     )
 
 
+# What root reads below a read-role directory: pip the wheelhouse's top level, python a whole
+# site-packages tree (any module, and .pth files where it is a site dir).
+# Keyed by the spec key without a list index ("[venv].extra_site_packages[0]").
+READ_ENTRIES = {"[venv].wheelhouse": 1, "[venv].extra_site_packages": -1}
+
+
+def _unindexed(key: str) -> str:
+    """ "[venv].extra_site_packages[0]" -> "[venv].extra_site_packages"."""
+    head, bracket, tail = key.rpartition("[")
+    return head if bracket and head and tail[:-1].isdigit() else key
+
+
+def _remote_code_problem(spec: Spec) -> Finding | None:
+    """A local `[model] source` is data whoever writes it, until `trust-remote-code` makes vLLM
+    import the model's own .py files in the server (root's by default): then the source tree is
+    code root runs, and is held to the read role, its whole tree (as an extra site-packages is)."""
+    server, model = spec.server, spec.model
+    if server is None or model is None or not model.source:
+        return None
+    flag = server.args.get("trust-remote-code", server.args.get("trust_remote_code"))
+    if flag in (None, False, "false"):
+        return None
+    problem = read_problem(model.source, entries=-1)
+    if problem is None:
+        return None
+    return Finding(
+        "paths.remote-code",
+        "error",
+        f"[model].source {model.source}: {problem}; with trust-remote-code the server runs the "
+        "model's own Python code from it",
+        "copy the model into a directory only root can write and name that as the source, or drop "
+        "trust-remote-code",
+        {"path": model.source, "key": "[model].source"},
+    )
+
+
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
     planted key, an executable in a directory they can write), and for a symlinked model dir."""
@@ -77,8 +113,10 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
     for what, path, allowed, role in watched_paths(spec):
         if role.kind == "exec":
             problem = _exec_problem(path, allowed)
+        elif role.kind == "read":  # root trusts what it reads: the file or tree, not only the way to it
+            problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
         else:
-            problem = parent_problem(path, allowed, follow=role.kind == "read")
+            problem = parent_problem(path, allowed)
         if problem is not None:
             out.append(
                 Finding(
@@ -89,6 +127,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
                     {"path": path, "key": what},
                 )
             )
+    if (remote := _remote_code_problem(spec)) is not None:
+        out.append(remote)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
             st = os.lstat(path)

@@ -74,7 +74,8 @@ def plan_cuda(spec: Spec, obs: Observed) -> Item | None:
     diffs: list[FieldDiff] = []
     nvcc = obs.cuda.nvcc
     if not isinstance(nvcc, Nvcc):
-        diffs.append(FieldDiff("nvcc", None, f"{want.home}/bin/nvcc"))
+        # why there is none to ask (absent, or refused: another user's nvcc is never run)
+        diffs.append(FieldDiff("nvcc", getattr(nvcc, "reason", None), f"{want.home}/bin/nvcc"))
         archs: tuple[str, ...] = ()
     else:
         archs = nvcc.gpu_archs

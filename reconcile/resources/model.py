@@ -237,9 +237,10 @@ def source_config(model: Model) -> dict[str, Any]:
         return {}
     import json
 
-    try:
-        with open(os.path.join(model.source, "config.json"), encoding="utf-8") as f:
-            data = json.load(f)
+    from reconcile.safety.untrusted import JSON_LIMIT, read_regular
+
+    try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
+        data = json.loads(read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, follow=True))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

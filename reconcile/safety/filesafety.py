@@ -231,6 +231,76 @@ def parent_problem(
         w.close()
 
 
+def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: int = 0) -> str | None:
+    """The read role (root reads `path` and trusts what it says): parent_problem(follow=True), and
+    what the path leads to not writable by group or others either (a root-owned 0666 apt key or a
+    0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
+    (a wheelhouse pip installs from: 1, its top level; a site-packages python imports from: -1, the
+    whole tree), each entry below it too: root's or ours, not writable by group or others, and a
+    link judged as the path itself (not descended into)."""
+    ok = owners() if allowed is None else frozenset(allowed)
+    problem = parent_problem(path, ok, follow=True)
+    if problem is not None:
+        return problem
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot check it ({exc.strerror})"
+    if (loose := _loose(path, st)) is not None:
+        return loose
+    if entries == 0 or not stat.S_ISDIR(st.st_mode):
+        return None
+    real = os.path.realpath(path)
+    for top, dirs, files in os.walk(real):
+        depth = top[len(real) :].count(os.sep) + 1
+        for name in sorted(dirs + files):
+            entry = os.path.join(top, name)
+            try:
+                est = os.lstat(entry)
+            except OSError:
+                continue  # gone meanwhile: whoever removed it could write here, which was checked
+            if stat.S_ISLNK(est.st_mode):
+                if (problem := read_problem(entry, ok)) is not None:
+                    return problem
+                continue
+            if est.st_uid not in ok:
+                return f"{entry} is owned by {_who(est.st_uid)}, who could change what root reads there"
+            if (loose := _loose(entry, est)) is not None:
+                return loose
+        if entries > 0 and depth >= entries:
+            dirs[:] = []
+    return None
+
+
+def search_path(value: str) -> tuple[str, list[str]]:
+    """PATH as root may search it: each entry an absolute directory that only root or we can change
+    (StrictModes on it and every directory above it, the read role), so that no program reconcile
+    runs by name (git, apt-get, systemctl, uv, nvidia-smi) can be another user's. (the PATH kept,
+    one "entry: why" per entry left out). A relative or empty entry (the current directory) is left
+    out too."""
+    kept, dropped = [], []
+    for entry in value.split(os.pathsep):
+        if not entry.startswith("/"):
+            dropped.append(f"{entry or '(empty)'}: not an absolute directory")
+            continue
+        problem = read_problem(entry)
+        if problem is None:
+            kept.append(entry)
+        else:
+            dropped.append(f"{entry}: {problem}")
+    return os.pathsep.join(kept), dropped
+
+
+def _loose(path: str, st: os.stat_result) -> str | None:
+    if not st.st_mode & 0o022:
+        return None
+    who = "others" if st.st_mode & 0o002 else f"group {_group(st.st_gid)}"
+    mode = stat.S_IMODE(st.st_mode)
+    return f"{path} is writable by {who} (mode {mode:04o}): they could change what root reads"
+
+
 def check_parents(
     path: str, what: str, allowed: Collection[int] | None = None, *, is_dir: bool = False
 ) -> None:

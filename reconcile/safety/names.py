@@ -8,8 +8,12 @@ import os
 import re
 
 # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader (a unit, an
-# EnvironmentFile, cron, apt, a terminal).
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# EnvironmentFile, cron, apt, a terminal). And the invisible format characters that change what a
+# terminal or a reviewer sees without showing themselves: the bidi marks, embeddings, overrides and
+# isolates (U+061C, U+200E/F, U+202A-E, U+2066-9: Trojan Source's reversed text), the zero-width
+# space, joiners, word joiner, invisible operators and BOM (U+200B-D, U+2060-4, U+FEFF).
+INVISIBLE = "\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
+CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}]")
 
 
 def control_char(text: str) -> str | None:

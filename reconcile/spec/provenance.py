@@ -32,25 +32,25 @@ def spec_file_problem(path: str) -> str | None:
     return parent_problem(path, follow=True)
 
 
-def read_trusted(path: str, display: str, *, missing_ok: bool = False) -> bytes | None:
+def read_trusted(path: str, display: str, *, missing_ok: bool = False, fix: str = FIX) -> bytes | None:
     """The bytes of spec file `path` (named `display` in errors), when only root or we can change it;
     else one SpecError naming the file, what is wrong and the fix. None: absent and `missing_ok`."""
     if missing_ok and not os.path.lexists(path):
         return None
     problem = spec_file_problem(path)
     if problem is not None:
-        raise SpecError(display, None, "", f"{problem}: {FIX}")
+        raise SpecError(display, None, "", f"{problem}: {fix}")
     try:  # the same walk again, for the directory's descriptor: the file is opened relative to it
         w = walk(path, follow_last=True)
     except (UnsafePath, OSError) as exc:  # changed since the check
-        raise SpecError(display, None, "", f"{exc}: {FIX}") from None
+        raise SpecError(display, None, "", f"{exc}: {fix}") from None
     try:
         if w.st is None:
             raise SpecError(display, None, "", "cannot read (No such file or directory)")
-        fd = _open(w.name, display, w.dir_fd)
+        fd = _open(w.name, display, w.dir_fd, fix)
     finally:
         w.close()
-    return _judged(fd, display, trusted=True)
+    return _judged(fd, display, trusted=True, fix=fix)
 
 
 def outside(path: str, root: str) -> bool:
@@ -69,17 +69,17 @@ def read_confined(path: str, display: str, root: str, *, missing_ok: bool = Fals
     return _judged(_open(os.path.realpath(path), display), display, trusted=False)
 
 
-def _open(name: str, display: str, dir_fd: int | None = None) -> int:
+def _open(name: str, display: str, dir_fd: int | None = None, fix: str = FIX) -> int:
     """`name` opened without following a link put there since, without blocking on a FIFO."""
     try:
         return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise SpecError(display, None, "", f"became a symlink while it was read: {FIX}") from None
+            raise SpecError(display, None, "", f"became a symlink while it was read: {fix}") from None
         raise SpecError(display, None, "", f"cannot read ({exc.strerror})") from None
 
 
-def _judged(fd: int, display: str, *, trusted: bool) -> bytes:
+def _judged(fd: int, display: str, *, trusted: bool, fix: str = FIX) -> bytes:
     """The descriptor judged (a regular file; with `trusted`, root's or ours and writable by nobody
     else) and read, at most MAX_BYTES; closed."""
     try:
@@ -91,11 +91,11 @@ def _judged(fd: int, display: str, *, trusted: bool) -> bytes:
                 display, None, "", f"is not a regular file ({kind}): give the path of a TOML spec file"
             )
         if trusted and st.st_uid not in owners():
-            raise SpecError(display, None, "", f"is owned by {_who(st.st_uid)}: {FIX}")
+            raise SpecError(display, None, "", f"is owned by {_who(st.st_uid)}: {fix}")
         if trusted and st.st_mode & 0o022:
             who = "others" if st.st_mode & 0o002 else "its group"
             raise SpecError(
-                display, None, "", f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): {FIX}"
+                display, None, "", f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): {fix}"
             )
         chunks, size = [], 0
         while size <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES + 1 - size)):

@@ -67,6 +67,9 @@ def parse_every(text: str) -> Every:
     raise ReconcileError(f"--every {text}: cron and systemd cannot both keep it even ({_EVERY_HELP})")
 
 
+SAFE_PATH = "-P" if sys.version_info >= (3, 11) else "-I"
+
+
 @dataclass(frozen=True)
 class Schedule:
     """What a scheduled run is: which spec, how often, and the flags its apply gets."""
@@ -79,8 +82,10 @@ class Schedule:
     textfile: str | None = None
     timeout: int = 7200  # a hung apply is killed after this (TimeoutStartSec=)
     name: str = DEFAULT_NAME
-    # How to run reconcile: this interpreter with -m, so the timer uses the install that wrote it.
-    program: tuple[str, ...] = field(default_factory=lambda: (sys.executable, "-m", "reconcile"))
+    # How to run reconcile: this interpreter with -m, so the timer uses the install that wrote it;
+    # -P (3.11+; else -I): the unit's WorkingDirectory, the spec's directory, never joins sys.path, so
+    # a .py lying beside the spec is never imported as root.
+    program: tuple[str, ...] = field(default_factory=lambda: (sys.executable, SAFE_PATH, "-m", "reconcile"))
 
     @property
     def service_name(self) -> str:
