@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,16 @@ import pytest
 
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.ownership_support import foreign_pids
+
+
+@pytest.fixture(autouse=True)
+def _umask_022() -> Iterator[None]:
+    """Each test starts under the usual umask 022: the CLI run in-process (main([...])) sets its own
+    077 for good, which would otherwise leak into the next test's directories (seen: nobody could not
+    enter a test's 0700 directory in the full run, only there)."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
 
 
 @pytest.fixture

@@ -106,8 +106,9 @@ def test_a_scheduled_apply_while_paused_only_plans_and_says_who(tmp_path: Path, 
     argv = service_argv(spec, tmp_path / "units")
     assert "--scheduled" in argv
     who = {**env, "SUDO_USER": "carol", "SSH_CONNECTION": "192.0.2.4 40000 192.0.2.1 22"}
+    cli = argv[: argv.index("reconcile") + 1]  # python [-P] -m reconcile, as the unit runs it
     paused = subprocess.run(
-        [*argv[:3], "pause", "--spec", str(spec), "--reason", "debugging the KV cache"],
+        [*cli, "pause", "--spec", str(spec), "--reason", "debugging the KV cache"],
         env=who,
         capture_output=True,
         text=True,
@@ -126,9 +127,7 @@ def test_a_scheduled_apply_while_paused_only_plans_and_says_who(tmp_path: Path, 
     assert last["outcome"] == "paused" and last["paused"]["user"] == "carol"
     assert last["pending"] == ["api_key"] and last["scheduled"] is True
 
-    resumed = subprocess.run(
-        [*argv[:3], "resume", "--spec", str(spec)], env=env, capture_output=True, text=True
-    )
+    resumed = subprocess.run([*cli, "resume", "--spec", str(spec)], env=env, capture_output=True, text=True)
     assert "resumed; it was paused by carol" in resumed.stdout
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Collection, Iterator
 
 from reconcile.errors import ReconcileError
+from reconcile.safety.untrusted import kind
 
 PRIVATE_DIR = 0o700  # state_dir, generations/: only root (or the deployment user) reads them
 PRIVATE_FILE = 0o600  # every state file: generations, reports, the index
@@ -80,20 +81,6 @@ class Walked:
 
     def close(self) -> None:
         os.close(self.dir_fd)
-
-
-def _kind(mode: int) -> str:
-    for test, what in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return what
-    return "not a regular file"
 
 
 def _dir_problem(
@@ -426,7 +413,7 @@ def open_regular(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(
-                f"{path} is {_kind(st.st_mode)}, not a regular file: reconcile reads only regular files"
+                f"{path} is {kind(st.st_mode)}, not a regular file: reconcile reads only regular files"
             )
         if st.st_uid not in ok:
             raise UnsafePath(
@@ -473,7 +460,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+            raise UnsafePath(f"{what} {path} is {kind(st.st_mode)}, not a regular file")
         if st.st_uid not in ok:
             raise UnsafePath(f"{what} {path} is owned by {_who(st.st_uid)}, who could change what root runs")
         if st.st_mode & 0o022:

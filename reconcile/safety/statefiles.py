@@ -32,6 +32,7 @@ from reconcile.safety.shapes import (
     Scalar,
     Shape,
 )
+from reconcile.safety.untrusted import kind
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,17 +61,7 @@ def take_notes() -> list[str]:
 
 
 def _what(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return f"was {name}"
-    return "was not a regular file"
+    return f"was {kind(mode)}"
 
 
 def _parent(path: str) -> tuple[int, str]:
