@@ -30,7 +30,7 @@ from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, umask
 from reconcile.safety.names import name_problem
-from reconcile.safety.untrusted import JSON_LIMIT, past_free_space, read_regular
+from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
@@ -354,7 +354,7 @@ def _refuse_past_free_space(origin: str, model_dir: str, sizes: Mapping[str, int
 
 def _read_manifest(model_dir: str) -> dict[str, Any] | None:
     try:  # as data: a FIFO or a huge file in its place is no record (and never a hang)
-        data = json.loads(read_regular(os.path.join(model_dir, MANIFEST), JSON_LIMIT))
+        data = load_json(read_regular(os.path.join(model_dir, MANIFEST), JSON_LIMIT))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterator
 
 from reconcile.host import atomic_symlink, atomic_write
 from reconcile.safety.filesafety import ensure_dir, open_dir
+from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def is_realization(path: str, store: str) -> bool:
 def read_manifest(path: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
-            data = json.load(f)
+            data = load_json(f.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

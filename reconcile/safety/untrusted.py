@@ -16,6 +16,7 @@ import stat
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
+    from typing import Any
 
 KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
 JSON_LIMIT = 64 << 20  # config.json, the download record (≈200 bytes a file: 300,000 files)
@@ -99,6 +100,18 @@ def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_resul
         os.close(fd)
         raise
     return fd, st
+
+
+def load_json(raw: str | bytes) -> Any:
+    """`json.loads` for data from outside reconcile or from its state files: ValueError for anything
+    that is not JSON, nesting past the parser's recursion limit included (`[[[[...`, well inside any
+    read cap, makes json raise RecursionError, which no caller expects: a crash on every plan)."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def read_regular(path: str, limit: int, *, follow: bool = False) -> bytes:

@@ -1,0 +1,77 @@
+"""Issue 24's hostile reader, second round: attacks found by reading docs/security.md and the code
+after the first round (tests/test_hostile_reader.py), each run for real (a `nobody` process through
+setpriv, real files and listeners), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_untrusted_trees import Tree, tree
+
+__all__ = ["tree"]  # the fixture: a model source tree of nobody's
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+
+DEEP = b"[" * 200_000  # 200 KB: far inside every JSON read's cap, past the parser's recursion limit
+
+
+@pytest.mark.parametrize("command", ["plan", "apply", "validate"])
+def test_json_nested_past_the_recursion_limit_in_a_source_tree_is_bad_data_not_a_crash(
+    tree: Tree, command: str
+) -> None:
+    """nobody's `[model] source` is data (class 2): its config.json is `[[[[...` (200 KB). json
+    raises RecursionError, not ValueError, which the readers (and the model dir's config, once
+    copied) did not catch. main: a traceback on every plan, so every scheduled apply fails."""
+    config = tree.source / "config.json"
+    tree.as_nobody(sys.executable, "-c", f"open({str(config)!r}, 'w').write('[' * 200_000)")
+    assert config.read_bytes() == DEEP
+    run = tree.cli(command)
+    assert "Traceback" not in run.output and "RecursionError" not in run.output, run.output
+    assert run.returncode in (0, 1, 2, 4), run.output
+    if command == "apply":  # and the copy in the model dir does not wedge the next plan either
+        again = tree.cli("plan")
+        assert "Traceback" not in again.output and "RecursionError" not in again.output, again.output
+
+
+# json.loads on bytes that are not reconcile's own: through untrusted.load_json. What is left: our
+# own data tables, JSON we just dumped (round trips), and values of the spec's own text.
+PARSES_OF_OUR_OWN = {
+    "reconcile/preflight/features.py": 1,  # a data table in the package
+    "reconcile/vllm/flags.py": 1,
+    "reconcile/vllm/families.py": 1,
+    "reconcile/vllm/architectures.py": 1,
+    "reconcile/vllm/catalogue.py": 1,
+    "reconcile/spec/loader.py": 1,  # json.loads(json.dumps(...))
+    "reconcile/apply/saved_plan.py": 2,
+    "reconcile/apply/approval.py": 1,
+    "reconcile/identity.py": 2,  # hashes of what we serialised
+    "reconcile/spec/lines.py": 1,  # a quoted TOML string of the spec's, its escapes
+    "reconcile/vllm/limits.py": 1,  # a spec flag's value
+    "reconcile/vllm/failures.py": 1,
+    "reconcile/host.py": 1,  # HttpResponse.json: catches RecursionError itself
+}
+
+
+def test_json_from_outside_is_parsed_only_through_load_json() -> None:
+    """The class behind the attack above: a parse that lets RecursionError through. A new
+    json.loads/json.load outside reconcile/safety/ fails here: use untrusted.load_json."""
+    import ast
+    import collections
+
+    root = Path(__file__).resolve().parent.parent
+    found: collections.Counter[str] = collections.Counter()
+    for top in ("reconcile", "probes", "actions"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel.startswith("reconcile/safety/"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                f = node.func if isinstance(node, ast.Call) else None
+                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                    found[rel] += (f.value.id, f.attr) in (("json", "loads"), ("json", "load"))
+    assert {m: n for m, n in found.items() if n} == PARSES_OF_OUR_OWN
