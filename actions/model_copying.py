@@ -9,7 +9,7 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from actions.model_config import place_source_config
@@ -93,7 +93,7 @@ def copy_files(
     fstat): its hash, its copy and its record are of that one open file, as big as fstat saw it.
     First the temps a killed copy left: only beside the files it copies, only of those files.
     """
-    names = list(names)
+    names, roots = list(names), _allowed_roots(source)
     by_dir: dict[str, set[str]] = {}
     for name in names:
         by_dir.setdefault(os.path.dirname(os.path.join(model_dir, name)), set()).add(os.path.basename(name))
@@ -105,7 +105,7 @@ def copy_files(
     for name in names:
         src = os.path.join(source, name)
         try:
-            fd, st = open_source(src)
+            fd, st = open_source(src, roots)
         except NotRegular as exc:
             raise ActionError(_refusal(source, name, str(exc.strerror))) from None
         try:
@@ -125,10 +125,11 @@ def copy_files(
     return copied, entries
 
 
-def open_source(path: str) -> tuple[int, os.stat_result]:
-    """A source file opened as data; its links were judged by source_files, so the resolved target is
-    opened, and that last step without following a link."""
-    return open_regular(os.path.realpath(path))
+def open_source(path: str, roots: Sequence[str]) -> tuple[int, os.stat_result]:
+    """A source file opened as data: the resolved target, that last step without following a link,
+    and the file opened must lie in `roots` (the source, a hub snapshot's blobs): a link its owner
+    put in place of a file since source_files listed the tree is refused, not copied."""
+    return open_regular(os.path.realpath(path), inside=roots)
 
 
 def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchanged: bool) -> bool:

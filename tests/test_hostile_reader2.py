@@ -5,6 +5,7 @@ setpriv, real files and listeners), each seen succeeding on main before its fix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ __all__ = ["tree"]  # the fixture: a model source tree of nobody's
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 DEEP = b"[" * 200_000  # 200 KB: far inside every JSON read's cap, past the parser's recursion limit
 
 
@@ -75,3 +77,72 @@ def test_json_from_outside_is_parsed_only_through_load_json() -> None:
                 if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
                     found[rel] += (f.value.id, f.attr) in (("json", "loads"), ("json", "load"))
     assert {m: n for m, n in found.items() if n} == PARSES_OF_OUR_OWN
+
+
+FLIPPER = r"""
+import os, sys, time
+source, secret = sys.argv[1], sys.argv[2]
+name = os.path.join(source, "weights.bin")
+print("ready", flush=True)
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    with open(name + ".f", "w") as f:
+        f.write("plain weights")
+    os.replace(name + ".f", name)  # a regular file when the walk lists the tree
+    try:
+        os.symlink(secret, name + ".l")
+    except FileExistsError:
+        pass
+    os.replace(name + ".l", name)  # a link out of the tree when the copy opens it
+"""
+
+
+def test_a_source_file_nobody_flips_to_a_link_after_the_listing_never_copies_a_root_file(
+    tmp_path: Path,
+) -> None:
+    """source_files judges the tree's links when it lists it; the copy then opened
+    `realpath(name)`. nobody, racing, turns a listed regular file into a link to a file in a
+    directory only root can enter (mode 0644 there, private by its directory): root copies it into
+    the model dir, 0644 in a 0755 tree, where every user reads it."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from actions.model import download
+    from reconcile.errors import ActionError
+    from reconcile.spec.models import Model
+
+    yard = Path(tempfile.mkdtemp(prefix="reconcile-hostile2-", dir="/var/tmp"))
+    try:
+        yard.chmod(0o755)
+        private = yard / "private"
+        private.mkdir(mode=0o700)
+        secret = private / "secret"
+        secret.write_text("ROOT ONLY")
+        secret.chmod(0o644)
+        source = yard / "source"
+        source.mkdir()
+        os.chown(source, 65534, 65534)
+        model_dir = yard / "models" / "m"
+        racer = subprocess.Popen(
+            [*AS_NOBODY, sys.executable, "-c", FLIPPER, str(source), str(secret)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert racer.stdout is not None and racer.stdout.readline() == "ready\n"
+            leaked = 0
+            for _ in range(400):
+                with contextlib.suppress(ActionError, OSError):
+                    download(Model(source=str(source), dir=str(model_dir)), progress=False)
+                copy = model_dir / "weights.bin"
+                if copy.is_file() and not copy.is_symlink() and "ROOT ONLY" in copy.read_text():
+                    leaked += 1
+                    break
+        finally:
+            racer.kill()
+            racer.wait()
+        # main: the file of root's private directory, copied 0644 into the model dir
+        assert leaked == 0
+    finally:
+        shutil.rmtree(yard, ignore_errors=True)

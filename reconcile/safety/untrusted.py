@@ -15,7 +15,7 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from typing import Any
 
 KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
@@ -72,12 +72,16 @@ def reduced_mode(st_mode: int) -> int:
     return mode if st_mode & 0o004 else mode & 0o700
 
 
-def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_result]:
+def open_regular(
+    path: str, *, follow: bool = False, inside: Sequence[str] = ()
+) -> tuple[int, os.stat_result]:
     """An fd (blocking again, close-on-exec) of the regular file at `path`, and its fstat.
 
     Checked before the open (a device's open can act, a FIFO's can wait) and after it on the fd:
     the file opened is the one checked. `follow` = False: a symlink at `path` is refused (O_NOFOLLOW);
     True is for a name whose links the caller has already judged (a source tree's allowed links).
+    `inside` (real directories): the file opened must lie below one of them, judged on the fd itself
+    (the kernel's name for it), so a link put in place of a judged name since is refused, not read.
     Raises NotRegular, or the OSError of the open (FileNotFoundError for a missing file)."""
     before = os.stat(path) if follow else os.lstat(path)
     if (what := not_regular(before.st_mode)) is not None:
@@ -95,11 +99,17 @@ def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_resul
             raise NotRegular(path, what)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             raise NotRegular(path, "replaced while it was opened")
+        if inside and not _below(os.readlink(f"/proc/self/fd/{fd}"), inside):
+            raise NotRegular(path, "a link leading out of its tree (changed since it was listed)")
         os.set_blocking(fd, True)  # a regular file never blocks; what we hand on behaves as a plain open
     except BaseException:
         os.close(fd)
         raise
     return fd, st
+
+
+def _below(real: str, tops: Sequence[str]) -> bool:
+    return any(real == top or real.startswith(top.rstrip("/") + "/") for top in tops)
 
 
 def load_json(raw: str | bytes) -> Any:
