@@ -15,9 +15,18 @@ from typing import Any
 from actions.model_config import place_source_config
 from reconcile.errors import ActionError
 from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
+from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.names import is_inside, name_problem
 from reconcile.safety.source_content import entry, fd_content_changed
-from reconcile.safety.untrusted import NotRegular, copy_fd, not_regular, open_regular, reduced_mode, sha256_fd
+from reconcile.safety.untrusted import (
+    NotRegular,
+    copy_fd,
+    not_regular,
+    open_regular,
+    reduced_mode,
+    sha256_fd,
+    walk_tree,
+)
 
 
 def source_files(source: str) -> list[str]:
@@ -26,7 +35,7 @@ def source_files(source: str) -> list[str]:
     device, a socket: each would hang or feed the copy), each named."""
     roots = _allowed_roots(source)
     names = []
-    for root, dirs, files in os.walk(source):
+    for root, dirs, files in walk_tree(source):
         rel_root = os.path.relpath(root, source)
         if rel_root.split(os.sep)[0] == ".cache":  # huggingface_hub's bookkeeping
             continue
@@ -139,7 +148,7 @@ def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchan
     with contextlib.suppress(FileNotFoundError):
         if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
             return False
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    ensure_dir(os.path.dirname(dst), 0o755)  # one level at a time (os.makedirs recurses)
     # mkstemp: O_EXCL, 0600, named as the stale-temp sweep knows ours
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,3 +147,39 @@ def test_a_source_file_nobody_flips_to_a_link_after_the_listing_never_copies_a_r
         assert leaked == 0
     finally:
         shutil.rmtree(yard, ignore_errors=True)
+
+
+DEEPEN = r"""
+import os, sys
+os.chdir(sys.argv[1])
+for _ in range(1100):  # 2,200 characters of path: well inside PATH_MAX
+    os.mkdir("a")
+    os.chdir("a")
+open("tokenizer.model", "w").write("x")
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "apply"])
+def test_a_source_tree_nested_past_the_recursion_limit_is_walked_not_a_crash(
+    tree: Tree, command: str
+) -> None:
+    """nobody's `[model] source` holds 1,100 nested directories (a/a/a/...). Python 3.11's os.walk
+    recurses once a level: RecursionError, which no walker expected. main: plan and apply ended in
+    an internal error, on every run; once copied, the model dir's own walks would too."""
+    tree.as_nobody(sys.executable, "-c", DEEPEN, str(tree.source))
+    try:
+        _deep_tree_cases(tree, command)
+    finally:  # shutil.rmtree (the fixture's) recurses too
+        for top in (tree.source, tree.dir):
+            subprocess.run(["rm", "-rf", str(top / "a")], check=False, timeout=60)
+
+
+def _deep_tree_cases(tree: Tree, command: str) -> None:
+    run = tree.cli(command)
+    assert "RecursionError" not in run.output and "internal error" not in run.output, run.output
+    assert run.returncode in (0, 2), run.output
+    if command == "apply":
+        deep = tree.dir.joinpath(*["a"] * 1100, "tokenizer.model")
+        assert deep.read_text() == "x"  # copied like any file
+        again = tree.cli("plan")
+        assert "RecursionError" not in again.output and "internal error" not in again.output, again.output

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterator
 
 from reconcile.host import atomic_symlink, atomic_write
 from reconcile.safety.filesafety import ensure_dir, open_dir
-from reconcile.safety.untrusted import load_json
+from reconcile.safety.untrusted import load_json, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def link_profile(profile: str, target: str) -> str | None:
 
 
 def _files(root: str) -> Iterator[tuple[str, os.stat_result]]:
-    for directory, dirs, names in os.walk(root):
+    for directory, dirs, names in walk_tree(root):
         dirs.sort()
         for name in sorted(names):
             path = os.path.join(directory, name)
@@ -201,7 +201,7 @@ def disk_usage(paths: Collection[str]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for root in paths:
-        for directory, dirs, names in os.walk(root):
+        for directory, dirs, names in walk_tree(root):
             for name in [*dirs, *names]:
                 with contextlib.suppress(OSError):
                     st = os.lstat(os.path.join(directory, name))

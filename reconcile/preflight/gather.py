@@ -16,7 +16,7 @@ from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
-from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular
+from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular, walk_tree
 from reconcile.spec.provenance import outside, read_confined
 
 TYPE_CHECKING = False
@@ -166,7 +166,7 @@ def _weights_before_download(
 def _sizes(root: str, within: str | None = None) -> dict[str, int]:
     """Each file's size; `within` (validate): a file that links out of that repository is left out."""
     out: dict[str, int] = {}
-    for dirpath, dirs, names in os.walk(root):
+    for dirpath, dirs, names in walk_tree(root):
         dirs[:] = [d for d in dirs if d != ".cache"]
         for n in names:
             full = os.path.join(dirpath, n)

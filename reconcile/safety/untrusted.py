@@ -108,6 +108,34 @@ def open_regular(
     return fd, st
 
 
+def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)` without recursion: top-down, the caller may prune or sort `dirs` in place, a
+    link to a directory is listed and not entered, an unreadable directory is passed over. Python
+    3.11's os.walk recurses once a level, and the owner of a tree (a model source) can nest it past
+    the interpreter's limit well within PATH_MAX (1,100 levels of `a/`): RecursionError, a crash on
+    every plan."""
+    stack = [top]
+    while stack:
+        here = stack.pop()
+        dirs: list[str] = []
+        files: list[str] = []
+        enter: set[str] = set()
+        try:
+            with os.scandir(here) as entries:
+                for entry in entries:
+                    try:
+                        is_dir = entry.is_dir()
+                        if is_dir and not entry.is_symlink():
+                            enter.add(entry.name)
+                    except OSError:
+                        is_dir = False
+                    (dirs if is_dir else files).append(entry.name)
+        except OSError:
+            continue
+        yield here, dirs, files
+        stack.extend(os.path.join(here, d) for d in reversed(dirs) if d in enter)
+
+
 def _below(real: str, tops: Sequence[str]) -> bool:
     return any(real == top or real.startswith(top.rstrip("/") + "/") for top in tops)
 
