@@ -30,7 +30,7 @@ from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, umask
 from reconcile.safety.names import name_problem
-from reconcile.safety.untrusted import JSON_LIMIT, past_free_space, read_regular
+from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Model
@@ -172,6 +172,9 @@ def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[
 def _snapshot(model: Model, commit: str, endpoint: str | None, tqdm_class: Any) -> None:
     from huggingface_hub import snapshot_download
 
+    from reconcile.host import bound_hub_session
+
+    bound_hub_session()  # a least rate for every file's transfer
     # The commit, never the branch: a branch that moves mid-download cannot mix two commits' files.
     snapshot_download(
         model.repo or "",
@@ -223,6 +226,8 @@ def _transient(exc: BaseException) -> bool:
 def _action_error(exc: Exception, repo: str, revision: str, endpoint: str | None) -> ActionError:
     from huggingface_hub import errors as e
 
+    from reconcile.host import HttpUnreachable
+
     hub, first = endpoint or "https://huggingface.co", (str(exc).splitlines() or [type(exc).__name__])[0]
     if isinstance(exc, e.GatedRepoError):
         return ActionError(f"{repo}: gated on {hub}; accept its licence on the hub page and set HF_TOKEN")
@@ -236,6 +241,8 @@ def _action_error(exc: Exception, repo: str, revision: str, endpoint: str | None
         return ActionError(f"no space left for the model's files ({first}); free disk space and apply again")
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS):
         return ActionError(f"cannot write the model's files ({first}); fix the permissions of [model].dir")
+    if isinstance(exc, HttpUnreachable):  # our own bounds: too slow (a drip) or too large
+        return ActionError(f"{repo}: {first}; check the network or HF_ENDPOINT, then apply again")
     if isinstance(exc, e.HfHubHTTPError) and not _transient(exc):
         return ActionError(f"{repo}: the hub at {hub} refused ({first})")
     return ActionError(
@@ -354,7 +361,7 @@ def _refuse_past_free_space(origin: str, model_dir: str, sizes: Mapping[str, int
 
 def _read_manifest(model_dir: str) -> dict[str, Any] | None:
     try:  # as data: a FIFO or a huge file in its place is no record (and never a hang)
-        data = json.loads(read_regular(os.path.join(model_dir, MANIFEST), JSON_LIMIT))
+        data = load_json(read_regular(os.path.join(model_dir, MANIFEST), JSON_LIMIT))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

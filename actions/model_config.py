@@ -19,7 +19,7 @@ from reconcile.host import atomic_write, fsync_dir, remove_stale_temps
 from reconcile.jsonmerge import deep_merge
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
-from reconcile.safety.untrusted import JSON_LIMIT, read_regular, reduced_mode
+from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular, reduced_mode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def _load(path: str) -> dict[str, Any]:
 
 def _parse(raw: bytes, path: str) -> dict[str, Any]:
     try:
-        obj = json.loads(raw)
+        obj = load_json(raw)
     except ValueError as exc:
         fix = "restore it from the hub (delete it and apply again)"
         raise ActionError(f"{path}: not valid JSON ({exc}); {fix}") from None

@@ -9,15 +9,24 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from actions.model_config import place_source_config
 from reconcile.errors import ActionError
 from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
+from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.names import is_inside, name_problem
 from reconcile.safety.source_content import entry, fd_content_changed
-from reconcile.safety.untrusted import NotRegular, copy_fd, not_regular, open_regular, reduced_mode, sha256_fd
+from reconcile.safety.untrusted import (
+    NotRegular,
+    copy_fd,
+    not_regular,
+    open_regular,
+    reduced_mode,
+    sha256_fd,
+    walk_tree,
+)
 
 
 def source_files(source: str) -> list[str]:
@@ -26,7 +35,7 @@ def source_files(source: str) -> list[str]:
     device, a socket: each would hang or feed the copy), each named."""
     roots = _allowed_roots(source)
     names = []
-    for root, dirs, files in os.walk(source):
+    for root, dirs, files in walk_tree(source):
         rel_root = os.path.relpath(root, source)
         if rel_root.split(os.sep)[0] == ".cache":  # huggingface_hub's bookkeeping
             continue
@@ -93,7 +102,7 @@ def copy_files(
     fstat): its hash, its copy and its record are of that one open file, as big as fstat saw it.
     First the temps a killed copy left: only beside the files it copies, only of those files.
     """
-    names = list(names)
+    names, roots = list(names), _allowed_roots(source)
     by_dir: dict[str, set[str]] = {}
     for name in names:
         by_dir.setdefault(os.path.dirname(os.path.join(model_dir, name)), set()).add(os.path.basename(name))
@@ -105,7 +114,7 @@ def copy_files(
     for name in names:
         src = os.path.join(source, name)
         try:
-            fd, st = open_source(src)
+            fd, st = open_source(src, roots)
         except NotRegular as exc:
             raise ActionError(_refusal(source, name, str(exc.strerror))) from None
         try:
@@ -125,10 +134,11 @@ def copy_files(
     return copied, entries
 
 
-def open_source(path: str) -> tuple[int, os.stat_result]:
-    """A source file opened as data; its links were judged by source_files, so the resolved target is
-    opened, and that last step without following a link."""
-    return open_regular(os.path.realpath(path))
+def open_source(path: str, roots: Sequence[str]) -> tuple[int, os.stat_result]:
+    """A source file opened as data: the resolved target, that last step without following a link,
+    and the file opened must lie in `roots` (the source, a hub snapshot's blobs): a link its owner
+    put in place of a file since source_files listed the tree is refused, not copied."""
+    return open_regular(os.path.realpath(path), inside=roots)
 
 
 def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchanged: bool) -> bool:
@@ -138,7 +148,7 @@ def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchan
     with contextlib.suppress(FileNotFoundError):
         if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
             return False
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    ensure_dir(os.path.dirname(dst), 0o755)  # one level at a time (os.makedirs recurses)
     # mkstemp: O_EXCL, 0600, named as the stale-temp sweep knows ours
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
     try:

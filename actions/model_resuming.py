@@ -29,6 +29,9 @@ def resume_partials(
         from huggingface_hub.utils._headers import build_hf_headers
     except ImportError:  # another layout: snapshot_download does what it does
         return
+    from reconcile.host import bound_hub_session
+
+    bound_hub_session()  # a least rate for the rest of each file
     for name, etag in etags.items():
         paths = get_local_download_paths(Path(model_dir), name)
         if etag is None or paths.file_path.exists():

@@ -6,7 +6,6 @@ whose installed version does not satisfy the spec. Installs go through pip or uv
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -28,6 +27,7 @@ from reconcile.host import (
 from reconcile.plan.records import ActionResult
 from reconcile.safety.filesafety import FIX, UnsafePath, resolve_exec
 from reconcile.safety.sensitive import redact_url
+from reconcile.safety.untrusted import load_json
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Venv
@@ -293,8 +293,8 @@ def installed_versions(python: str, names: Sequence[str]) -> dict[str, str]:
     if not out.ok:
         raise ActionError(f"{python} cannot read its installed packages: {_tail(out)}")
     try:
-        found = json.loads(out.stdout)
-    except json.JSONDecodeError:
+        found = load_json(out.stdout)
+    except ValueError:
         raise ActionError(f"cannot parse installed versions from {python}: {out.stdout[:500]!r}") from None
     return {str(k): str(v) for k, v in found.items()}
 

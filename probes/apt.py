@@ -17,6 +17,7 @@ from types import MappingProxyType
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
+from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def _unknown(names: list[str]) -> tuple[str, ...] | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, encoding="utf-8") as f:
             st = os.fstat(f.fileno())
-            cached = json.load(f) if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
+            cached = load_json(f.read()) if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
         if isinstance(cached, dict) and cached.get("names") == sorted(names) and cached.get("stamp") == stamp:
             return tuple(cached["unknown"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -16,6 +16,7 @@ import stat
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
+from reconcile.safety.untrusted import load_json
 from reconcile.threads import run_all
 
 TYPE_CHECKING = False
@@ -166,7 +167,7 @@ def _cache_read() -> dict[str, dict[str, object]]:
     # A missing or damaged cache is a miss: nvcc is asked again and the answer rewrites it.
     try:
         with open(cache_file(), encoding="utf-8") as f:
-            entries = json.load(f)
+            entries = load_json(f.read())
     except (OSError, ValueError):
         return {}
     return entries if isinstance(entries, dict) else {}

@@ -14,7 +14,7 @@ from reconcile.host import HttpResponse, HttpUnreachable, http_request
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 from reconcile.safety.display import shown
-from reconcile.safety.untrusted import KEY_LIMIT, read_regular
+from reconcile.safety.untrusted import KEY_LIMIT, load_json, read_regular
 from reconcile.vllm.versions import numbers
 
 TYPE_CHECKING = False
@@ -271,7 +271,7 @@ def _tool_step(spec: Spec, model: str, timeout: float, max_tokens: int = 256) ->
     calls = _message(data).get("tool_calls") or []
     try:
         fn = calls[0]["function"]
-        arguments = json.loads(fn["arguments"])
+        arguments = load_json(fn["arguments"])
     except (IndexError, KeyError, TypeError, ValueError):
         if status != 200:  # the server's own answer says more than "no tool call" would
             return CheckStep("tool_call", False, raw)

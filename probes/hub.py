@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from probes.common import Unavailable
 from reconcile.record import Record
 from reconcile.safety.display import shown
+from reconcile.safety.untrusted import load_json
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
@@ -44,7 +45,7 @@ def cache_path(cache_dir: str, repo: str, revision: str) -> str:
 def _read_cache(path: str, revision: str) -> HubListing | None:
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = load_json(f.read())
         fresh = _COMMIT.match(revision) or time.time() - os.path.getmtime(path) < BRANCH_TTL_S
     except (OSError, ValueError):
         return None

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from probes.common import Absent, Invalid
 from reconcile.record import Record
 from reconcile.safety.names import name_problem
-from reconcile.safety.untrusted import JSON_LIMIT, NotRegular, TooLarge, read_regular
+from reconcile.safety.untrusted import JSON_LIMIT, NotRegular, TooLarge, load_json, read_regular, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def read_model_dir(path: str, required_files: list[str]) -> ModelObservation | A
 def list_files(root: str) -> tuple[dict[str, int], tuple[str, ...]]:
     files: dict[str, int] = {}
     broken: list[str] = []
-    for directory, dirs, names in os.walk(root):
+    for directory, dirs, names in walk_tree(root):
         if directory == root:
             dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
         dirs.sort()
@@ -113,8 +113,8 @@ def read_json(path: str) -> JsonDoc | Absent | Invalid:
 
 def parse_json_object(text: str, path: str) -> JsonDoc | Invalid:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = load_json(text)
+    except ValueError as exc:
         return Invalid(path, f"not valid JSON: {exc}", text)
     if not isinstance(data, dict):
         return Invalid(path, f"expected a JSON object, found {type(data).__name__}", text)

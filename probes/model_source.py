@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 
 from reconcile.safety.source_content import content_changed, selected
-from reconcile.safety.untrusted import NotRegular, not_regular
+from reconcile.safety.untrusted import NotRegular, not_regular, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def source_sizes(source: str, patterns: list[str]) -> dict[str, int]:
 
 
 def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
-    for root, dirs, files in os.walk(source):
+    for root, dirs, files in walk_tree(source):
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for f in sorted(files):
             path = os.path.join(root, f)

@@ -368,12 +368,7 @@ def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_D
     """
     import threading
 
-    from huggingface_hub import get_session
-
-    hooks = get_session().event_hooks
-    for kind, hook in (("request", _identity_for_api), ("response", _bound_api_answer)):
-        if hook not in hooks[kind]:
-            hooks[kind].append(hook)
+    bound_hub_session()
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -391,6 +386,69 @@ def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_D
         raise box["error"]
     value: T = box["value"]
     return value
+
+
+DOWNLOAD_LEAST_RATE = 64 << 10  # bytes a second, over each window: a 10 GB model in at most ~45 h
+DOWNLOAD_WINDOW_S = 15.0
+
+
+def bound_hub_session() -> None:
+    """Put the bounds on huggingface_hub's shared session (idempotent): API answers capped
+    (_bound_api_answer), every other answer (a download, `/resolve/` or the CDN it redirects to)
+    held to a least rate. huggingface_hub's own timeout bounds each read only, and it reads a
+    download in 10 MB chunks, so a mirror that drips 1 KiB a second held apply (and its lock) for
+    as long as the model took at that rate: each window of DOWNLOAD_WINDOW_S must now bring
+    DOWNLOAD_LEAST_RATE a second, else HttpTooSlow, which is not retried."""
+    from huggingface_hub import get_session
+
+    hooks = get_session().event_hooks
+    for kind, hook in (
+        ("request", _identity_for_api),
+        ("response", _bound_api_answer),
+        ("response", _bound_download),
+    ):
+        if hook not in hooks[kind]:
+            hooks[kind].append(hook)
+
+
+def _bound_download(response: Any) -> None:
+    if _is_api(response.request.url):
+        return
+    what = f"{response.request.url.copy_with(query=None)}"
+    stream = response.stream
+    base = next((c for c in type(stream).__mro__ if c.__name__ == "SyncByteStream"), object)
+    rated = _RATED.get(base) or _RATED.setdefault(base, type("RatedStream", (_RatedStream, base), {}))
+    response.stream = rated(stream, what)
+
+
+_RATED: dict[type, type] = {}
+
+
+class _RatedStream:
+    """A download's body that raises HttpTooSlow when a window brings less than the least rate."""
+
+    def __init__(self, stream: Any, what: str) -> None:
+        self.stream, self.what = stream, what
+
+    def __iter__(self) -> Iterator[bytes]:
+        import time
+
+        start, got = time.monotonic(), 0
+        for chunk in self.stream:
+            got += len(chunk)
+            now = time.monotonic()
+            if now - start >= DOWNLOAD_WINDOW_S:
+                if got < DOWNLOAD_LEAST_RATE * (now - start):
+                    self.close()
+                    raise HttpTooSlow(
+                        f"{self.what}: {size_text(got)} in {now - start:.0f} s, under the least rate "
+                        f"of {size_text(DOWNLOAD_LEAST_RATE)}/s (a slow or stuck hub or mirror): given up"
+                    )
+                start, got = now, 0
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 def _is_api(url: Any) -> bool:

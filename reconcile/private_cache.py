@@ -14,6 +14,8 @@ import marshal
 import os
 import stat
 
+from reconcile.safety.untrusted import walk_tree
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -187,7 +189,7 @@ def tree_stamps(tops: tuple[str, ...]) -> tuple[tuple[str, int, int, int], ...]:
     out: list[tuple[str, int, int, int]] = []
     for top in tops:
         paths = [top] if not os.path.isdir(top) else []
-        for directory, dirs, names in os.walk(top):
+        for directory, dirs, names in walk_tree(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             paths += [os.path.join(directory, n) for n in sorted(names)]
         for path in paths:

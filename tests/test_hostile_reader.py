@@ -344,13 +344,6 @@ download(Model(repo="org/toy", dir=sys.argv[1]), progress=False)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="class 4, not fixed: the hub's downloads (/resolve/) have huggingface_hub's per-read timeout "
-    "only; a mirror that sends 1 KiB/s holds apply (and the apply lock) for as long as the model takes "
-    "at that rate. Needs a rule for a download's least rate (or a deadline from its size) in the download "
-    "path, a design decision: see docs/security.md",
-)
 def test_a_mirror_that_drips_a_download_cannot_hold_apply(tmp_path: Path) -> None:
     from tests.fakes.hub_server import FakeHub
 
@@ -358,11 +351,18 @@ def test_a_mirror_that_drips_a_download_cannot_hold_apply(tmp_path: Path) -> Non
         hub.add_commit("org/toy", {"config.json": b"{}", "model.safetensors": os.urandom(4 << 20)})
         env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
         try:
-            subprocess.run(
-                [sys.executable, "-c", DRIP, str(tmp_path / "m")], env=env, timeout=30, capture_output=True
+            run = subprocess.run(
+                [sys.executable, "-c", DRIP, str(tmp_path / "m")],
+                env=env,
+                timeout=30,
+                capture_output=True,
+                text=True,
             )
         except subprocess.TimeoutExpired:
             pytest.fail("a 4 MiB download at 1 KiB/s held the download past 30 s")  # main: ~70 min
+        # given up in one window (no retry: a drip is not a transient failure), and said so
+        assert "under the least rate" in run.stderr, run.stderr
+        assert not (tmp_path / "m" / "model.safetensors").exists()
 
 
 RACER = r"""

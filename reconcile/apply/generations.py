@@ -19,6 +19,7 @@ from reconcile.host import atomic_write
 from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
+from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def read(state_dir: str, number: int, index: Mapping[str, Any] | None = None) ->
             "something else; it is not used (move it aside)"
         )
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except ValueError:
         data = None
     problem = statefiles.record_problem(data, statefiles.PROFILE_RECORD)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from reconcile.apply import generations
+from reconcile.safety.untrusted import load_json
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -62,7 +63,7 @@ def _config(state_dir: str, digest: str | None) -> dict[str, Any]:
         return {}
     data = generations.kept_config(state_dir, digest)
     try:
-        return _flat(json.loads(data)) if data is not None else {"(kept bytes)": "missing"}
+        return _flat(load_json(data)) if data is not None else {"(kept bytes)": "missing"}
     except ValueError:
         return {"(config.json)": f"not JSON, sha256 {digest[:12]}"}
 

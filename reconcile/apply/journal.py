@@ -17,6 +17,7 @@ from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir, parent_problem
+from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def read_generation(state_dir: str, number: int) -> dict[str, Any]:
             f"{path}: not verified ({why} in {INDEX}): reconcile uses only generation records it wrote"
         )
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except ValueError as exc:
         raise UnverifiedGeneration(f"{path}: not valid JSON ({exc})") from None
     problem = check_record(data)

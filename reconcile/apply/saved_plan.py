@@ -12,6 +12,7 @@ import os
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.plan.records import Plan
+from reconcile.safety.untrusted import load_json
 from reconcile.spec.loaded import LoadedSpec
 
 TYPE_CHECKING = False
@@ -74,7 +75,7 @@ def read_plan_file(path: str) -> tuple[str, dict[str, Any]]:
         raw = read_trusted(path, path, missing_ok=True, fix=FIX)
         if raw is None:
             raise ReconcileError(f"{path}: no such plan file (make one with `reconcile plan --out {path}`)")
-        saved = json.loads(raw)
+        saved = load_json(raw)
         spec_path = saved["spec_path"]
     except (ValueError, KeyError, TypeError):
         raise ReconcileError(f"{path}: not a plan file written by `reconcile plan --out`") from None

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterator
 
 from reconcile.host import atomic_symlink, atomic_write
 from reconcile.safety.filesafety import ensure_dir, open_dir
+from reconcile.safety.untrusted import load_json, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def is_realization(path: str, store: str) -> bool:
 def read_manifest(path: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
-            data = json.load(f)
+            data = load_json(f.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -128,7 +129,7 @@ def link_profile(profile: str, target: str) -> str | None:
 
 
 def _files(root: str) -> Iterator[tuple[str, os.stat_result]]:
-    for directory, dirs, names in os.walk(root):
+    for directory, dirs, names in walk_tree(root):
         dirs.sort()
         for name in sorted(names):
             path = os.path.join(directory, name)
@@ -200,7 +201,7 @@ def disk_usage(paths: Collection[str]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for root in paths:
-        for directory, dirs, names in os.walk(root):
+        for directory, dirs, names in walk_tree(root):
             for name in [*dirs, *names]:
                 with contextlib.suppress(OSError):
                     st = os.lstat(os.path.join(directory, name))

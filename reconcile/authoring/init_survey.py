@@ -8,7 +8,6 @@ running vLLM that reconcile did not start becomes a commented block, since manag
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import socket
@@ -19,6 +18,7 @@ from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 from reconcile.record import Record
 from reconcile.safety.sensitive import is_secret_name
+from reconcile.safety.untrusted import load_json
 
 VENV_GLOBS = (
     "/opt/*/bin/vllm",
@@ -96,7 +96,7 @@ def _value(text: str) -> Any:
         return float(text)
     if text.startswith("{"):
         try:
-            data = json.loads(text)
+            data = load_json(text)
             if isinstance(data, dict):
                 return data
         except ValueError:

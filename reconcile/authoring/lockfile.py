@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 from reconcile.record import Record
+from reconcile.safety.untrusted import load_json
 from reconcile.spec.pins import FORMAT, floating_model, floating_packages, lock_path, read_lock
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def available_versions(venv: Venv, name: str, python: str | None) -> list[str]:
         )
     text = done.stdout.strip()
     if text.startswith("{"):
-        return [str(v) for v in json.loads(text).get("versions", [])]
+        return [str(v) for v in load_json(text).get("versions", [])]
     m = re.search(r"^Available versions: (.*)$", text, re.M)
     if m is None:
         raise ReconcileError(f"pip index versions {name}: unexpected output: {text[:200]}")

@@ -6,7 +6,6 @@ Called by the planner. The config the rules judge is the one the server will rea
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from types import ModuleType
@@ -17,7 +16,7 @@ from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
-from reconcile.safety.untrusted import JSON_LIMIT, read_regular
+from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular, walk_tree
 from reconcile.spec.provenance import outside, read_confined
 
 TYPE_CHECKING = False
@@ -34,12 +33,12 @@ def _read_json(path: str, within: str | None = None) -> Mapping[str, Any] | None
     if within is not None:
         try:
             raw = read_confined(path, path, within, missing_ok=True)
-            data = None if raw is None else json.loads(raw)
+            data = None if raw is None else load_json(raw)
         except (ReconcileError, ValueError):
             return None
         return data if isinstance(data, dict) else None
     try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
-        data = json.loads(read_regular(path, JSON_LIMIT, follow=True))
+        data = load_json(read_regular(path, JSON_LIMIT, follow=True))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -167,7 +166,7 @@ def _weights_before_download(
 def _sizes(root: str, within: str | None = None) -> dict[str, int]:
     """Each file's size; `within` (validate): a file that links out of that repository is left out."""
     out: dict[str, int] = {}
-    for dirpath, dirs, names in os.walk(root):
+    for dirpath, dirs, names in walk_tree(root):
         dirs[:] = [d for d in dirs if d != ".cache"]
         for n in names:
             full = os.path.join(dirpath, n)

@@ -235,12 +235,11 @@ def source_config(model: Model) -> dict[str, Any]:
     """The top-level keys of `[model] source`'s config.json ({} without a local source, or unreadable)."""
     if not model.source:
         return {}
-    import json
 
-    from reconcile.safety.untrusted import JSON_LIMIT, read_regular
+    from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular
 
     try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
-        data = json.loads(read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, follow=True))
+        data = load_json(read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, follow=True))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

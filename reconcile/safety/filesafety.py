@@ -14,7 +14,7 @@ import stat
 from collections.abc import Collection, Iterator
 
 from reconcile.errors import ReconcileError
-from reconcile.safety.untrusted import kind
+from reconcile.safety.untrusted import kind, walk_tree
 
 PRIVATE_DIR = 0o700  # state_dir, generations/: only root (or the deployment user) reads them
 PRIVATE_FILE = 0o600  # every state file: generations, reports, the index
@@ -240,7 +240,7 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     if entries == 0 or not stat.S_ISDIR(st.st_mode):
         return None
     real = os.path.realpath(path)
-    for top, dirs, files in os.walk(real):
+    for top, dirs, files in walk_tree(real):
         depth = top[len(real) :].count(os.sep) + 1
         for name in sorted(dirs + files):
             entry = os.path.join(top, name)

@@ -10,7 +10,6 @@ print the lines (take_notes). No other module opens or parses a state file.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 import time
@@ -32,7 +31,7 @@ from reconcile.safety.shapes import (
     Scalar,
     Shape,
 )
-from reconcile.safety.untrusted import kind
+from reconcile.safety.untrusted import kind, load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -186,7 +185,7 @@ def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) ->
     if raw is None:
         return None, None
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except ValueError:  # UnicodeDecodeError included
         return None, _aside(path, "was not JSON", then)
     problem = shape.problem(data, "")
@@ -332,7 +331,7 @@ def parse_lock_holder(raw: bytes) -> dict[str, Any] | None:
     """The holder an apply wrote into apply.lock; None when empty or not one (the lock is the flock,
     not this text: a regular apply.lock is never moved aside, a live apply may hold it)."""
     try:
-        data = json.loads(raw)
+        data = load_json(raw)
     except ValueError:
         return None
     return data if LOCK_HOLDER.problem(data, "") is None else None

@@ -15,7 +15,8 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from typing import Any
 
 KEY_LIMIT = 64 * 1024  # an API key or a secret_files token: a few dozen bytes
 JSON_LIMIT = 64 << 20  # config.json, the download record (≈200 bytes a file: 300,000 files)
@@ -71,12 +72,16 @@ def reduced_mode(st_mode: int) -> int:
     return mode if st_mode & 0o004 else mode & 0o700
 
 
-def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_result]:
+def open_regular(
+    path: str, *, follow: bool = False, inside: Sequence[str] = ()
+) -> tuple[int, os.stat_result]:
     """An fd (blocking again, close-on-exec) of the regular file at `path`, and its fstat.
 
     Checked before the open (a device's open can act, a FIFO's can wait) and after it on the fd:
     the file opened is the one checked. `follow` = False: a symlink at `path` is refused (O_NOFOLLOW);
     True is for a name whose links the caller has already judged (a source tree's allowed links).
+    `inside` (real directories): the file opened must lie below one of them, judged on the fd itself
+    (the kernel's name for it), so a link put in place of a judged name since is refused, not read.
     Raises NotRegular, or the OSError of the open (FileNotFoundError for a missing file)."""
     before = os.stat(path) if follow else os.lstat(path)
     if (what := not_regular(before.st_mode)) is not None:
@@ -94,11 +99,57 @@ def open_regular(path: str, *, follow: bool = False) -> tuple[int, os.stat_resul
             raise NotRegular(path, what)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             raise NotRegular(path, "replaced while it was opened")
+        if inside and not _below(os.readlink(f"/proc/self/fd/{fd}"), inside):
+            raise NotRegular(path, "a link leading out of its tree (changed since it was listed)")
         os.set_blocking(fd, True)  # a regular file never blocks; what we hand on behaves as a plain open
     except BaseException:
         os.close(fd)
         raise
     return fd, st
+
+
+def walk_tree(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """`os.walk(top)` without recursion: top-down, the caller may prune or sort `dirs` in place, a
+    link to a directory is listed and not entered, an unreadable directory is passed over. Python
+    3.11's os.walk recurses once a level, and the owner of a tree (a model source) can nest it past
+    the interpreter's limit well within PATH_MAX (1,100 levels of `a/`): RecursionError, a crash on
+    every plan."""
+    stack = [top]
+    while stack:
+        here = stack.pop()
+        dirs: list[str] = []
+        files: list[str] = []
+        enter: set[str] = set()
+        try:
+            with os.scandir(here) as entries:
+                for entry in entries:
+                    try:
+                        is_dir = entry.is_dir()
+                        if is_dir and not entry.is_symlink():
+                            enter.add(entry.name)
+                    except OSError:
+                        is_dir = False
+                    (dirs if is_dir else files).append(entry.name)
+        except OSError:
+            continue
+        yield here, dirs, files
+        stack.extend(os.path.join(here, d) for d in reversed(dirs) if d in enter)
+
+
+def _below(real: str, tops: Sequence[str]) -> bool:
+    return any(real == top or real.startswith(top.rstrip("/") + "/") for top in tops)
+
+
+def load_json(raw: str | bytes) -> Any:
+    """`json.loads` for data from outside reconcile or from its state files: ValueError for anything
+    that is not JSON, nesting past the parser's recursion limit included (`[[[[...`, well inside any
+    read cap, makes json raise RecursionError, which no caller expects: a crash on every plan)."""
+    import json
+
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def read_regular(path: str, limit: int, *, follow: bool = False) -> bytes:

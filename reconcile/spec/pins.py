@@ -13,6 +13,7 @@ import os
 import re
 
 from reconcile.errors import ReconcileError
+from reconcile.safety.untrusted import load_json
 from reconcile.spec.provenance import read_confined, read_trusted
 
 TYPE_CHECKING = False
@@ -61,7 +62,7 @@ def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = load_json(raw.decode("utf-8"))
     except ValueError as exc:  # UnicodeDecodeError too
         raise ReconcileError(
             f"{path}: not a lock file ({exc}); run `reconcile lock` to write it again"
