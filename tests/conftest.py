@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,16 @@ def _umask_022() -> Iterator[None]:
     old = os.umask(0o022)
     yield
     os.umask(old)
+
+
+@pytest.fixture
+def yard() -> Iterator[Path]:
+    """A root-owned 0755 directory under /var/tmp that `nobody` can reach, so a test's attacker acts
+    there as itself (setpriv): pytest's tmp_path is 0700. Removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="reconcile-yard-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -10,9 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +23,6 @@ __all__ = ["demo", "tree"]  # the fixtures, from the network attacks and the sou
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
-
-
-@pytest.fixture
-def yard() -> Iterator[Path]:
-    """A root-owned 0755 directory under /var/tmp that `nobody` can reach (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="reconcile-hostile-", dir="/var/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def nobody_runs(script: str) -> None:

@@ -9,12 +9,9 @@ link could be re-pointed between the preflight and the exec. Real users, links a
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,26 +37,14 @@ def tattler(path: Path, mark: Path, then: str) -> None:
     path.chmod(0o755)
 
 
-@pytest.fixture
-def open_base() -> Iterator[Path]:
-    """A root directory (0755) outside pytest's 0700 tmp, so that `nobody` can reach its own
-    directory inside it and act there as itself (setpriv)."""
-    base = Path(tempfile.mkdtemp(prefix="reconcile-attack-", dir="/var/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
 def as_nobody(*argv: str) -> None:
     subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv], check=True, timeout=30
     )
 
 
-def test_an_executable_behind_a_link_in_nobodys_dir_never_runs_nobodys_code(
-    seeded: Demo, open_base: Path
-) -> None:
-    theirs = nobodys_dir(open_base / "theirs")
+def test_an_executable_behind_a_link_in_nobodys_dir_never_runs_nobodys_code(seeded: Demo, yard: Path) -> None:
+    theirs = nobodys_dir(yard / "theirs")
     link = theirs / "bin"
     as_nobody("ln", "-s", str(FAKE_VLLM.parent), str(link))  # at plan time: root's own fake vllm
     seeded.write_spec(lambda doc: doc["server"].__setitem__("executable", str(link / "vllm")))
@@ -393,13 +378,13 @@ def test_every_path_the_spec_names_is_refused_in_nobodys_directory(
 
 
 def test_a_link_nobody_flips_during_apply_never_gets_root_to_run_its_program(
-    seeded: Demo, open_base: Path
+    seeded: Demo, yard: Path
 ) -> None:
     """The race, as nobody runs it: the link flips between root's directory and nobody's as fast as
     `mv -T` goes, while root applies. The code before the layer checked the resolved target at plan
     time and again in apply's preflight, then exec'd the name: on 34c0b95 root ran nobody's program
     on the 10th apply (uid 0 in the mark). Now the link's own directory is nobody's: refused, always."""
-    theirs = nobodys_dir(open_base / "theirs")
+    theirs = nobodys_dir(yard / "theirs")
     link, evil = theirs / "bin", theirs / "evil"
     as_nobody("mkdir", str(evil))
     mark = seeded.root / "ran-as"

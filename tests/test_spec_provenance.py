@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 REPO = Path(__file__).resolve().parent.parent
 MARKER = "outside-marker-7f3a9c"  # a value of a file outside the fleet repository
-
-
-@pytest.fixture
-def yard() -> Iterator[Path]:
-    """A root-owned 0755 directory under /tmp that `nobody` can reach (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="reconcile-provenance-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
