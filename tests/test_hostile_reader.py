@@ -58,13 +58,8 @@ def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("how", ["config 0666", "config nobody's"])
-def test_a_spec_repository_config_others_can_write_never_makes_root_run_a_program(
-    yard: Path, how: str
-) -> None:
-    """The spec and every directory above it are root's (provenance passes), but the repository's
-    `.git/config` is writable by nobody. `plan` runs `git status` on the spec's repository as root:
-    `core.fsmonitor` in that config is a program git runs."""
+def committed_spec(yard: Path) -> tuple[Path, Path]:
+    """A git repository under `yard`, root's, with the spec committed: (repository, spec)."""
     repo = yard / "fleet"
     repo.mkdir()
     git(repo, "init", "-q")
@@ -72,6 +67,17 @@ def test_a_spec_repository_config_others_can_write_never_makes_root_run_a_progra
     spec.write_text(spec_text(yard))
     git(repo, "add", "spec.toml")
     git(repo, "-c", "user.name=r", "-c", "user.email=r@x", "commit", "-qm", "spec")
+    return repo, spec
+
+
+@pytest.mark.parametrize("how", ["config 0666", "config nobody's"])
+def test_a_spec_repository_config_others_can_write_never_makes_root_run_a_program(
+    yard: Path, how: str
+) -> None:
+    """The spec and every directory above it are root's (provenance passes), but the repository's
+    `.git/config` is writable by nobody. `plan` runs `git status` on the spec's repository as root:
+    `core.fsmonitor` in that config is a program git runs."""
+    repo, spec = committed_spec(yard)
     commit = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout
@@ -445,13 +451,7 @@ def test_a_path_entry_another_user_writes_never_supplies_a_program_root_runs(yar
     """reconcile runs git, pip's helpers, apt-get, systemctl, nvidia-smi... by name, through PATH.
     A PATH entry nobody can write (a directory of theirs in an operator's or a unit's PATH) put
     nobody's `git` in root's plan: main ran it as root."""
-    repo = yard / "fleet"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    spec = repo / "spec.toml"
-    spec.write_text(spec_text(yard))
-    git(repo, "add", "spec.toml")
-    git(repo, "-c", "user.name=r", "-c", "user.email=r@x", "commit", "-qm", "spec")
+    _, spec = committed_spec(yard)
     theirs = tattler(yard / "theirs")
     nobody_runs(f"mv {theirs} {theirs.parent}/git")
     argv = [sys.executable, "-m", "reconcile", "plan", "--spec", str(spec)]
