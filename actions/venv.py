@@ -442,11 +442,15 @@ def _install_closure(
     ]
     if wrong:
         raise ActionError(f"{installer} finished but {'; '.join(wrong)} (the lock's closure says otherwise)")
+    own = {_norm(n) for n in venv.packages}
+    moved = sorted((n for n in todo if _norm(n) in after), key=lambda n: _norm(n) not in own)
     changes = [
         f"{n} {before[_norm(n)]} -> {after[_norm(n)]}" if _norm(n) in before else f"{n} {after[_norm(n)]}"
-        for n in todo
-        if _norm(n) in after
+        for n in moved
     ]
-    shown = ", ".join(changes)
+    others = len([n for n in moved if _norm(n) not in own])
+    if others > 3:  # a vLLM closure is ~150: the spec's own packages, and a count of the rest
+        changes = [*changes[: len(changes) - others], f"{others} more from the lock"]
+    shown = ", ".join(changes) or "(nothing new)"
     what = f"the lock's closure ({len(locked)}, hashes checked)"
     return ActionResult(True, f"installed {what} with {installer}: {shown}")

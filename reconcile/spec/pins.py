@@ -205,8 +205,9 @@ def apply_lock_pins(loaded: LoadedSpec, within: str | None = None) -> LoadedSpec
 
 
 def lock_notes(loaded: LoadedSpec) -> list[str]:
-    """A plan note when the lock is older than the spec: entries for a specifier the spec no longer
-    has, or floating entries it does not pin. Works on the spec before or after `apply_lock_pins`."""
+    """A plan note when the lock is older than the spec: a closure made for other packages (or another
+    Python or platform), entries for a specifier the spec no longer has, or floating entries it does
+    not pin. Works on the spec before or after `apply_lock_pins`."""
     path = lock_path(loaded)
     try:
         lock = read_lock(path)
@@ -215,14 +216,15 @@ def lock_notes(loaded: LoadedSpec) -> list[str]:
     if lock is None:
         return []
     spec, stale = loaded.spec, []
-    for name, entry in (lock.get("packages") or {}).items():
+    misfit = closure_misfit(lock, spec)
+    for name, entry in (lock.get("packages") or {}).items() if misfit is None else ():
         have = spec.venv.packages.get(name) if spec.venv is not None else None
         if have not in (entry.get("specifier"), f"=={entry.get('version')}"):
             stale.append(f"{name} is {have or 'gone'} (locked for {entry.get('specifier')})")
     stale += [
         f"{name} {s} is not locked"
         for name, s in floating_packages(spec).items()
-        if name not in (lock.get("packages") or {})
+        if name not in (lock.get("packages") or {}) and misfit is None  # else the misfit names it
     ]
     m, want = lock.get("model") or {}, spec.model
     if m and (
@@ -236,7 +238,7 @@ def lock_notes(loaded: LoadedSpec) -> list[str]:
         )
     elif not m and floating_model(spec):
         stale.append("the model's revision is not locked")
-    if (misfit := closure_misfit(lock, spec)) is not None:
+    if misfit is not None:
         stale.append(f"{misfit}: the dependency closure is not locked")
     if not stale:
         return []
