@@ -23,7 +23,7 @@ import pytest
 from actions import venv as venv_action
 from reconcile.apply.store import realize
 from reconcile.cli import main
-from reconcile.errors import ActionError
+from reconcile.errors import ActionError, ReconcileError
 from reconcile.spec.loader import load_spec
 from reconcile.spec.models import Venv
 from reconcile.spec.pins import apply_lock_pins
@@ -304,3 +304,18 @@ def test_a_closure_written_in_the_spec_itself_is_refused(
     assert "[venv].closure is written by `reconcile lock` into box.lock, not in a spec: remove it" in (
         capsys.readouterr().err
     )
+
+
+def test_a_lock_line_that_smuggles_an_installer_option_is_refused(tmp_path: Path) -> None:
+    """The closure becomes a requirements file root installs from: a line carrying a second line
+    (`--index-url`, `-e`) would steer pip or uv elsewhere, so only `name==version --hash=...` passes."""
+    spec = write_spec(tmp_path, wheelhouse(tmp_path))
+    assert main(["lock", "--spec", str(spec)]) == 2
+    lock = lock_of(spec)
+    first = lock["closure"]["requirements"][0]
+    for smuggled in (f"{first}\n--index-url {CLOSED}/simple", f"{first} --index-url {CLOSED}/simple"):
+        lock["closure"]["requirements"][0] = smuggled
+        spec.with_suffix(".lock").write_text(json.dumps(lock, indent=2))
+
+        with pytest.raises(ReconcileError, match="is not a locked distribution"):
+            apply_lock_pins(load_spec(str(spec)))
