@@ -319,3 +319,23 @@ def test_a_lock_line_that_smuggles_an_installer_option_is_refused(tmp_path: Path
 
         with pytest.raises(ReconcileError, match="is not a locked distribution"):
             apply_lock_pins(load_spec(str(spec)))
+
+
+def test_a_closure_of_the_wrong_shape_names_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path, wheelhouse(tmp_path))
+    assert main(["lock", "--spec", str(spec)]) == 2
+    lock = lock_of(spec)
+    lock["closure"]["for"] = {"packages": ["toyserve"]}  # a list where a table of specifiers belongs
+    text = json.dumps(lock, indent=2, sort_keys=True)
+    spec.with_suffix(".lock").write_text(text)
+    line = next(n for n, ln in enumerate(text.splitlines(), 1) if '"closure"' in ln)
+    capsys.readouterr()
+
+    assert main(["plan", "--spec", str(spec)]) == 1
+
+    assert capsys.readouterr().err == (
+        f"reconcile: {spec.with_suffix('.lock')}:{line}: a damaged closure; "
+        "run `reconcile lock` to write it again\n"
+    )

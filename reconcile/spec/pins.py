@@ -78,7 +78,14 @@ def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
     closure = data.get("closure")
     if closure is not None:
         lines = closure.get("requirements") if isinstance(closure, dict) else None
-        if not isinstance(lines, list) or not isinstance(closure.get("for"), dict):
+        made_for = closure.get("for") if isinstance(closure, dict) else None
+        asked = made_for.get("packages") if isinstance(made_for, dict) else None
+        if (
+            not isinstance(lines, list)
+            or not isinstance(asked, dict)
+            or not all(isinstance(v, str) for v in asked.values())
+            or not all(isinstance(closure.get(k, ""), str) for k in ("python", "platform"))
+        ):
             line = _line_of(text, '"closure"')
             raise ReconcileError(f"{path}:{line}: a damaged closure; {fix}")
         for entry in lines:
