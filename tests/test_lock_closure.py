@@ -339,3 +339,21 @@ def test_a_closure_of_the_wrong_shape_names_its_line(
         f"reconcile: {spec.with_suffix('.lock')}:{line}: a damaged closure; "
         "run `reconcile lock` to write it again\n"
     )
+
+
+def test_a_no_deps_spec_locks_exactly_its_list_with_hashes_and_installs_it(tmp_path: Path) -> None:
+    """The lab's shape: `no_deps = true` and an explicit, complete list (uv's requirements output has
+    no hashes under --no-deps; its pylock.toml answer does)."""
+    wheels = wheelhouse(tmp_path)
+    spec = write_spec(tmp_path, wheels, packages='toyserve = "==1.0", toydep = "==1.0"')
+    spec.write_text(spec.read_text() + "no_deps = true\n")
+
+    assert main(["lock", "--spec", str(spec)]) == 2
+
+    assert lock_of(spec)["closure"]["requirements"] == [
+        f"toydep==1.0 --hash=sha256:{sha256(wheels / 'toydep-1.0-py3-none-any.whl')}",
+        f"toyserve==1.0 --hash=sha256:{sha256(wheels / 'toyserve-1.0-py3-none-any.whl')}",
+    ]
+    assert main(["apply", "--spec", str(spec)]) == 2
+    assert installed(tmp_path) == {"toyserve": "1.0", "toydep": "1.0"}
+    assert main(["plan", "--spec", str(spec)]) == 0

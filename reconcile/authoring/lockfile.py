@@ -1,9 +1,10 @@
 """`reconcile lock`: resolve what floats in a spec (the venv's whole dependency closure, the model's
 branch) and write `specs/<name>.lock`, which `reconcile.spec.pins` reads back.
 
-Called by the CLI's lock command. The closure is uv's resolution (`uv pip compile --generate-hashes`)
-against the spec's own sources, for the venv's interpreter: every distribution at one version with
-the sha256 of each file it may come as; the model's commit comes from the hub's API.
+Called by the CLI's lock command. The closure is uv's resolution (`uv pip compile --format
+pylock.toml --generate-hashes`, PEP 751) against the spec's own sources, for the venv's interpreter:
+every distribution at one version with the sha256 of each file it may come as, kept as pip's and uv's
+hash-checking requirement lines; the model's commit comes from the hub's API.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
@@ -92,18 +94,28 @@ def target_interpreter(venv: Venv) -> tuple[str, str, str]:
     return os.path.realpath(found), words[0], words[1]
 
 
-def parse_requirements(text: str) -> list[str]:
-    """uv's `--generate-hashes` output as one `name==version --hash=sha256:...` line per distribution."""
+def parse_pylock(text: str) -> list[str]:
+    """uv's PEP 751 `pylock.toml` answer as one `name==version --hash=sha256:...` line per
+    distribution: the sha256 of every wheel and sdist it lists for that version."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        doc: dict[str, Any] = tomllib.loads(text)
+    else:  # 3.10: the spec's own TOML parser
+        import tomlkit
+
+        doc = tomlkit.parse(text).unwrap()
     entries = []
-    for line in text.replace("\\\n", " ").splitlines():
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        entry = " ".join([words[0].lower(), *sorted(w for w in words[1:] if w.startswith("--hash="))])
-        if not re.fullmatch(LOCKED, entry):
+    for package in doc.get("packages") or []:
+        files = [*(package.get("wheels") or []), *([package["sdist"]] if package.get("sdist") else [])]
+        hashes = sorted(
+            {f"--hash=sha256:{f['hashes']['sha256']}" for f in files if "sha256" in f.get("hashes", {})}
+        )
+        entry = " ".join([f"{_norm(str(package.get('name')))}=={package.get('version')}", *hashes])
+        if not package.get("version") or not re.fullmatch(LOCKED, entry):
             raise ReconcileError(
-                f"uv pip compile gave {line.strip()[:120]!r}, not name==version with sha256 hashes: "
-                "a source without hashes, or a direct URL, cannot be locked"
+                f"uv's resolution has {package.get('name')} {package.get('version') or '(no version)'} "
+                "without sha256 hashes: a direct URL, a directory or a source without hashes cannot be locked"
             )
         entries.append(entry)
     return sorted(entries)
@@ -120,8 +132,8 @@ def compile_closure(venv: Venv, python: str) -> list[str]:
         text = "".join(f"{n}{'' if s == '*' else s}\n" for n, s in venv.packages.items())
         atomic_write(wanted, text.encode(), mode=0o600)
         argv = [
-            uv, "pip", "compile", wanted, "--generate-hashes", "--python", python,
-            "--no-header", "--no-annotate", "--no-progress", "--color", "never",
+            uv, "pip", "compile", wanted, "--format", "pylock.toml", "--generate-hashes",
+            "--python", python, "--no-header", "--no-progress", "--color", "never",
             "--refresh",  # what the sources offer today, not uv's cached index pages (revalidated)
             *(["--no-deps"] if venv.no_deps else []), *_source_args(venv),
         ]  # fmt: skip
@@ -140,7 +152,7 @@ def compile_closure(venv: Venv, python: str) -> list[str]:
                 + (" ".join(lines[-4:]) or f"exit {done.returncode}")
             )
         )
-    return parse_requirements(done.stdout)
+    return parse_pylock(done.stdout)
 
 
 def _versions(lines: list[str]) -> dict[str, str]:
