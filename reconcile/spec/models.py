@@ -35,6 +35,7 @@ from reconcile.spec.values import (
     apt_word,
     env_name,
     flag_names,
+    locked_line,
     no_bool,
     own_dir,
     package_name,
@@ -219,6 +220,17 @@ class Venv(_Model):
         dict[PackageName, VersionSpec],
         Expect("a table", 'name = "version specifier" pairs, e.g. { vllm = ">=0.26", ninja = "*" }'),
     ] = Field(default_factory=dict, description='Distribution -> version specifier ("*" for any).')
+    closure: list[
+        Annotated[
+            str,
+            AfterValidator(locked_line),
+            Expect("a locked distribution", '"name==version --hash=sha256:<64 hex>"'),
+        ]
+    ] = Field(
+        default_factory=list,
+        description="Not written in a spec: plan and apply fill it in from the lock file (`reconcile lock`): "
+        "every distribution of the dependency closure, installed with hash checking.",
+    )
     wheelhouse: ReadPath | None = Field(
         None, description="Install offline from this directory (--no-index --find-links)."
     )
