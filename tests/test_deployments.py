@@ -24,11 +24,13 @@ from reconcile.ownership.membership import scope_of
 from reconcile.spec.deployments import deployments
 from reconcile.spec.loader import load_spec
 from tests.apply_support import DEMO_MODEL, copy_venv, seed_venv
+from tests.test_ansible import ansible_playbook, collections, playbook
 from tests.test_server_support import FAKE_VLLM, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 MULTI_SPEC = REPO / "specs" / "cpu-demo-multi.toml"
 NAMES = ("chat", "draft")
+__all__ = ["collections"]  # the fixture: the reconcile.vllm collection built and installed
 
 
 @dataclass
@@ -260,3 +262,19 @@ def test_a_spec_of_today_is_the_one_deployment_named_default(tmp_path: Path) -> 
     argv = [sys.executable, "-m", "reconcile", "plan", "--spec", str(demo), "--deployment", "other"]
     wrong = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert wrong.returncode == 1 and "no deployment 'other' (the spec has: default)" in wrong.stderr
+
+
+@pytest.mark.slow
+def test_the_ansible_module_lists_every_deployment_in_its_facts(collections: Path, multi: Multi) -> None:
+    out = ansible_playbook(collections, playbook(multi, multi.spec_path))  # type: ignore[arg-type]
+    result = out["result"]
+    assert out["rc"] == 0 and result["changed"] is True, result.get("msg") or result
+    facts = result["ansible_facts"]["reconcile"]
+    assert set(facts["deployments"]) == set(NAMES) and facts["converged"] is True
+    assert all(d["converged"] and d["generation"] == 1 for d in facts["deployments"].values())
+    assert {r["deployment"] for r in result["results"] if r["resource"] == "server"} == set(NAMES)
+    assert result["generation"] == {"chat": 1, "draft": 1}
+
+    multi.write(_shared_gpu(0.6))
+    refused = ansible_playbook(collections, playbook(multi, multi.spec_path))  # type: ignore[arg-type]
+    assert refused["rc"] != 0 and "GPU 0: gpu-memory-utilization sums to 1.2" in refused["result"]["msg"]
