@@ -278,3 +278,20 @@ def test_the_ansible_module_lists_every_deployment_in_its_facts(collections: Pat
     multi.write(_shared_gpu(0.6))
     refused = ansible_playbook(collections, playbook(multi, multi.spec_path))  # type: ignore[arg-type]
     assert refused["rc"] != 0 and "GPU 0: gpu-memory-utilization sums to 1.2" in refused["result"]["msg"]
+
+
+def test_validate_refuses_an_over_subscribed_gpu_in_the_fleet_repository(tmp_path: Path) -> None:
+    """The CI check of a fleet repository sees the per-GPU sum before any machine does."""
+    text = MULTI_SPEC.read_text().replace("gpu-memory-utilization = 0.4", "gpu-memory-utilization = 0.6")
+    text = text.replace("{spec_dir}/../tests/fakes/vllm", "/usr/bin/true")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "box.toml").write_text(
+        text.replace('source = "{spec_dir}/demo-model"', 'repo = "o/m"')
+    )
+    argv = [sys.executable, "-m", "reconcile", "validate", str(tmp_path / "specs")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert (
+        "error memory.shared_gpu: GPU 0: gpu-memory-utilization sums to 1.2 = 0.6 (chat) + 0.6 (draft)"
+        in (run.stdout + run.stderr)
+    )
