@@ -369,11 +369,25 @@ DeploymentName = Annotated[
 GpuIndex = Annotated[int, BeforeValidator(no_bool), Field(ge=0), Expect("a GPU index", "an integer from 0")]
 
 
+class DeploymentServer(Server):
+    # Filled in with the deployment's name before validation (Spec._deployment_names): editors
+    # (`reconcile schema --json`) must not ask for it.
+    name: Annotated[
+        str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
+    ] = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Server name (marker, unit); default: the deployment's name.",
+    )
+
+
 class Deployment(_Model):
     venv: Venv | None = Field(None, description="Its Python environment (None: the machine's [venv]).")
     model: Model | None = Field(None, description="Its model's files and config.json patch.")
     api_key: ApiKey | None = Field(None, description="Its API key file (None: the machine's [api_key]).")
-    server: Server = Field(description="Its `vllm serve` process (name: the deployment's by default).")
+    server: DeploymentServer = Field(
+        description="Its `vllm serve` process (name: the deployment's by default)."
+    )
     gpus: list[GpuIndex] | None = Field(
         None,
         description="The GPUs it may use, by index (CUDA_VISIBLE_DEVICES); None: every GPU. The preflight "
