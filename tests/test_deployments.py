@@ -295,3 +295,17 @@ def test_validate_refuses_an_over_subscribed_gpu_in_the_fleet_repository(tmp_pat
         "error memory.shared_gpu: GPU 0: gpu-memory-utilization sums to 1.2 = 0.6 (chat) + 0.6 (draft)"
         in (run.stdout + run.stderr)
     )
+
+
+def test_pausing_the_machine_holds_every_deployments_scheduled_apply(multi: Multi) -> None:
+    paused = multi.cli("pause", "--reason", "moving racks")
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    held = multi.cli("apply", "--scheduled")
+    assert held.returncode == 0, held.stdout + held.stderr
+    assert held.stdout.count("not applied: paused by") == 2 and "moving racks" in held.stdout
+    assert not list(multi.state_dir.glob("deployments/*/*.pid"))
+    status = json.loads(multi.cli("status", "--json").stdout)
+    assert all("moving racks" in d["pause"]["text"] for d in status["deployments"].values())
+    assert multi.cli("resume").returncode == 0
+    ran = multi.cli("apply", "--scheduled")
+    assert ran.returncode == 2 and {multi.pid("chat"), multi.pid("draft")}, ran.stdout + ran.stderr

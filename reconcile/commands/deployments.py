@@ -317,6 +317,12 @@ def status_all(args: Args, loaded: LoadedSpec, stream: TextIO) -> int:
     for d in views(loaded, wanted(args)):
         view, held = with_hold(d.loaded)
         reports.append((d.name, status_of(view), held))
+    from reconcile.unattended.pause import read_pause
+
+    machine = read_pause(loaded.spec.machine.state_dir)  # the machine's pause holds every deployment
+    for _, report, _ in reports:
+        if report.pause is None and machine is not None:
+            report.pause = machine.as_data() | {"text": machine.describe()}
     found = [f for f in cross(deployments(loaded)) if f.severity != "info"]
     for f in found:
         reports[0][1].findings.insert(0, {"rule": f.rule, "severity": f.severity, "message": f.message})
