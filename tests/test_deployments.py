@@ -175,7 +175,17 @@ def test_two_deployments_converge_serve_through_their_keys_and_a_change_restarts
     check = multi.cli("check")
     assert check.returncode == 0 and check.stdout.count("passed") == 2, check.stdout
     history = multi.cli("history")
-    assert history.returncode == 1 and "name one with --deployment NAME" in history.stderr
+    assert history.returncode == 0 and history.stdout.count("── deployment") == 2, history.stdout
+    assert history.stdout.index("── deployment chat") < history.stdout.index("── deployment draft")
+    rollback = multi.cli("rollback", "1", "--auto-approve")
+    assert rollback.returncode == 1 and "name one with --deployment NAME" in rollback.stderr
+    # Rollback of one deployment: draft back to generation 1 (max-num-seqs 2), chat untouched.
+    chat = multi.pid("chat")
+    back = multi.cli("rollback", "1", "--deployment", "draft", "--auto-approve")
+    assert back.returncode in (0, 2), back.stdout + back.stderr
+    assert _flag(multi.pid("draft"), "--max-num-seqs") == "2" and multi.pid("chat") == chat
+    held = multi.cli("plan")
+    assert held.returncode == 0 and "held at generation 1 by rollback" in held.stdout, held.stdout
 
 
 def _shared_gpu(share: float) -> Any:

@@ -15,7 +15,27 @@ if TYPE_CHECKING:
 def cmd_history(args: Args) -> int:
     from reconcile.apply.history import render_history
 
+    if getattr(args, "deployment", None) is None:
+        every = _every_deployment(args)
+        if every is not None:  # a spec with [deployments]: each one's generations, by name
+            codes = []
+            for name, state_dir in every:
+                sys.stdout.write(f"── deployment {name}\n")
+                codes.append(render_history(state_dir, sys.stdout))
+            return max(codes)
     return render_history(spec_state_dir(args, one=True), sys.stdout)
+
+
+def _every_deployment(args: Args) -> list[tuple[str, str]] | None:
+    from reconcile.spec.cache import load
+    from reconcile.spec.loaded import find_spec
+
+    loaded = load(find_spec(args.spec))
+    if not getattr(loaded.spec, "deployments", None):
+        return None
+    from reconcile.spec.deployments import deployments
+
+    return [(d.name, d.loaded.spec.machine.state_dir) for d in deployments(loaded)]
 
 
 def cmd_diff(args: Args) -> int:
