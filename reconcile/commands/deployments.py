@@ -79,7 +79,8 @@ def cross(every: list[Deployment], plans: dict[str, Plan] | None = None) -> list
 
         seen = probe_some(every[0].loaded.spec, ("gpu",)).gpu
         inventory = seen if isinstance(seen, GpuInventory) else None
-    return cross_findings(every, inventory, _ours(every))
+    # Whose GPU memory is ours matters only where NVML lists processes (a /proc scan per deployment).
+    return cross_findings(every, inventory, _ours(every) if inventory is not None else set())
 
 
 def _machine_row(resource: str) -> bool:
