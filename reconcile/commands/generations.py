@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from reconcile.commands.common import ask_approval, load_spec, print_report, spec_state_dir
+from reconcile.errors import ReconcileError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,8 +15,16 @@ if TYPE_CHECKING:
 
 def cmd_history(args: Args) -> int:
     from reconcile.apply.history import render_history
+    from reconcile.apply.switching import serving_generation
+    from reconcile.spec.cache import load
+    from reconcile.spec.loader import find_spec
 
-    return render_history(spec_state_dir(args), sys.stdout)
+    spec = load(find_spec(args.spec)).spec  # without the lock's pins: a damaged lock must not hide history
+    try:
+        now = serving_generation(spec)
+    except (OSError, ReconcileError):  # the server cannot be probed: the index's current generation
+        now = None
+    return render_history(spec.machine.state_dir, sys.stdout, now)
 
 
 def cmd_diff(args: Args) -> int:
