@@ -54,7 +54,7 @@ def apply(
             if hold is None and old is not None and old.kind == "failed":
                 generations.release_hold(state_dir)  # the retried spec serves now
             return
-        target = _rollback_target(state_dir, sw.before, report.generation or generations.current(state_dir))
+        target = _rollback_target(state_dir, sw.before, generations.current(state_dir))
         if enabled and hold is None and target is not None:
             generations.write_hold(
                 state_dir,
