@@ -199,3 +199,17 @@ def test_an_interrupted_switch_says_what_it_left_and_history_knows_it(
     assert "--max-num-seqs 5" in server_cmdline(two)
     assert _current(two) == 3
     assert stat.S_IMODE((two.state_dir / "last-run.json").stat().st_mode) == 0o600
+
+
+def test_a_record_that_fails_its_index_check_is_listed_as_skipped_and_never_rolled_back_to(
+    two: Demo,
+) -> None:
+    record = two.state_dir / "profile" / "1.json"
+    record.write_text(record.read_text().replace('"reason": "apply"', '"reason": "apply (edited)"'))
+    history = two.cli("history")
+    assert history.returncode == 0, history.output
+    assert f"   1  skipped: {record}: its sha256 is not the one reconcile recorded" in history.stdout
+    assert _current(two) == 2
+    back = two.cli("rollback", "1", "--auto-approve")
+    assert back.returncode == 1 and "is not used" in back.stderr, back.output
+    assert "--max-num-seqs 8" in server_cmdline(two)

@@ -12,7 +12,8 @@ import time
 from reconcile.apply import generations
 from reconcile.apply.changes import ApplyReport, ProgressFn, plan_file_spec
 from reconcile.apply.realization import who
-from reconcile.apply.switching import Switch, held_spec, switch, switch_to
+from reconcile.apply.rollback import held_spec
+from reconcile.apply.switching import Switch, switch, switch_to
 from reconcile.errors import ReconcileError
 
 TYPE_CHECKING = False

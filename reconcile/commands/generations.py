@@ -35,7 +35,7 @@ def cmd_diff(args: Args) -> int:
 
 def cmd_rollback(args: Args) -> int:
     from reconcile.apply.progress import showing
-    from reconcile.apply.switching import rollback
+    from reconcile.apply.rollback import rollback
 
     def ask(old: LoadedSpec) -> None:  # on a terminal: generation N's plan shown, then only `yes`
         ask_approval(args, old, "rollback")
