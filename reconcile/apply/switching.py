@@ -81,7 +81,10 @@ def serving_generation(spec: Spec) -> int | None:
 
 def prepare(sw: Switch, report: ApplyReport) -> None:
     """Before the plan: note what serves now, put the target generation's config.json bytes back."""
-    sw.before = serving_generation(sw.applied.spec)
+    try:
+        sw.before = serving_generation(sw.applied.spec)
+    except (OSError, ReconcileError):  # the server could not be probed: the index's word
+        sw.before = generations.current(sw.state_dir)
     if sw.gen is not None:
         restore_config(sw.applied, sw.gen)
 
@@ -152,9 +155,9 @@ def interrupted(sw: Switch, report: ApplyReport) -> None:
 
 
 def _left(sw: Switch, report: ApplyReport) -> str:
-    identity, pid = running_server(sw.applied.spec)
     back = f"; `reconcile rollback {sw.before}` goes back" if sw.before is not None else ""
     try:
+        identity, pid = running_server(sw.applied.spec)
         state = realized_state(sw.applied)
         if identity is not None and identity == (state.get("launch") or {}).get("identity"):
             number, _ = generations.record(sw.state_dir, state, reason=f"{sw.reason} (interrupted)")
