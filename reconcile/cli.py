@@ -398,8 +398,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except ReconcileError as exc:
         print(f"reconcile: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\nreconcile: interrupted (exit 130)", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a switch says what it left (reconcile.apply.switching)
+        left = str(exc) if str(exc) not in ("", "SIGTERM") else ""
+        print(f"\nreconcile: interrupted{': ' + left if left else ''} (exit 130)", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

@@ -41,7 +41,7 @@ def with_hold(loaded: LoadedSpec) -> tuple[LoadedSpec, list[str]]:
 
     if read_hold(loaded.spec.machine.state_dir) is None:  # one small read when nothing is held
         return loaded, []
-    from reconcile.apply.switching import held_spec
+    from reconcile.apply.rollback import held_spec
 
     held, notes, _ = held_spec(loaded, scheduled=True)
     return held, notes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from reconcile.commands.common import ask_approval, load_spec, print_report, spec_state_dir
+from reconcile.errors import ReconcileError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,28 +15,24 @@ if TYPE_CHECKING:
 
 def cmd_history(args: Args) -> int:
     from reconcile.apply.history import render_history
-
-    if getattr(args, "deployment", None) is None:
-        every = _every_deployment(args)
-        if every is not None:  # a spec with [deployments]: each one's generations, by name
-            codes = []
-            for name, state_dir in every:
-                sys.stdout.write(f"── deployment {name}\n")
-                codes.append(render_history(state_dir, sys.stdout))
-            return max(codes)
-    return render_history(spec_state_dir(args, one=True), sys.stdout)
-
-
-def _every_deployment(args: Args) -> list[tuple[str, str]] | None:
+    from reconcile.apply.switching import serving_generation
     from reconcile.spec.cache import load
-    from reconcile.spec.loaded import find_spec
+    from reconcile.spec.deployments import chosen, is_multi
+    from reconcile.spec.loader import find_spec
 
-    loaded = load(find_spec(args.spec))
-    if not getattr(loaded.spec, "deployments", None):
-        return None
-    from reconcile.spec.deployments import deployments
-
-    return [(d.name, d.loaded.spec.machine.state_dir) for d in deployments(loaded)]
+    loaded = load(find_spec(args.spec))  # without the lock's pins: a damaged lock must not hide history
+    every = chosen(loaded, getattr(args, "deployment", None))
+    codes = []
+    for d in every:  # a spec with [deployments]: each one's generations, by name
+        if is_multi(loaded):
+            sys.stdout.write(f"── deployment {d.name}\n")
+        spec = d.loaded.spec
+        try:
+            now = serving_generation(spec)
+        except (OSError, ReconcileError):  # the server cannot be probed: the index's current generation
+            now = None
+        codes.append(render_history(spec.machine.state_dir, sys.stdout, now))
+    return max(codes)
 
 
 def cmd_diff(args: Args) -> int:
@@ -46,7 +43,7 @@ def cmd_diff(args: Args) -> int:
 
 def cmd_rollback(args: Args) -> int:
     from reconcile.apply.progress import showing
-    from reconcile.apply.switching import rollback
+    from reconcile.apply.rollback import rollback
 
     def ask(old: LoadedSpec) -> None:  # on a terminal: generation N's plan shown, then only `yes`
         ask_approval(args, old, "rollback")
