@@ -400,3 +400,38 @@ def test_a_stopped_engine_core_moves_no_token_while_health_answers(deployment: D
         os.kill(engine, signal.SIGCONT)
     assert done.wait(10)
     assert metric(d, "vllm:generation_tokens_total") > 0
+
+
+RESULT_KEYS = {  # vLLM 0.26 benchmarks/serve.py's result JSON, the fields reconcile reads and more
+    "date", "backend", "model_id", "num_prompts", "max_concurrency", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
+    "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+    "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms",
+    "p99_e2el_ms",
+}
+
+
+def test_bench_serve_sends_real_load_and_writes_vllms_result_format(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    d = deployment
+    serve(d, "--served-model-name", "m")
+    argv = ["bench", "serve", "--backend", "openai-chat", "--base-url", f"http://127.0.0.1:{d.port}",
+            "--endpoint", "/v1/chat/completions", "--model", str(d.model_dir), "--served-model-name", "m",
+            "--dataset-name", "random", "--random-input-len", "40", "--random-output-len", "24",
+            "--num-prompts", "6", "--max-concurrency", "3", "--save-result", "--result-dir", str(tmp_path),
+            "--result-filename", "r.json", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99", "--disable-tqdm"]
+    done = run_cli(*argv, OPENAI_API_KEY=d.key)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert set(result) >= RESULT_KEYS
+    assert (result["completed"], result["failed"], result["num_prompts"]) == (6, 0, 6)
+    assert result["total_input_tokens"] == 240 and result["total_output_tokens"] == 144  # random: ignore_eos
+    assert result["p50_ttft_ms"] <= result["p99_ttft_ms"] and result["mean_e2el_ms"] > result["mean_ttft_ms"]
+    assert metric(d, "vllm:generation_tokens_total") == 144.0  # the server did the work
+    assert metric(d, "vllm:request_success_total") == 6.0
+
+    refused = run_cli(*argv[:-5], "--result-filename", "none.json", "--disable-tqdm", OPENAI_API_KEY="wrong")
+    assert json.loads((tmp_path / "none.json").read_text())["completed"] == 0
+    assert "All requests failed" in refused.stderr

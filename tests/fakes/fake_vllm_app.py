@@ -236,6 +236,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     bound = type("Handler", (handler,), {"state": state})
     ThreadingHTTPServer.allow_reuse_address = True
     ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connects is not dropped
     try:
         httpd = ThreadingHTTPServer((host, port), bound)
     except OSError as exc:
