@@ -21,8 +21,7 @@ def after_switch(spec: Spec, state_dir: str, number: int, *, judged: bool, reaso
     if not judged or reason != "apply" or spec.bench is None or not spec.bench.gate:
         return None
     previous = generations.last_good(state_dir, other_than=number)
-    measured = benchmark.latest_by_generation(benchmark.runs(state_dir))
-    baseline = measured.get(previous["generation"]) if previous is not None else None
+    before = benchmark.runs(state_dir)
 
     def say(line: str) -> None:
         print(f"bench gate: {line}", file=sys.stderr, flush=True)
@@ -32,8 +31,18 @@ def after_switch(spec: Spec, state_dir: str, number: int, *, judged: bool, reaso
     except benchmark.BenchError as exc:
         return f"bench gate: the profile could not be measured: {exc}"
     benchmark.keep(state_dir, run, number)
+    # The previous serving generation's newest run of the same profile (a `reconcile bench` of
+    # other rows in between is no baseline for these).
+    same = [
+        r
+        for r in before
+        if previous is not None
+        and r.get("generation") == previous["generation"]
+        and benchmark.shape(r) == benchmark.shape(run)
+    ]
+    baseline = same[-1] if same else None
     if baseline is None or previous is None:
-        return None  # the first figures: the next switch is held to them
+        return None  # the first figures of this profile: the next switch is held to them
     worse = benchmark.regressions(baseline, run, spec.bench.tolerance)
     if not worse:
         return None

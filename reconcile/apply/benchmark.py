@@ -216,6 +216,8 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
                 f"({time.monotonic() - started:.0f}s elapsed)"
             )
             row_dir = os.path.join(scratch, str(i))
+            if key:
+                _still_ours(spec)  # the server may have gone since the last row, and its port been taken
             try:
                 argv = _command(spec, row, health.url, row_dir)
                 done = run_command(argv, env=env, timeout=spec.bench.timeout if spec.bench else 600.0)
@@ -236,6 +238,18 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
         "server": spec.server.name,
         "max_model_len": max_len,
     }
+
+
+def _still_ours(spec: Spec) -> None:
+    """Every listener on the port is the deployment's, or BenchError: the key goes nowhere else."""
+    from reconcile.ownership.membership import scope_of
+    from reconcile.ownership.sockets import ForeignListener, key_holder_check
+
+    assert spec.server is not None
+    try:
+        key_holder_check(spec.server.port, scope_of(spec), f"deployment {spec.server.name}")
+    except ForeignListener as exc:
+        raise BenchError(f"port {spec.server.port}: {exc}: the key is not sent there") from None
 
 
 def _trimmed(result: dict[str, Any]) -> dict[str, Any]:
@@ -279,6 +293,19 @@ def latest_by_generation(all_runs: list[dict[str, Any]]) -> dict[int, dict[str, 
         if isinstance(r.get("generation"), int):
             out[r["generation"]] = r
     return dict(sorted(out.items()))
+
+
+def shape(run_data: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    """The profile a run measured: (prompt, gen, concurrency, requests) per row."""
+    return [
+        (
+            int(r.get("prompt", 0)),
+            int(r.get("gen", 0)),
+            int(r.get("concurrency", 1)),
+            int(r.get("requests", 1)),
+        )
+        for r in run_data.get("rows") or []
+    ]
 
 
 def headline(run_data: dict[str, Any]) -> dict[str, float | None]:
