@@ -16,6 +16,7 @@ import pytest
 
 from reconcile.host import http_request
 from tests.apply_support import Demo, demo_in
+from tests.ownership_support import SPY, as_nobody, received, root_only
 
 
 @pytest.fixture
@@ -147,3 +148,23 @@ def test_a_generation_within_tolerance_passes_the_gate(demo: Demo) -> None:
     assert "automatic rollback" not in second.stdout
     runs = json.loads((demo.state_dir / "bench" / "results.json").read_text())["runs"]
     assert [r["generation"] for r in runs] == [1, 2]
+
+
+@root_only
+def test_the_key_never_reaches_a_foreign_listener_on_the_port(demo: Demo, strangers: list[int]) -> None:
+    """A user without privileges listening on the deployment's port (the server is down) is asked
+    nothing with the key: bench refuses in one line, and `vllm bench serve` is never started."""
+    key = "k-" + "7" * 40
+    demo.key_file.parent.mkdir(parents=True, exist_ok=True)
+    demo.key_file.write_text(key + "\n")
+    demo.key_file.chmod(0o600)
+    spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(demo.port)], {}, strangers)
+    for _ in range(2):  # with the key file, and without one: a foreign listener is never measured
+        run = demo.cli("bench")
+        assert run.returncode == 1, run.output
+        assert "nobody" in run.stderr and "not sent there" in run.stderr, run.output
+        assert "Traceback" not in run.output and "bench 1/" not in run.stderr
+        demo.key_file.unlink(missing_ok=True)
+    got = received(spy)
+    assert key not in got and "authorization" not in got.lower() and "chat/completions" not in got
+    assert not (demo.state_dir / "bench" / "results.json").exists()

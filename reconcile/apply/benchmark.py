@@ -201,6 +201,7 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
     if health.state != "healthy" or not health.models:
         why = health.error or f"/health answered {health.health_status}"
         raise BenchError(f"{health.url} is not serving ({health.state}: {why}): `reconcile apply` first")
+    _still_ours(spec)  # nothing measured, and no key sent, unless every listener is the deployment's
     declared = spec.server.args.get("max-model-len")
     max_len = health.max_model_len or (declared if isinstance(declared, int) else 2048)
     rows = profile(spec, max_len)
@@ -216,8 +217,7 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
                 f"({time.monotonic() - started:.0f}s elapsed)"
             )
             row_dir = os.path.join(scratch, str(i))
-            if key:
-                _still_ours(spec)  # the server may have gone since the last row, and its port been taken
+            _still_ours(spec)  # the server may have gone since the last row, and its port been taken
             try:
                 argv = _command(spec, row, health.url, row_dir)
                 done = run_command(argv, env=env, timeout=spec.bench.timeout if spec.bench else 600.0)
