@@ -333,5 +333,5 @@ def regressions(old: dict[str, Any], new: dict[str, Any], tolerance: float) -> l
         if name == "ttft_s" and y - x <= TTFT_SLACK_S:
             continue
         if worse > tolerance:
-            out.append(f"{label} {y:.3g} vs {x:.3g} ({change:+.0%}, tolerance {tolerance:.0%})")
+            out.append(f"{label} {y:.4g} vs {x:.4g} ({change:+.0%}, tolerance {tolerance:.0%})")
     return out

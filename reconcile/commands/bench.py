@@ -117,9 +117,7 @@ def _compare(state_dir: str, a: int, b: int, *, as_json: bool, stream: TextIO) -
         f"{'tok/s ' + str(a):>11} {'tok/s ' + str(b):>11} {'change':>8}\n"
     )
     for x, y in pairs:
-        label = f"{x['name']} {x['prompt']}+{x['gen']}" + (
-            f" x{x['concurrency']}" if x["concurrency"] > 1 else ""
-        )
+        label = f"{x['name']} {x['prompt']}+{x['gen']}"
         key = "aggregate_tok_s" if x["concurrency"] > 1 else "decode_tok_s"
         fx, fy = x["figures"], y["figures"]
         change = (fy[key] - fx[key]) / fx[key] if fx.get(key) else 0.0
