@@ -168,3 +168,16 @@ def test_the_key_never_reaches_a_foreign_listener_on_the_port(demo: Demo, strang
     got = received(spy)
     assert key not in got and "authorization" not in got.lower() and "chat/completions" not in got
     assert not (demo.state_dir / "bench" / "results.json").exists()
+
+
+def test_damaged_records_are_moved_aside_and_history_goes_on(demo: Demo) -> None:
+    spec_with(demo, seqs=8)
+    assert demo.cli("apply").returncode == 2
+    directory = demo.state_dir / "bench"
+    directory.mkdir(mode=0o700)
+    (directory / "results.json").write_text('{"format": "reconcile-bench/1", "runs": [{"at": "x"}]}')
+    history = demo.cli("history")
+    assert history.returncode == 0 and "Traceback" not in history.output, history.output
+    assert "bench:" not in history.stdout
+    assert not (directory / "results.json").exists()
+    assert len(list(directory.glob("results.json.corrupt-*"))) == 1

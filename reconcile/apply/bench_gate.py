@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from reconcile.apply import benchmark, generations
+from reconcile.apply import bench_records, benchmark, generations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def after_switch(spec: Spec, state_dir: str, number: int, *, judged: bool, reaso
     if not judged or reason != "apply" or spec.bench is None or not spec.bench.gate:
         return None
     previous = generations.last_good(state_dir, other_than=number)
-    before = benchmark.runs(state_dir)
+    before = bench_records.runs(state_dir)
 
     def say(line: str) -> None:
         print(f"bench gate: {line}", file=sys.stderr, flush=True)
@@ -30,7 +30,7 @@ def after_switch(spec: Spec, state_dir: str, number: int, *, judged: bool, reaso
         run = benchmark.run(spec, progress=say)
     except benchmark.BenchError as exc:
         return f"bench gate: the profile could not be measured: {exc}"
-    benchmark.keep(state_dir, run, number)
+    bench_records.keep(state_dir, run, number)
     # The previous serving generation's newest run of the same profile (a `reconcile bench` of
     # other rows in between is no baseline for these).
     same = [
@@ -38,12 +38,12 @@ def after_switch(spec: Spec, state_dir: str, number: int, *, judged: bool, reaso
         for r in before
         if previous is not None
         and r.get("generation") == previous["generation"]
-        and benchmark.shape(r) == benchmark.shape(run)
+        and bench_records.shape(r) == bench_records.shape(run)
     ]
     baseline = same[-1] if same else None
     if baseline is None or previous is None:
         return None  # the first figures of this profile: the next switch is held to them
-    worse = benchmark.regressions(baseline, run, spec.bench.tolerance)
+    worse = bench_records.regressions(baseline, run, spec.bench.tolerance)
     if not worse:
         return None
     return f"bench gate: slower than generation {previous['generation']}: " + "; ".join(worse)

@@ -95,7 +95,7 @@ def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> l
 
 def _bench_figures(state_dir: str) -> dict[int, str]:
     """Each measured generation's headline (`reconcile bench`, or the gate): TTFT and decode tok/s."""
-    from reconcile.apply.benchmark import headline, latest_by_generation, runs
+    from reconcile.apply.bench_records import headline, latest_by_generation, runs
 
     out = {}
     for n, run in latest_by_generation(runs(state_dir)).items():

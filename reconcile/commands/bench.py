@@ -19,7 +19,7 @@ FORMAT = "reconcile-bench/1"
 
 
 def cmd_bench(args: Args) -> int:
-    from reconcile.apply import benchmark, generations
+    from reconcile.apply import bench_records, benchmark, generations
     from reconcile.apply.lock import apply_lock
 
     loaded, notes = with_hold(load_spec(args))
@@ -34,20 +34,20 @@ def cmd_bench(args: Args) -> int:
 
     with apply_lock(state_dir, timeout=args.lock_timeout):  # no apply restarts the server meanwhile
         run = benchmark.run(loaded.spec, progress=say)
-        entry = benchmark.keep(state_dir, run, generations.current(state_dir))
-    directory = benchmark.bench_dir(state_dir)
+        entry = bench_records.keep(state_dir, run, generations.current(state_dir))
+    directory = bench_records.bench_dir(state_dir)
     if args.json:
         data = {
             "format": FORMAT,
             **entry,
-            "headline": benchmark.headline(entry),
-            "records": f"{directory}/{benchmark.RESULTS}",
-            "chart": f"{directory}/{benchmark.CHART}",
+            "headline": bench_records.headline(entry),
+            "records": f"{directory}/{bench_records.RESULTS}",
+            "chart": f"{directory}/{bench_records.CHART}",
         }
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
     render_table(entry, sys.stdout)
-    print(f"\nkept in {directory}/{benchmark.RESULTS}; chart: {directory}/{benchmark.CHART}")
+    print(f"\nkept in {directory}/{bench_records.RESULTS}; chart: {directory}/{bench_records.CHART}")
     return 0
 
 
@@ -89,15 +89,15 @@ def render_table(entry: dict[str, Any], out: TextIO) -> None:
 
 
 def _compare(state_dir: str, a: int, b: int, *, as_json: bool, stream: TextIO) -> int:
-    from reconcile.apply import benchmark
+    from reconcile.apply import bench_records as records
     from reconcile.errors import ReconcileError
 
-    measured = benchmark.latest_by_generation(benchmark.runs(state_dir))
+    measured = records.latest_by_generation(records.runs(state_dir))
     for n in (a, b):
         if n not in measured:
             have = ", ".join(map(str, measured)) or "none"
             raise ReconcileError(
-                f"{benchmark.bench_dir(state_dir)}: generation {n} has no bench figures (measured: {have}); "
+                f"{records.bench_dir(state_dir)}: generation {n} has no bench figures (measured: {have}); "
                 "`reconcile bench` measures the one serving"
             )
     ra, rb = measured[a], measured[b]
@@ -107,7 +107,7 @@ def _compare(state_dir: str, a: int, b: int, *, as_json: bool, stream: TextIO) -
             "format": FORMAT,
             "compare": [a, b],
             "runs": [ra, rb],
-            "headline": [benchmark.headline(ra), benchmark.headline(rb)],
+            "headline": [records.headline(ra), records.headline(rb)],
         }
         stream.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
         return 0
