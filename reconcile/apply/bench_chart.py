@@ -10,7 +10,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-W, H, LEFT, RIGHT, TOP, PANEL, GAP = 720, 470, 70, 20, 40, 160, 60
+W, H, LEFT, RIGHT, TOP, PANEL, GAP, INSET = 760, 520, 70, 20, 70, 160, 80, 50
 SERIES = (  # (key in the headline, label, colour, panel)
     ("decode_tok_s", "decode tok/s (long generation)", "#1f77b4", 0),
     ("aggregate_tok_s", "concurrent aggregate tok/s", "#2ca02c", 0),
@@ -43,7 +43,8 @@ def render(by_generation: dict[int, dict[str, Any]]) -> str:
         f'<text x="{LEFT}" y="22" font-size="15">reconcile bench: figures per generation</text>',
     ]
     width = W - LEFT - RIGHT
-    step = width / max(1, len(gens) - 1)
+    span = width - 2 * INSET  # points stay clear of the frame, their labels inside it
+    step = span / max(1, len(gens) - 1)
     for panel, title in ((0, "tokens per second (higher is better)"), (1, "seconds (lower is better)")):
         top = TOP + panel * (PANEL + GAP)
         keys = [s for s in SERIES if s[3] == panel]
@@ -55,7 +56,7 @@ def render(by_generation: dict[int, dict[str, Any]]) -> str:
             y = top + PANEL - frac * PANEL
             out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * frac:.3g}</text>')
         for n, g in enumerate(gens):
-            x = LEFT + (n * step if len(gens) > 1 else width / 2)
+            x = LEFT + INSET + (n * step if len(gens) > 1 else span / 2)
             out.append(f'<text x="{x:.1f}" y="{top + PANEL + 16}" text-anchor="middle">gen {g}</text>')
         for k, label, colour, _ in keys:
             points = []
@@ -63,7 +64,7 @@ def render(by_generation: dict[int, dict[str, Any]]) -> str:
                 v = heads[g].get(k)
                 if v is None:
                     continue
-                x = LEFT + (n * step if len(gens) > 1 else width / 2)
+                x = LEFT + INSET + (n * step if len(gens) > 1 else span / 2)
                 y = top + PANEL - (v / peak) * PANEL
                 points.append((x, y, v))
             if len(points) > 1:
@@ -76,9 +77,10 @@ def render(by_generation: dict[int, dict[str, Any]]) -> str:
                 )
                 out.append(f'<text x="{x + 5:.1f}" y="{y - 6:.1f}" fill="{colour}">{v:.3g}</text>')
         for i, (_k, label, colour, _) in enumerate(keys):
-            lx = LEFT + 10 + i * 260
-            out.append(f'<rect x="{lx}" y="{top + 8}" width="12" height="3" fill="{colour}"/>')
-            out.append(f'<text x="{lx + 16}" y="{top + 13}">{escape(label)}</text>')
+            lx = LEFT + 10 + i * 280  # the legend under the panel's generation labels
+            ly = top + PANEL + 34
+            out.append(f'<rect x="{lx}" y="{ly - 5}" width="12" height="3" fill="{colour}"/>')
+            out.append(f'<text x="{lx + 16}" y="{ly}">{escape(label)}</text>')
     if not gens:
         out.append(f'<text x="{LEFT}" y="{TOP + 40}">no generation measured yet</text>')
     out.append("</svg>")
