@@ -170,7 +170,7 @@ def test_the_key_never_reaches_a_foreign_listener_on_the_port(demo: Demo, strang
     assert not (demo.state_dir / "bench" / "results.json").exists()
 
 
-def test_damaged_records_are_moved_aside_and_history_goes_on(demo: Demo) -> None:
+def test_damaged_records_are_moved_aside_and_a_row_too_long_is_named(demo: Demo) -> None:
     spec_with(demo, seqs=8)
     assert demo.cli("apply").returncode == 2
     directory = demo.state_dir / "bench"
@@ -181,3 +181,10 @@ def test_damaged_records_are_moved_aside_and_history_goes_on(demo: Demo) -> None
     assert "bench:" not in history.stdout
     assert not (directory / "results.json").exists()
     assert len(list(directory.glob("results.json.corrupt-*"))) == 1
+    too_long = "[bench]\nrows = [{ prompt = 2000, gen = 100 }]\n"
+    spec_with(demo, seqs=8, bench=too_long)
+    run = demo.cli("bench")
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+    assert f"{demo.spec_path}: [bench].rows[0]: prompt 2000 + gen 100 does not fit max-model-len 2048" in (
+        run.stderr
+    ), run.output

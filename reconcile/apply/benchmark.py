@@ -74,19 +74,24 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
     """The reference's columns from one `vllm bench serve` result (its JSON's field names): prompt and
     gen per request, TTFT and total seconds, decode tok/s (gen / total, as the reference computes it),
     and the aggregate output tok/s over the run."""
-    done = int(result.get("completed") or 0)
-    if done < 1:
-        raise BenchError(f"vllm bench serve completed no request ({result.get('failed', '?')} failed)")
-    gen = float(result["total_output_tokens"]) / done
-    total = float(result["mean_e2el_ms"]) / 1000
-    return {
-        "prompt": float(result["total_input_tokens"]) / done,
-        "gen": gen,
-        "ttft_s": float(result["mean_ttft_ms"]) / 1000,
-        "total_s": total,
-        "decode_tok_s": gen / total if total > 0 else 0.0,
-        "aggregate_tok_s": float(result["output_throughput"]),
-    }
+    try:
+        done = int(result.get("completed") or 0)
+        if done < 1:
+            raise BenchError(f"vllm bench serve completed no request ({result.get('failed', '?')} failed)")
+        gen = float(result["total_output_tokens"]) / done
+        total = float(result["mean_e2el_ms"]) / 1000
+        return {
+            "prompt": float(result["total_input_tokens"]) / done,
+            "gen": gen,
+            "ttft_s": float(result["mean_ttft_ms"]) / 1000,
+            "total_s": total,
+            "decode_tok_s": gen / total if total > 0 else 0.0,
+            "aggregate_tok_s": float(result["output_throughput"]),
+        }
+    except KeyError as exc:
+        raise BenchError(f"vllm bench serve's result has no {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise BenchError(f"vllm bench serve's result has a value that is not a number: {exc}") from None
 
 
 def _command(spec: Spec, row: Row, url: str, out_dir: str) -> list[str]:

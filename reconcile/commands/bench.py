@@ -33,7 +33,12 @@ def cmd_bench(args: Args) -> int:
         print(line, file=sys.stderr, flush=True)
 
     with apply_lock(state_dir, timeout=args.lock_timeout):  # no apply restarts the server meanwhile
-        run = benchmark.run(loaded.spec, progress=say)
+        try:
+            run = benchmark.run(loaded.spec, progress=say)
+        except benchmark.BenchError as exc:
+            if str(exc).startswith("[bench]"):  # the spec's own rows: name its file
+                raise benchmark.BenchError(f"{loaded.path}: {exc}") from None
+            raise
         entry = bench_records.keep(state_dir, run, generations.current(state_dir))
     directory = bench_records.bench_dir(state_dir)
     if args.json:
