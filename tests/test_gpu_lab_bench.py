@@ -6,7 +6,8 @@ switch runs the profile and keeps the baseline. Then `reconcile bench` with the 
 reference table scaled to max-model-len 1024) prints the table through the real `vllm bench serve`.
 B: A with `--max-num-seqs 1` (8 streams now queue one behind the other): the gate measures the
 concurrent aggregate fall beyond the tolerance and rolls back to A by itself (exit 4). Figures in
-$OUT/gpu-lab-bench.json. About 4-5 minutes (three server starts of ~40 s, each `vllm bench serve` ~15 s).
+$OUT/gpu-lab-bench.json. About 4-5 minutes, estimated: three server starts of ~40 s, and nine
+`vllm bench serve` runs, each importing vLLM and torch first (not measured yet).
 
     GPU_LAB_TESTS=tests/test_gpu_lab_bench.py tools/gpu_lab.sh
 """
