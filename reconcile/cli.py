@@ -248,12 +248,6 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         "reconcile check --spec specs/gpu-box.toml",
     ),
     "history": ("list generations", _spec, "reconcile history"),
-    "bench": (
-        "the reference benchmark table against the running server (`vllm bench serve`), kept per generation",
-        _bench,
-        "reconcile bench --spec specs/gpu-box.toml\nreconcile bench --json | jq .headline\n"
-        "reconcile bench --compare 3 4   # two generations' figures side by side",
-    ),
     "diff": (
         "compare generation N with generation M: the spec text and the resolved versions",
         _diff,
@@ -308,6 +302,12 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         "pin what floats (package ranges, the model's branch): specs/<name>.lock",
         _spec,
         "reconcile lock && git add specs/*.lock",
+    ),
+    "bench": (
+        "the reference benchmark table against the running server (`vllm bench serve`), kept per generation",
+        _bench,
+        "reconcile bench --spec specs/gpu-box.toml\nreconcile bench --json | jq .headline\n"
+        "reconcile bench --compare 3 4   # two generations' figures side by side",
     ),
 }
 

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 
 def after_switch(spec: Spec, state_dir: str, number: int, *, judged: bool, reason: str) -> str | None:
-    """None: no gate, or the switch holds its figures; else why it fails (the numbers in it)."""
-    if not judged or reason != "apply" or spec.bench is None or not spec.bench.gate:
+    """None: no gate, or the switch holds its figures; else why it fails (the numbers in it). Applies
+    (`apply`, `apply FILE`) are gated; rollbacks, by hand or automatic, go back to what served."""
+    if not judged or "rollback" in reason or spec.bench is None or not spec.bench.gate:
         return None
     previous = generations.last_good(state_dir, other_than=number)
     before = bench_records.runs(state_dir)

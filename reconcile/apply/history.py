@@ -93,22 +93,6 @@ def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> l
     return out
 
 
-def _bench_figures(state_dir: str) -> dict[int, str]:
-    """Each measured generation's headline (`reconcile bench`, or the gate): TTFT and decode tok/s."""
-    from reconcile.apply.bench_records import headline, latest_by_generation, runs
-
-    out = {}
-    for n, run in latest_by_generation(runs(state_dir)).items():
-        h = headline(run)
-        parts = [
-            f"TTFT {h['ttft_s']:.3f}s" if h["ttft_s"] is not None else "",
-            f"decode {h['decode_tok_s']:.1f} tok/s" if h["decode_tok_s"] is not None else "",
-            f"{h['aggregate_tok_s']:.0f} tok/s concurrent" if h["aggregate_tok_s"] is not None else "",
-        ]
-        out[n] = ", ".join(p for p in parts if p)
-    return out
-
-
 def render_history(state_dir: str, stream: TextIO) -> int:
     found = generations.scan(state_dir)
     if not found:
@@ -149,3 +133,19 @@ def render_diff(state_dir: str, a: int, b: int, stream: TextIO) -> int:
     for line in lines or ["no difference in what serving depends on"]:
         stream.write(f"  {line}\n")
     return 0
+
+
+def _bench_figures(state_dir: str) -> dict[int, str]:
+    """Each measured generation's headline (`reconcile bench`, or the gate): TTFT and decode tok/s."""
+    from reconcile.apply.bench_records import headline, latest_by_generation, runs
+
+    out = {}
+    for n, run in latest_by_generation(runs(state_dir)).items():
+        h = headline(run)
+        parts = [
+            f"TTFT {h['ttft_s']:.3f}s" if h["ttft_s"] is not None else "",
+            f"decode {h['decode_tok_s']:.1f} tok/s" if h["decode_tok_s"] is not None else "",
+            f"{h['aggregate_tok_s']:.0f} tok/s concurrent" if h["aggregate_tok_s"] is not None else "",
+        ]
+        out[n] = ", ".join(p for p in parts if p)
+    return out
