@@ -182,6 +182,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
     engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port)])
+    state.engine_pid = engine.pid  # type: ignore[attr-defined]
     log(
         "INFO",
         "core.py:93",
@@ -212,7 +213,6 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         )
         stop_children([engine])
         return 1
-    state.engine_pid = engine.pid  # type: ignore[attr-defined]  # the engine's steps watch it (SIGSTOP)
     kv_tokens = int(os.environ.get("FAKE_VLLM_KV_TOKENS", "4194304"))
     core = ("EngineCore_DP0", engine.pid)
     log("INFO", "gpu_worker.py:298", "Available KV cache memory: 1.00 GiB", *core)
