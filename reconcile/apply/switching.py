@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
-from reconcile.apply import generations
+from reconcile.apply import bench_gate, generations
 from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization
 from reconcile.errors import ReconcileError
@@ -135,6 +135,9 @@ def record(sw: Switch, report: ApplyReport, *, judged: bool, always: bool) -> No
             return
         number, new = generations.record(sw.state_dir, realized_state(sw.applied), reason=sw.reason)
         report.generation = number if new or number != then else None
+        sw.problem = sw.problem or bench_gate.after_switch(
+            sw.applied.spec, sw.state_dir, number, judged=judged, reason=sw.reason
+        )
         if judged:
             why = sw.problem or "ready, acceptance check passed"
             generations.set_verdict(sw.state_dir, number, sw.problem is None, why)
