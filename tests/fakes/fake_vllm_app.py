@@ -160,6 +160,8 @@ def child_main(argv: list) -> None:
     if not ok:
         stop_children(workers)
         sys.exit(1)
+    if title == "VLLM::EngineCore":
+        start_engine_core(opts, stop)
     lifetime = float(os.environ.get("FAKE_VLLM_MAX_LIFETIME", "0")) or None
     stop.wait(lifetime)  # a dead parent does not end us: only a signal (or the test leak guard) does
     stop_children(workers)
@@ -181,7 +183,8 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         shown["api_key"] = "(secret)"
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
-    engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port)])
+    max_num_seqs = getattr(args, "max_num_seqs", None) or 256
+    engine, ready, state.engine = spawn_engine(tp, port, max_num_seqs)  # type: ignore[attr-defined]
     log(
         "INFO",
         "core.py:93",
@@ -399,6 +402,15 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
     if v >= (0, 11, 1):
         message["reasoning"] = thought
     prompt_tokens, completion_tokens = len(prompt.split()) + 8, len((answer or "").split())
+    finish = "tool_calls" if forced is not None else "stop"
+    made = engine_generate(st, prompt_tokens, wanted_tokens(req, completion_tokens, forced is not None))
+    if made is None:
+        return 500, error(500, "InternalServerError", "EngineCore encountered an issue. See stack trace")
+    if forced is None and made != completion_tokens:  # cut at max_tokens, or run on (ignore_eos)
+        words = (answer or "").split()
+        message["content"] = " ".join((words * (made // max(1, len(words)) + 1))[:made])
+        finish = "length"
+    completion_tokens = made
     with st.lock:
         st.counts["success"] += 1
         st.counts["prompt"] += prompt_tokens
@@ -413,7 +425,7 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": "tool_calls" if forced is not None else "stop",
+                "finish_reason": finish,
             }
         ],
         "usage": {
@@ -422,3 +434,168 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+# --- the engine: EngineCore does the token generation, the API server only hands requests over -------
+# As in vLLM's V1 engine: the API server sends each request to the `VLLM::EngineCore` process (there a
+# ZMQ socket, here a pipe of JSON lines) and receives its tokens and the scheduler's stats back. So a
+# stopped EngineCore (SIGSTOP) leaves /health answering 200 from the API server while every completion
+# waits, and /metrics shows the engine's last figures, frozen: what vLLM 0.26.0 did on the H200.
+
+
+def spawn_engine(tp: int, port: object, max_num_seqs: int) -> tuple:
+    """The EngineCore child with its two pipes: (proc, ready, EngineClient)."""
+    to_engine_r, to_engine_w = os.pipe()
+    from_engine_r, from_engine_w = os.pipe()
+    r, w = os.pipe()
+    argv = [
+        sys.executable, "-c", CHILD_CODE, HERE, "VLLM::EngineCore", "--ready-fd", str(w),
+        "--tp", str(tp), "--port", str(port), "--max-num-seqs", str(max_num_seqs),
+        "--requests-fd", str(to_engine_r), "--outputs-fd", str(from_engine_w),
+    ]
+    proc = subprocess.Popen(argv, pass_fds=(w, to_engine_r, from_engine_w), stdin=subprocess.DEVNULL)
+    for fd in (w, to_engine_r, from_engine_w):
+        os.close(fd)
+    with os.fdopen(r) as f:
+        word = f.readline().strip()
+    return proc, word == "ready", EngineClient(to_engine_w, from_engine_r)
+
+
+def start_engine_core(opts: dict, stop: threading.Event) -> None:
+    """In the EngineCore child: the scheduler loop, when the API server gave it the pipes."""
+    if "--requests-fd" not in opts or "--outputs-fd" not in opts:
+        return
+    requests, outputs = int(opts["--requests-fd"]), int(opts["--outputs-fd"])
+    max_num_seqs = int(opts.get("--max-num-seqs", "256"))
+    threading.Thread(target=engine_core_loop, args=(requests, outputs, max_num_seqs, stop), daemon=True).start()
+
+
+def engine_core_loop(requests_fd: int, outputs_fd: int, max_num_seqs: int, stop: threading.Event) -> None:
+    """vLLM's busy loop in small: admit waiting requests up to --max-num-seqs, one token per running
+    request per step (FAKE_VLLM_STEP_S apart), stats after every step that did something."""
+    import collections
+    import queue
+
+    inbox: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        with os.fdopen(requests_fd, "rb") as f:
+            for line in f:
+                inbox.put(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    out = os.fdopen(outputs_fd, "wb", buffering=0)
+    step_s = float(os.environ.get("FAKE_VLLM_STEP_S", "0"))
+    waiting: collections.deque = collections.deque()
+    running: dict = {}
+    generated = prompt = 0
+
+    def send(doc: dict) -> None:
+        out.write((json.dumps(doc) + "\n").encode())
+
+    while not stop.is_set():
+        try:
+            idle = not waiting and not running
+            item = inbox.get(timeout=0.2) if idle else inbox.get_nowait()
+            while True:
+                waiting.append(item)
+                item = inbox.get_nowait()
+        except queue.Empty:
+            pass
+        while waiting and len(running) < max_num_seqs:
+            req = waiting.popleft()
+            prompt += int(req.get("prompt_tokens", 0))
+            running[req["id"]] = [int(req["max_tokens"]), 0]
+        if not running:
+            continue
+        for rid in list(running):
+            left_made = running[rid]
+            left_made[0] -= 1
+            left_made[1] += 1
+            generated += 1
+            if left_made[0] <= 0:
+                del running[rid]
+                send({"id": rid, "tokens": left_made[1]})
+        send({"stats": {"running": len(running), "waiting": len(waiting), "generation": generated,
+                        "prompt": prompt}})
+        if step_s:
+            time.sleep(step_s)
+
+
+class EngineClient:
+    """The API server's side of the engine: hands requests over, waits for their tokens, and keeps the
+    scheduler stats the engine last sent (what /metrics shows)."""
+
+    def __init__(self, requests_fd: int, outputs_fd: int) -> None:
+        self._out = os.fdopen(requests_fd, "wb", buffering=0)
+        self._in = outputs_fd
+        self._lock = threading.Lock()
+        self._pending: dict = {}
+        self.stats = {"running": 0, "waiting": 0, "generation": 0, "prompt": 0}
+        self.gone = False
+        threading.Thread(target=self._receive, daemon=True).start()
+
+    def _receive(self) -> None:
+        with os.fdopen(self._in, "rb") as f:
+            for line in f:
+                doc = json.loads(line)
+                with self._lock:
+                    if "stats" in doc:
+                        self.stats = doc["stats"]
+                    elif doc.get("id") in self._pending:
+                        box = self._pending.pop(doc["id"])
+                        box.append(doc["tokens"])
+                        box[0].set()
+        with self._lock:  # the engine is gone: nothing waiting will be answered
+            self.gone = True
+            for box in self._pending.values():
+                box[0].set()
+            self._pending.clear()
+
+    def generate(self, prompt_tokens: int, max_tokens: int) -> int | None:
+        """The number of tokens the engine generated (None: it died first). Waits as long as the
+        engine takes: a stopped engine is waited on forever, as vLLM's API server does."""
+        rid = uuid.uuid4().hex
+        done = threading.Event()
+        box: list = [done]
+        with self._lock:
+            if self.gone:
+                return None
+            self._pending[rid] = box
+        try:
+            self._out.write(
+                (json.dumps({"id": rid, "prompt_tokens": prompt_tokens, "max_tokens": max(1, max_tokens)})
+                 + "\n").encode()
+            )
+        except OSError:
+            return None
+        done.wait()
+        return box[1] if len(box) > 1 else None
+
+
+def engine_generate(st: object, prompt_tokens: int, wanted: int) -> int | None:
+    """Generation through the engine when the server has one (the API server), else `wanted` at once;
+    the metrics' counters then come from the engine's stats."""
+    engine = getattr(st, "engine", None)
+    if engine is None:
+        return wanted
+    return engine.generate(prompt_tokens, wanted)  # type: ignore[no-any-return]
+
+
+def wanted_tokens(req: dict, natural: int, forced: bool) -> int:
+    """How many tokens the engine generates: the answer's, cut at max_tokens; `ignore_eos` (what
+    `vllm bench serve` sends) runs on to max_tokens. A forced tool call is never cut."""
+    limit = req.get("max_completion_tokens") or req.get("max_tokens")
+    if forced or not isinstance(limit, int) or limit < 1:
+        return natural
+    return limit if req.get("ignore_eos") else min(natural, limit)
+
+
+def engine_counts(st: object) -> dict:
+    """What /metrics shows: the engine's own stats when there is an engine, else the server's counts."""
+    engine = getattr(st, "engine", None)
+    with st.lock:  # type: ignore[attr-defined]
+        counts = dict(st.counts)  # type: ignore[attr-defined]
+    if engine is not None:
+        counts.update(engine.stats)
+    return counts
