@@ -76,11 +76,12 @@ def hold_dir(port: str) -> str:
     return path
 
 
-def spawn(title: str, extra: list) -> tuple:
-    """Start a child like multiprocessing's spawn: same session, group, env, stdout; wait for its word."""
+def spawn(title: str, extra: list, keep: tuple = ()) -> tuple:
+    """Start a child like multiprocessing's spawn: same session, group, env, stdout; wait for its word.
+    `keep`: more descriptors the child inherits (the EngineCore's pipes)."""
     r, w = os.pipe()
     argv = [sys.executable, "-c", CHILD_CODE, HERE, title, "--ready-fd", str(w), *extra]
-    proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, pass_fds=(w, *keep), stdin=subprocess.DEVNULL)
     os.close(w)
     with os.fdopen(r) as f:
         word = f.readline().strip()
@@ -183,8 +184,8 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         shown["api_key"] = "(secret)"
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
-    max_num_seqs = getattr(args, "max_num_seqs", None) or 256
-    engine, ready, state.engine = spawn_engine(tp, port, max_num_seqs)  # type: ignore[attr-defined]
+    engine, ready, state.engine_core = spawn_engine(tp, port)  # type: ignore[attr-defined]
+    state.engine_pid = engine.pid  # type: ignore[attr-defined]
     log(
         "INFO",
         "core.py:93",
@@ -401,20 +402,23 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
         message["reasoning_content"] = thought
     if v >= (0, 11, 1):
         message["reasoning"] = thought
-    prompt_tokens, completion_tokens = len(prompt.split()) + 8, len((answer or "").split())
-    finish = "tool_calls" if forced is not None else "stop"
-    made = engine_generate(st, prompt_tokens, wanted_tokens(req, completion_tokens, forced is not None))
-    if made is None:
-        return 500, error(500, "InternalServerError", "EngineCore encountered an issue. See stack trace")
-    if forced is None and made != completion_tokens:  # cut at max_tokens, or run on (ignore_eos)
-        words = (answer or "").split()
-        message["content"] = " ".join((words * (made // max(1, len(words)) + 1))[:made])
-        finish = "length"
-    completion_tokens = made
-    with st.lock:
-        st.counts["success"] += 1
-        st.counts["prompt"] += prompt_tokens
-        st.counts["generation"] += completion_tokens
+    prompt_tokens = tokens_of(prompt) + 8
+    max_tokens, err = max_tokens_of(req, st, prompt_tokens)
+    if err:
+        return 400, err
+    spoken = message["content"] or message["tool_calls"][0]["function"]["arguments"]
+    words, reason = spoken.split() or ["."], "tool_calls" if forced is not None else "stop"
+    completion_tokens, said = 0, ""
+    try:
+        ignore_eos = bool(req.get("ignore_eos"))
+        for _, text, finished in engine_of(st).generate(prompt_tokens, words, max_tokens, ignore_eos):
+            completion_tokens += 1  # each token timed and counted by the engine
+            said += text
+            reason = "length" if finished == "length" else reason
+    except EngineDead:
+        return 500, error(500, "EngineDeadError", "EngineCore encountered an issue. See stack trace")
+    if message["content"]:
+        message["content"] = said
     return 200, {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -425,7 +429,7 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": finish,
+                "finish_reason": reason,
             }
         ],
         "usage": {
@@ -436,166 +440,487 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
     }
 
 
-# --- the engine: EngineCore does the token generation, the API server only hands requests over -------
-# As in vLLM's V1 engine: the API server sends each request to the `VLLM::EngineCore` process (there a
-# ZMQ socket, here a pipe of JSON lines) and receives its tokens and the scheduler's stats back. So a
-# stopped EngineCore (SIGSTOP) leaves /health answering 200 from the API server while every completion
-# waits, and /metrics shows the engine's last figures, frozen: what vLLM 0.26.0 did on the H200.
+# --- The engine's work: timed tokens, a bounded batch, streaming, and the /metrics it moves -------------
+#
+# Timing (env, read per request so a test can set it at launch):
+#   FAKE_VLLM_TOKEN_S          seconds per generated token (decode), default 0.002
+#   FAKE_VLLM_PREFILL_BASE_S   seconds of every prefill, default 0.005
+#   FAKE_VLLM_PREFILL_TOKEN_S  seconds per prompt token of prefill, default 0.00002 (50k tok/s)
+# Concurrency: `--max-num-seqs N` (vLLM's flag; FAKE_VLLM_MAX_NUM_SEQS when the flag is absent, else 256):
+# at most N requests run, the rest wait in order (vllm:num_requests_waiting). A stopped EngineCore
+# (SIGSTOP) moves no token while /health still answers 200, as seen on the H200 with vLLM 0.26.0.
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISHED_REASONS = ["stop", "length", "abort", "error", "repetition"]
+FILLER = ["and", "then", "the", "fake", "model", "keeps", "talking", "about", "nothing", "in", "particular"]
 
 
-def spawn_engine(tp: int, port: object, max_num_seqs: int) -> tuple:
-    """The EngineCore child with its two pipes: (proc, ready, EngineClient)."""
-    to_engine_r, to_engine_w = os.pipe()
-    from_engine_r, from_engine_w = os.pipe()
-    r, w = os.pipe()
-    argv = [
-        sys.executable, "-c", CHILD_CODE, HERE, "VLLM::EngineCore", "--ready-fd", str(w),
-        "--tp", str(tp), "--port", str(port), "--max-num-seqs", str(max_num_seqs),
-        "--requests-fd", str(to_engine_r), "--outputs-fd", str(from_engine_w),
-    ]
-    proc = subprocess.Popen(argv, pass_fds=(w, to_engine_r, from_engine_w), stdin=subprocess.DEVNULL)
-    for fd in (w, to_engine_r, from_engine_w):
-        os.close(fd)
-    with os.fdopen(r) as f:
-        word = f.readline().strip()
-    return proc, word == "ready", EngineClient(to_engine_w, from_engine_r)
+def buckets_1_2_5(maximum: int) -> list:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to the maximum."""
+    out, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > maximum:
+                return out
+            out.append(float(value))
+        exponent += 1
+
+
+class Histogram:
+    def __init__(self, buckets: list) -> None:
+        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def lines(self, name: str, label: str) -> list:
+        pairs = zip(self.buckets, self.counts, strict=True)
+        out = [f'{name}_bucket{{{label},le="{b}"}} {float(c)}' for b, c in pairs]
+        out.append(f'{name}_bucket{{{label},le="+Inf"}} {float(self.count)}')
+        return [*out, f"{name}_count{{{label}}} {float(self.count)}", f"{name}_sum{{{label}}} {self.sum}"]
+
+
+class EngineDead(Exception):
+    """The EngineCore died under a request."""
+
+
+class Engine:
+    """What the EngineCore does for the API server: admits up to max_num_seqs, prefills, decodes."""
+
+    def __init__(self, max_num_seqs: int, max_model_len: int) -> None:
+        self.max_num_seqs = max(1, max_num_seqs)
+        self.cond = threading.Condition()
+        self.running = 0
+        self.waiting = 0
+        self.queue: list = []
+        self.pid = 0  # the EngineCore's pid, once serve() started it
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.hist = {
+            "time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
+            "inter_token_latency_seconds": Histogram(ITL_BUCKETS),
+            "request_time_per_output_token_seconds": Histogram(ITL_BUCKETS),
+            "e2e_request_latency_seconds": Histogram(LATENCY_BUCKETS),
+            "request_queue_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_prefill_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_decode_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_inference_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_prompt_tokens": Histogram(buckets_1_2_5(max_model_len)),
+            "request_generation_tokens": Histogram(buckets_1_2_5(max_model_len)),
+        }
+
+    def stopped(self) -> bool:
+        """The EngineCore is stopped (SIGSTOP: state T); EngineDead when it is gone."""
+        if not self.pid:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            state = b"X"
+        if state in (b"Z", b"X"):
+            raise EngineDead
+        return state in (b"T", b"t")
+
+    def step(self, seconds: float) -> None:
+        """One engine step of `seconds`; it does not finish while the EngineCore makes no progress."""
+        core = getattr(self, "core", None)
+        if core is not None:  # the EngineCore process takes the step (see EngineCoreClient)
+            core.step(seconds)
+            return
+        time.sleep(seconds)
+        while self.stopped():
+            time.sleep(0.05)
+
+    def admit(self) -> None:
+        ticket = object()
+        with self.cond:
+            self.queue.append(ticket)
+            self.waiting += 1
+            while self.running >= self.max_num_seqs or self.queue[0] is not ticket:
+                self.cond.wait()
+            self.queue.pop(0)
+            self.waiting -= 1
+            self.running += 1
+            self.cond.notify_all()
+
+    def release(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def generate(self, prompt_tokens: int, words: list, max_tokens: int | None, ignore_eos: bool):
+        """Yields (index, text, finish_reason or None) per token, timed like an engine: queue, prefill
+        (grows with the prompt), then one decode step per token. The caller must exhaust or close it."""
+        token_s = float(os.environ.get("FAKE_VLLM_TOKEN_S", "0.002"))
+        prefill_s = float(os.environ.get("FAKE_VLLM_PREFILL_BASE_S", "0.005")) + prompt_tokens * float(
+            os.environ.get("FAKE_VLLM_PREFILL_TOKEN_S", "0.00002")
+        )
+        limit = max_tokens if max_tokens is not None else len(words)
+        if not ignore_eos:
+            limit = min(limit, len(words))
+        limit = max(1, limit)
+        arrived = time.monotonic()
+        self.admit()
+        started = time.monotonic()
+        first = last = started
+        produced, reason = 0, "abort"
+        try:
+            self.step(prefill_s)
+            first = last = time.monotonic()
+            for i in range(limit):
+                if i:
+                    self.step(token_s)
+                    now = time.monotonic()
+                    with self.cond:
+                        self.hist["inter_token_latency_seconds"].observe(now - last)
+                    last = now
+                word = words[i] if i < len(words) else FILLER[(i - len(words)) % len(FILLER)]
+                produced += 1
+                with self.cond:
+                    self.generation_tokens += 1
+                    if i == 0:
+                        self.prompt_tokens += prompt_tokens
+                        self.hist["time_to_first_token_seconds"].observe(first - arrived)
+                done = i == limit - 1
+                reason = ("stop" if limit >= len(words) and not ignore_eos else "length") if done else reason
+                yield i, (" " if i else "") + word, reason if done else None
+        finally:
+            end = time.monotonic()
+            self.release()
+            with self.cond:
+                self.success[reason] += 1
+                h = self.hist
+                h["e2e_request_latency_seconds"].observe(end - arrived)
+                h["request_queue_time_seconds"].observe(started - arrived)
+                h["request_prefill_time_seconds"].observe(first - started)
+                h["request_decode_time_seconds"].observe(last - first)
+                h["request_inference_time_seconds"].observe(end - started)
+                h["request_prompt_tokens"].observe(prompt_tokens)
+                h["request_generation_tokens"].observe(produced)
+                if produced > 1:
+                    h["request_time_per_output_token_seconds"].observe((last - first) / (produced - 1))
+
+
+def engine_of(st: object) -> Engine:
+    """The server's Engine, made on first use from --max-num-seqs and max_model_len."""
+    with st.lock:  # type: ignore[attr-defined]
+        engine = getattr(st, "engine", None)
+        if engine is None:
+            seqs = getattr(st.args, "max_num_seqs", None) or int(  # type: ignore[attr-defined]
+                os.environ.get("FAKE_VLLM_MAX_NUM_SEQS", "256")
+            )
+            engine = Engine(int(seqs), st.max_model_len)  # type: ignore[attr-defined]
+            engine.pid = getattr(st, "engine_pid", 0)
+            engine.core = getattr(st, "engine_core", None)  # type: ignore[attr-defined]
+            st.engine = engine  # type: ignore[attr-defined]
+        return engine
+
+
+def tokens_of(text: str) -> int:
+    """The fake tokenizer: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+def max_tokens_of(req: dict, st: object, prompt_tokens: int) -> tuple:
+    """(max_tokens, error): vLLM's check that prompt + max_tokens fit in max_model_len."""
+    value = req.get("max_completion_tokens") or req.get("max_tokens")
+    room = st.max_model_len - prompt_tokens  # type: ignore[attr-defined]
+    if value is not None and (not isinstance(value, int) or value < 1):
+        return None, error(400, "BadRequestError", f"max_tokens must be at least 1, got {value}.")
+    if room <= 0 or (value is not None and value > room):
+        return None, error(
+            400,
+            "BadRequestError",
+            f"This model's maximum context length is {st.max_model_len} tokens. However, you requested "  # type: ignore[attr-defined]
+            f"{(value or 0) + prompt_tokens} tokens ({prompt_tokens} in the messages, {value or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+        )
+    return value, None
+
+
+def sse(handler: object, events) -> None:
+    """Server-Sent Events as uvicorn sends vLLM's stream: chunked, one `data: ...` event per chunk."""
+    h = handler
+    h.send_response(200)  # type: ignore[attr-defined]
+    h.send_header("content-type", "text/event-stream; charset=utf-8")  # type: ignore[attr-defined]
+    h.send_header("transfer-encoding", "chunked")  # type: ignore[attr-defined]
+    h.end_headers()  # type: ignore[attr-defined]
+    try:
+        for data in events:
+            text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))  # pydantic's
+            raw = f"data: {text}\n\n".encode()
+            h.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")  # type: ignore[attr-defined]
+            h.wfile.flush()  # type: ignore[attr-defined]
+        h.wfile.write(b"0\r\n\r\n")  # type: ignore[attr-defined]
+        h.wfile.flush()  # type: ignore[attr-defined]
+    except (BrokenPipeError, ConnectionResetError, EngineDead):
+        h.close_connection = True  # type: ignore[attr-defined]
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # a client gone mid-stream: the engine frees its slot (an "abort")
+
+
+def chat_prompt(req: dict) -> str:
+    prompt = ""
+    for m in req.get("messages") or []:
+        content = m.get("content")
+        if m.get("role") == "user":
+            parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+            prompt = " ".join(parts)
+    return prompt
+
+
+def answer_words(prompt: str) -> list:
+    answer = (
+        "The capital of France is Paris."
+        if "France" in prompt
+        else f"This is the fake vLLM's answer to: {prompt[:60]}"
+    )
+    return answer.split()
+
+
+def stream_chat(st: object, req: dict) -> tuple:
+    """(status, body or event iterator) for a chat completion with `stream: true`, in vLLM's chunks:
+    the role chunk, content deltas, finish_reason (and stop_reason) on the last content chunk, with
+    `stream_options.include_usage` a chunk with empty choices and the usage, then [DONE]."""
+    if os.environ.get("FAKE_VLLM_CHAT_FAIL") == "1":
+        return 500, error(500, "InternalServerError", "EngineCore encountered an issue. See stack trace")
+    if req.get("model") is not None and req["model"] not in st.names:  # type: ignore[attr-defined]
+        return 404, error(404, "NotFoundError", f"The model `{req['model']}` does not exist.")
+    prompt = chat_prompt(req)
+    prompt_tokens = tokens_of(prompt) + 8  # the chat template's tokens
+    max_tokens, err = max_tokens_of(req, st, prompt_tokens)
+    if err:
+        return 400, err
+    return 200, chunks(st, req, "chat", prompt_tokens, answer_words(prompt), max_tokens)
+
+
+def stream_completion(st: object, req: dict) -> tuple:
+    """/v1/completions with `stream: true`: text deltas (no role chunk, no "object" key on the deltas,
+    as vLLM's exclude_unset leaves it), the usage chunk, then [DONE]."""
+    if req.get("model") is not None and req["model"] not in st.names:  # type: ignore[attr-defined]
+        return 404, error(404, "NotFoundError", f"The model `{req['model']}` does not exist.")
+    prompt = req.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    if not isinstance(prompt, str):
+        return 400, error(400, "BadRequestError", "prompt must be a string")
+    prompt_tokens = tokens_of(prompt) + 1  # BOS
+    max_tokens, err = max_tokens_of(req, st, prompt_tokens)
+    if err:
+        return 400, err
+    limit = 16 if max_tokens is None else max_tokens  # the completions API's default
+    return 200, chunks(st, req, "completion", prompt_tokens, answer_words(prompt), limit)
+
+
+def chunks(st: object, req: dict, kind: str, prompt_tokens: int, words: list, max_tokens: int | None):
+    engine = engine_of(st)
+    ident = f"chatcmpl-{uuid.uuid4().hex}" if kind == "chat" else f"cmpl-{uuid.uuid4().hex}"
+    created, model = int(time.time()), req.get("model") or st.names[0]  # type: ignore[attr-defined]
+    head: dict = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model}
+    if kind == "completion":
+        head = {"id": ident, "created": created, "model": model}
+    include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+    produced = 0
+    gen = engine.generate(prompt_tokens, words, max_tokens, bool(req.get("ignore_eos")))
+    try:
+        for i, text, reason in gen:
+            produced += 1
+            if kind == "chat":
+                if i == 0:
+                    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}
+                    yield {**head, "choices": [role]}
+                choice: dict = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                                "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            if reason is not None or kind == "completion":
+                choice["stop_reason"] = None
+            yield {**head, "choices": [choice]}
+    finally:
+        gen.close()
+    if include_usage:
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + produced,
+                 "completion_tokens": produced}
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        yield {"id": ident, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
+    yield "[DONE]"
+
+
+def complete(st: object, req: dict) -> tuple:
+    """/v1/completions without streaming, timed through the engine like a streamed one."""
+    status, events = stream_completion(st, {**req, "stream_options": {"include_usage": True}})
+    if status != 200:
+        return status, events
+    text, reason, usage, ident, created = "", None, {}, "", 0
+    try:
+        seen = list(events)
+    except EngineDead:
+        return 500, error(500, "EngineDeadError", "EngineCore encountered an issue. See stack trace")
+    for event in seen:
+        if isinstance(event, dict):
+            ident, created = event["id"], event["created"]
+            for c in event["choices"]:
+                text += c["text"]
+                reason = c["finish_reason"] or reason
+            usage = event.get("usage") or usage
+    model = req.get("model") or st.names[0]  # type: ignore[attr-defined]
+    return 200, {
+        "id": ident, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None,
+                     "prompt_logprobs": None}],
+        "usage": usage,
+    }
+
+
+def metrics_text(st: object) -> str:
+    """/metrics as prometheus_client writes vLLM's: HELP, TYPE, then samples, from the engine's work."""
+    engine = engine_of(st)
+    label = f'engine="0",model_name="{st.names[0]}"'  # type: ignore[attr-defined]
+    usage = float(os.environ.get("FAKE_VLLM_KV_CACHE_USAGE", "0"))  # what a loaded server shows
+    with engine.cond:
+        rows = [("num_requests_running", "gauge", engine.running),
+                ("num_requests_waiting", "gauge", engine.waiting),
+                ("kv_cache_usage_perc", "gauge", usage), ("num_preemptions_total", "counter", 0.0),
+                ("prompt_tokens_total", "counter", engine.prompt_tokens + st.counts["prompt"]),  # type: ignore[attr-defined]
+                ("generation_tokens_total", "counter", engine.generation_tokens)]
+        success = dict(engine.success)
+        hists = {name: (list(h.counts), h.count, h.sum, h.buckets) for name, h in engine.hist.items()}
+    import re as _re
+
+    v = tuple(int(x) for x in _re.findall(r"\d+", st.version)[:3])  # type: ignore[attr-defined]
+    if v < (0, 12, 0):
+        rows.append(("gpu_cache_usage_perc", "gauge", 0.0))
+    out = []
+    for name, kind, value in rows:
+        base = name[: -len("_total")] if kind == "counter" else name
+        out += [f"# HELP vllm:{base} {base.replace('_', ' ')}", f"# TYPE vllm:{base} {kind}",
+                f"vllm:{name}{{{label}}} {float(value)}"]
+    out += ["# HELP vllm:request_success Count of successfully processed requests.",
+            "# TYPE vllm:request_success counter"]
+    out += [f'vllm:request_success_total{{engine="0",finished_reason="{r}",model_name="{st.names[0]}"}} '  # type: ignore[attr-defined]
+            f"{float(n)}" for r, n in success.items()]
+    for name, (counts, count, total, buckets) in hists.items():
+        h = Histogram(buckets)
+        h.counts, h.count, h.sum = counts, count, total
+        out += [f"# HELP vllm:{name} Histogram of {name.replace('_', ' ')}.", f"# TYPE vllm:{name} histogram"]
+        out += h.lines(f"vllm:{name}", label)
+    return "\n".join(out) + "\n"
+
+
+# --- the EngineCore process takes the engine's steps: the API server hands each over a pipe --------------
+# As in vLLM's V1 engine, where the API server sends requests to the `VLLM::EngineCore` process (a ZMQ
+# socket there, two pipes of JSON lines here) and every token comes back from it: each step of the
+# Engine above (a prefill, one decode token) is sent to the child, which takes the step's time and
+# answers. A stopped EngineCore (SIGSTOP) answers nothing, so no token moves and every completion waits
+# while the API server still answers /health with 200; a dead one closes its pipe: EngineDead.
+
+
+def spawn_engine(tp: int, port: object) -> tuple:
+    """The EngineCore child with its two pipes: (proc, ready, EngineCoreClient or None when it failed)."""
+    to_core_r, to_core_w = os.pipe()
+    from_core_r, from_core_w = os.pipe()
+    extra = ["--tp", str(tp), "--port", str(port), "--steps-fd", str(to_core_r), "--done-fd", str(from_core_w)]
+    proc, ready = spawn("VLLM::EngineCore", extra, keep=(to_core_r, from_core_w))
+    os.close(to_core_r)
+    os.close(from_core_w)
+    if not ready:
+        os.close(to_core_w)
+        os.close(from_core_r)
+        return proc, False, None
+    return proc, True, EngineCoreClient(to_core_w, from_core_r)
 
 
 def start_engine_core(opts: dict, stop: threading.Event) -> None:
-    """In the EngineCore child: the scheduler loop, when the API server gave it the pipes."""
-    if "--requests-fd" not in opts or "--outputs-fd" not in opts:
+    """In the EngineCore child: take the steps the API server sends, each its own time, several at once
+    (a batch's requests step together), and answer each when done."""
+    if "--steps-fd" not in opts or "--done-fd" not in opts:
         return
-    requests, outputs = int(opts["--requests-fd"]), int(opts["--outputs-fd"])
-    max_num_seqs = int(opts.get("--max-num-seqs", "256"))
-    threading.Thread(target=engine_core_loop, args=(requests, outputs, max_num_seqs, stop), daemon=True).start()
+    steps, done = int(opts["--steps-fd"]), int(opts["--done-fd"])
+    threading.Thread(target=engine_core_loop, args=(steps, done, stop), daemon=True).start()
 
 
-def engine_core_loop(requests_fd: int, outputs_fd: int, max_num_seqs: int, stop: threading.Event) -> None:
-    """vLLM's busy loop in small: admit waiting requests up to --max-num-seqs, one token per running
-    request per step (FAKE_VLLM_STEP_S apart), stats after every step that did something."""
-    import collections
+def engine_core_loop(steps_fd: int, done_fd: int, stop: threading.Event) -> None:
+    import heapq
     import queue
 
     inbox: queue.Queue = queue.Queue()
 
     def read() -> None:
-        with os.fdopen(requests_fd, "rb") as f:
+        with os.fdopen(steps_fd, "rb") as f:
             for line in f:
                 inbox.put(json.loads(line))
+        inbox.put(None)  # the API server is gone
 
     threading.Thread(target=read, daemon=True).start()
-    out = os.fdopen(outputs_fd, "wb", buffering=0)
-    step_s = float(os.environ.get("FAKE_VLLM_STEP_S", "0"))
-    waiting: collections.deque = collections.deque()
-    running: dict = {}
-    generated = prompt = 0
-
-    def send(doc: dict) -> None:
-        out.write((json.dumps(doc) + "\n").encode())
-
+    out = os.fdopen(done_fd, "wb", buffering=0)
+    due: list = []
     while not stop.is_set():
+        wait = max(0.0, due[0][0] - time.monotonic()) if due else 0.2
         try:
-            idle = not waiting and not running
-            item = inbox.get(timeout=0.2) if idle else inbox.get_nowait()
-            while True:
-                waiting.append(item)
-                item = inbox.get_nowait()
+            item = inbox.get(timeout=wait)
+            if item is None:
+                return
+            heapq.heappush(due, (time.monotonic() + float(item["seconds"]), item["id"]))
+            continue
         except queue.Empty:
             pass
-        while waiting and len(running) < max_num_seqs:
-            req = waiting.popleft()
-            prompt += int(req.get("prompt_tokens", 0))
-            running[req["id"]] = [int(req["max_tokens"]), 0]
-        if not running:
-            continue
-        for rid in list(running):
-            left_made = running[rid]
-            left_made[0] -= 1
-            left_made[1] += 1
-            generated += 1
-            if left_made[0] <= 0:
-                del running[rid]
-                send({"id": rid, "tokens": left_made[1]})
-        send({"stats": {"running": len(running), "waiting": len(waiting), "generation": generated,
-                        "prompt": prompt}})
-        if step_s:
-            time.sleep(step_s)
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            _, ident = heapq.heappop(due)
+            out.write(f"{ident}\n".encode())
 
 
-class EngineClient:
-    """The API server's side of the engine: hands requests over, waits for their tokens, and keeps the
-    scheduler stats the engine last sent (what /metrics shows)."""
+class EngineCoreClient:
+    """The API server's end of the pipes: step() sends one step and waits for the EngineCore's answer;
+    EngineDead once the EngineCore has closed its end (it died)."""
 
-    def __init__(self, requests_fd: int, outputs_fd: int) -> None:
-        self._out = os.fdopen(requests_fd, "wb", buffering=0)
-        self._in = outputs_fd
+    def __init__(self, steps_fd: int, done_fd: int) -> None:
+        self._out = os.fdopen(steps_fd, "wb", buffering=0)
         self._lock = threading.Lock()
-        self._pending: dict = {}
-        self.stats = {"running": 0, "waiting": 0, "generation": 0, "prompt": 0}
-        self.gone = False
-        threading.Thread(target=self._receive, daemon=True).start()
+        self._waiting: dict = {}
+        self._gone = False
+        threading.Thread(target=self._receive, args=(done_fd,), daemon=True).start()
 
-    def _receive(self) -> None:
-        with os.fdopen(self._in, "rb") as f:
+    def _receive(self, done_fd: int) -> None:
+        with os.fdopen(done_fd, "rb") as f:
             for line in f:
-                doc = json.loads(line)
                 with self._lock:
-                    if "stats" in doc:
-                        self.stats = doc["stats"]
-                    elif doc.get("id") in self._pending:
-                        box = self._pending.pop(doc["id"])
-                        box.append(doc["tokens"])
-                        box[0].set()
-        with self._lock:  # the engine is gone: nothing waiting will be answered
-            self.gone = True
-            for box in self._pending.values():
-                box[0].set()
-            self._pending.clear()
-
-    def generate(self, prompt_tokens: int, max_tokens: int) -> int | None:
-        """The number of tokens the engine generated (None: it died first). Waits as long as the
-        engine takes: a stopped engine is waited on forever, as vLLM's API server does."""
-        rid = uuid.uuid4().hex
-        done = threading.Event()
-        box: list = [done]
+                    box = self._waiting.pop(int(line), None)
+                if box is not None:
+                    box[0].set()
         with self._lock:
-            if self.gone:
-                return None
-            self._pending[rid] = box
-        try:
-            self._out.write(
-                (json.dumps({"id": rid, "prompt_tokens": prompt_tokens, "max_tokens": max(1, max_tokens)})
-                 + "\n").encode()
-            )
-        except OSError:
-            return None
-        done.wait()
-        return box[1] if len(box) > 1 else None
+            self._gone = True
+            for box in self._waiting.values():
+                box[1] = True  # never answered: the engine died under it
+                box[0].set()
+            self._waiting.clear()
 
-
-def engine_generate(st: object, prompt_tokens: int, wanted: int) -> int | None:
-    """Generation through the engine when the server has one (the API server), else `wanted` at once;
-    the metrics' counters then come from the engine's stats."""
-    engine = getattr(st, "engine", None)
-    if engine is None:
-        return wanted
-    return engine.generate(prompt_tokens, wanted)  # type: ignore[no-any-return]
-
-
-def wanted_tokens(req: dict, natural: int, forced: bool) -> int:
-    """How many tokens the engine generates: the answer's, cut at max_tokens; `ignore_eos` (what
-    `vllm bench serve` sends) runs on to max_tokens. A forced tool call is never cut."""
-    limit = req.get("max_completion_tokens") or req.get("max_tokens")
-    if forced or not isinstance(limit, int) or limit < 1:
-        return natural
-    return limit if req.get("ignore_eos") else min(natural, limit)
-
-
-def engine_counts(st: object) -> dict:
-    """What /metrics shows: the engine's own stats when there is an engine, else the server's counts."""
-    engine = getattr(st, "engine", None)
-    with st.lock:  # type: ignore[attr-defined]
-        counts = dict(st.counts)  # type: ignore[attr-defined]
-    if engine is not None:
-        counts.update(engine.stats)
-    return counts
+    def step(self, seconds: float) -> None:
+        box = [threading.Event(), False]
+        with self._lock:
+            if self._gone:
+                raise EngineDead
+            ident = id(box)
+            self._waiting[ident] = box
+            try:
+                self._out.write((json.dumps({"id": ident, "seconds": seconds}) + "\n").encode())
+            except OSError:
+                raise EngineDead from None
+        box[0].wait()  # as long as the EngineCore takes: forever while it is stopped
+        if box[1]:
+            raise EngineDead
