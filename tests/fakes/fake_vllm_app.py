@@ -834,7 +834,8 @@ def spawn_engine(tp: int, port: object) -> tuple:
     """The EngineCore child with its two pipes: (proc, ready, EngineCoreClient or None when it failed)."""
     to_core_r, to_core_w = os.pipe()
     from_core_r, from_core_w = os.pipe()
-    extra = ["--tp", str(tp), "--port", str(port), "--steps-fd", str(to_core_r), "--done-fd", str(from_core_w)]
+    extra = ["--tp", str(tp), "--port", str(port)]
+    extra += ["--steps-fd", str(to_core_r), "--done-fd", str(from_core_w)]
     proc, ready = spawn("VLLM::EngineCore", extra, keep=(to_core_r, from_core_w))
     os.close(to_core_r)
     os.close(from_core_w)
