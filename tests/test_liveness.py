@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from reconcile.host import HttpUnreachable, http_request
+from reconcile.liveness import EngineSample, Stall, judge, keep_stall, read_stall, state_path
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.test_server_support import alive, wait_for
 
@@ -258,3 +259,98 @@ def test_the_crash_loop_guard_holds_an_engine_that_keeps_hanging(live: Demo) -> 
     assert "forgot 1 hung engine(s)" in reset.stderr, reset.output
     assert reset.returncode == 2, reset.output
     assert server_pid(live) not in (first, second)
+
+
+# --- the verdict (reconcile.liveness.judge) and the kept stall, without a server ------------------------
+
+
+def sample(
+    answered: bool | None, before: float | None, after: float | None, prior: Stall | None = None
+) -> Any:
+    return EngineSample(1000.0, answered, 2.0, 2.0, before, after, 1.0, 3.0, prior=prior)
+
+
+def test_an_answer_is_alive_and_ends_a_stall() -> None:
+    verdict = judge(sample(True, None, None, Stall(7, 5.0, 900.0, 10.0)), 7, 5.0, window=60)
+    assert verdict.state == "alive" and verdict.stall is None
+
+
+def test_tokens_that_move_while_the_completion_waits_are_busy_not_hung() -> None:
+    verdict = judge(sample(False, 10.0, 25.0, Stall(7, 5.0, 100.0, 10.0)), 7, 5.0, window=1)
+    assert verdict.state == "busy" and verdict.stall is None
+    assert verdict.message.startswith("busy: 15 tokens generated while a 1-token completion waited 2s")
+
+
+def test_a_stall_is_timed_from_the_first_look_of_the_same_server_at_the_same_count() -> None:
+    first = judge(sample(False, 10.0, 10.0), 7, 5.0, window=60)
+    assert first.state == "stalled" and first.stall == Stall(7, 5.0, 1000.0, 10.0, 1.0, 3.0)
+    later = EngineSample(1100.0, False, 2.0, 2.0, 10.0, 10.0, 1.0, 3.0, prior=first.stall)
+    verdict = judge(later, 7, 5.0, window=60)
+    assert verdict.state == "hung" and verdict.stall is not None and verdict.stall.since == 1000.0
+    assert "no tokens for 102s with 1 running, 3 waiting by vLLM's /metrics" in verdict.message
+
+
+def test_a_stall_kept_for_another_server_or_count_starts_again() -> None:
+    kept = Stall(7, 5.0, 100.0, 10.0)
+    for pid, start, count in ((8, 5.0, 10.0), (7, 99.0, 10.0), (7, 5.0, 11.0)):
+        verdict = judge(sample(False, count, count, kept), pid, start, window=60)
+        assert verdict.state == "stalled" and verdict.stall is not None and verdict.stall.since == 1000.0
+
+
+def test_an_error_answer_says_nothing_about_progress() -> None:
+    kept = Stall(7, 5.0, 100.0, 10.0)
+    verdict = judge(
+        EngineSample(1000.0, None, 0.1, 2.0, error="the 1-token completion answered HTTP 401", prior=kept),
+        7,
+        5.0,
+        window=1,
+    )
+    assert verdict.state == "unknown" and verdict.stall == kept and "HTTP 401" in verdict.message
+
+
+def test_the_kept_stall_is_private_and_a_damaged_one_is_moved_aside(tmp_path: Path) -> None:
+    from reconcile.spec.loader import load_spec
+
+    spec_file = tmp_path / "spec.toml"
+    spec_file.write_text(
+        f'[machine]\nstate_dir = "{tmp_path}/state"\n\n[server]\nname = "x"\nexecutable = "/bin/true"\n'
+        f'model = "m"\nlog = "{tmp_path}/x.log"\n'
+    )
+    spec = load_spec(str(spec_file)).spec
+    stall = Stall(7, 5.0, 100.0, 10.0, 1.0, 0.0)
+    assert keep_stall(spec, stall, None) is True
+    path = Path(state_path(spec))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert read_stall(spec) == stall
+    assert keep_stall(spec, stall, stall) is False  # unchanged: not written again
+    path.write_text('{"format": "reconcile-liveness/1", "stall": {"pid": "seven"}}')
+    assert read_stall(spec) is None
+    assert not path.exists() and len(list(path.parent.glob(path.name + ".corrupt-*"))) == 1
+
+
+def test_a_stopped_member_ends_on_sigterm_without_waiting_for_sigkill() -> None:
+    """stop_marked sends SIGCONT after SIGTERM (as systemd does): a SIGSTOPped EngineCore would
+    otherwise hold the SIGTERM until the SIGKILL, a whole stop_timeout later."""
+    import subprocess
+    import sys
+    import uuid
+
+    from actions import supervising
+    from reconcile.identity import MARKER
+
+    marker = f"liveness-{uuid.uuid4().hex[:10]}@/nonexistent"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env={**os.environ, MARKER: marker},
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: proc.pid in supervising.marked_pids(marker), 10, "the marked process")
+        stop(proc.pid)
+        outcome = supervising.stop_marked(marker, timeout=60)
+        assert outcome.terminated == (proc.pid,) and outcome.killed == (), outcome
+        assert proc.wait(5) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
