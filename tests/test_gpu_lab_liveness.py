@@ -138,7 +138,7 @@ def test_a_stopped_engine_core_is_restarted_by_the_next_scheduled_apply() -> Non
         assert code == 2 and FIGURES["plan_line"], out
         code, out, _err, _took = cli("status", "--spec", spec)
         FIGURES["status_line"] = next((x.strip() for x in out.splitlines() if "engine:" in x), None)
-        assert FIGURES["status_line"] and "engine hung since" in FIGURES["status_line"], out
+        assert FIGURES["status_line"] and "engine: hung since" in FIGURES["status_line"], out
 
         code, out, _err, took = cli("apply", "--scheduled", "--spec", spec)
         FIGURES["scheduled_apply_detect_and_restart_s"] = round(took, 1)

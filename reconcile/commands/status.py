@@ -137,9 +137,8 @@ def _hold(loaded: LoadedSpec) -> str | None:
 
 def status_of(loaded: LoadedSpec) -> StatusReport:
     from reconcile.plan.planner import make_plan
-    from reconcile.unattended.pause import read_pause
-
     from reconcile.plan.prober import probe_all
+    from reconcile.unattended.pause import read_pause
 
     observed = probe_all(loaded.spec)
     plan = make_plan(loaded, observed)
@@ -242,7 +241,7 @@ def render_status(
         engine = s.get("engine")
         if engine:
             mark = "✗ " if engine.get("state") == "hung" else ""
-            stream.write(f"    {mark}engine: {engine.get('message')}\n")
+            stream.write(f"    {mark}engine: {str(engine.get('message')).removeprefix('engine ')}\n")
         for p in s.get("problems", []):
             stream.write(f"    ✗ {p}\n")
         owned = s.get("ownership")
