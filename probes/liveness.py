@@ -93,11 +93,12 @@ def _completion(spec: Spec, deadline: float) -> tuple[bool | None, float, str | 
     except HttpUnreachable as exc:
         return None, time.monotonic() - started, str(exc)
     seconds = time.monotonic() - started
-    try:
-        usage = json.loads(resp.body).get("usage") or {}
-        made = usage.get("completion_tokens")
-    except (ValueError, AttributeError):
-        made = None
+    try:  # as data from outside: bounded, nesting refused (HttpResponse.json)
+        data = resp.json()
+    except ValueError:
+        data = None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    made = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if resp.status == 200 and isinstance(made, int) and made >= 1:
         return True, seconds, None
     text = shown(resp.body[:200].decode("utf-8", errors="replace"), 200)
