@@ -354,3 +354,26 @@ def test_a_stopped_member_ends_on_sigterm_without_waiting_for_sigkill() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
+def test_the_liveness_look_sends_nothing_to_a_listener_of_another_user(
+    tmp_path: Path, strangers: list[int]
+) -> None:
+    """A nobody listener on the deployment's port that answers anything with 200: the look neither sends
+    it the key nor the completion (nor waits on it), and says whose the port is."""
+    from probes import liveness
+    from probes.common import Unavailable
+    from reconcile.spec.loader import load_spec
+    from tests.ownership_support import SPY, as_nobody, received
+
+    for demo in demo_in(tmp_path):
+        demo.key_file.parent.mkdir(parents=True, exist_ok=True)
+        demo.key_file.write_text("sk-the-real-key\n")
+        demo.key_file.chmod(0o600)
+        spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(demo.port)], {}, strangers)
+        seen = liveness.probe(load_spec(str(demo.spec_path)).spec)
+        got = received(spy)
+        assert "sk-the-real-key" not in got and "authorization" not in got.lower()
+        assert "POST" not in got and "GET /metrics" not in got
+        assert isinstance(seen, Unavailable) and f"pid {spy.pid}" in seen.reason and "nobody" in seen.reason
