@@ -323,14 +323,18 @@ def private_dir(path: str) -> None:
 
 
 def reset_crash_loop(spec: Spec) -> ActionResult:
-    """Forget failed starts (`reconcile apply --reset-crash-loop`)."""
+    """Forget failed starts and hung engines (`reconcile apply --reset-crash-loop`)."""
     record = read_record(spec)
-    failed = [h for h in record.get("history", []) if h.get("outcome") == "failed"]
-    if not failed:
+    history = record.get("history", [])
+    failed = [h for h in history if h.get("outcome") == "failed"]
+    hung = [h for h in history if h.get("outcome") == "hung"]
+    if not failed and not hung:
         return ActionResult(False, "no failed starts recorded")
-    record["history"] = [h for h in record.get("history", []) if h.get("outcome") != "failed"]
+    record["history"] = [h for h in history if h.get("outcome") not in ("failed", "hung")]
     write_record(spec, record)
-    return ActionResult(True, f"forgot {len(failed)} failed start(s)")
+    said = [f"{len(failed)} failed start(s)"] if failed else []
+    said += [f"{len(hung)} hung engine(s)"] if hung else []
+    return ActionResult(True, f"forgot {' and '.join(said)}")
 
 
 def refuse_crash_loop(spec: Spec, record: Mapping[str, Any], now: float | None = None) -> None:

@@ -62,11 +62,13 @@ def apply(
     change: Change, spec: Spec, inputs: LaunchInputs, *, progress: ProgressFn | None = None
 ) -> ActionResult:
     """Make the server Change true. The spec's `running` decides, not the Change's kind: a `-` Change
-    while running = true removes strays only, which ensure_running does without touching the server."""
-    del change  # re-planned by the executor right before; the spec says what must be true
+    while running = true removes strays only, which ensure_running does without touching the server.
+    The one thing a Change adds (re-planned by the executor right before): an engine the planner found
+    hung (`engine_hung`, reconcile.liveness), which /health cannot show, is restarted."""
     if not _server(spec).running:
         return ensure_stopped(spec)
-    return ensure_running(spec, inputs, progress=progress)
+    hung = change.params.get("engine_hung")
+    return ensure_running(spec, inputs, progress=progress, hung=hung if isinstance(hung, str) else None)
 
 
 def ensure_running(
@@ -75,14 +77,19 @@ def ensure_running(
     *,
     progress: ProgressFn | None = None,
     base_env: Mapping[str, str] | None = None,
+    hung: str | None = None,
 ) -> ActionResult:
-    """Leave a healthy server of the same identity alone (its strays aside); otherwise (re)start it."""
+    """Leave a healthy server of the same identity alone (its strays aside); otherwise (re)start it.
+    `hung` (why its engine counts as hung): restart it although /health answers 200, and record the
+    hang, which the crash-loop guard counts."""
     server = _server(spec)
     command = launch_command(spec, inputs, base_env=base_env)
     record = read_record(spec)
     pid = server_records.current_pid(spec)
     reason = "not running"
-    if pid is not None and supervising.environ_value(pid, IDENTITY) == command.identity.digest:
+    if pid is not None and hung is not None:
+        reason = hung
+    elif pid is not None and supervising.environ_value(pid, IDENTITY) == command.identity.digest:
         kept = _keep(spec, command, pid, record, progress)
         if kept is not None:
             if server_records.adopt(spec, command, pid, record):
@@ -92,6 +99,8 @@ def ensure_running(
     elif pid is not None:
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
+    if pid is not None and hung is not None:  # (a held guard leaves a hung server as it is, and says so)
+        _record_hang(spec, record, pid, hung)
     stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
     holder = _port_holder(server.port)
     if holder is not None:
@@ -107,6 +116,23 @@ def ensure_running(
         True,
         f"started {server.name} (pid {new_pid}; why: {reason}); {healthy}{_kv_note(spec, record)}{note}",
     )
+
+
+def _record_hang(spec: Spec, record: dict[str, Any], pid: int, why: str) -> None:
+    """A hang in the start history (outcome "hung"), before the restart: the crash-loop guard counts
+    hangs in its window as it counts failed starts, so an engine that keeps hanging is held."""
+    entry: dict[str, Any] = {
+        "at": time.time(),
+        "pid": pid,
+        "identity": str(record.get("identity") or ""),
+        "outcome": "hung",
+        "reason": why,
+    }
+    launch = proc_id(pid)
+    if launch is not None:
+        entry.update(start=launch.start, boot=launch.boot)
+    record["history"] = [*record.get("history", []), entry][-_HISTORY:]
+    write_record(spec, record)
 
 
 def _kv_note(spec: Spec, record: Mapping[str, Any]) -> str:

@@ -72,11 +72,14 @@ class _Held:
         return None
 
     def send(self, sig: int) -> bool:
+        """`sig`; after SIGTERM a SIGCONT too, as systemd sends: a stopped process (a hung engine's
+        SIGSTOPped EngineCore) would otherwise hold the SIGTERM until the SIGKILL."""
         try:
-            if self.fd is not None:
-                signal.pidfd_send_signal(self.fd, sig)
-            else:
-                os.kill(self.pid, sig)
+            for one in (sig, signal.SIGCONT) if sig == signal.SIGTERM else (sig,):
+                if self.fd is not None:
+                    signal.pidfd_send_signal(self.fd, one)
+                else:
+                    os.kill(self.pid, one)
             return True
         except ProcessLookupError:
             return False

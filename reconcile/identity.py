@@ -268,15 +268,19 @@ def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = N
     guard = spec.server.crash_loop
     now = time.time() if now is None else now
     recent: list[Mapping[str, Any]] = []
-    for entry in record.get("history", []):
+    hangs: list[Mapping[str, Any]] = []  # engines restarted for making no progress: a good start between
+    for entry in record.get("history", []):  # two hangs does not clear them (each restart starts fine)
         if entry.get("outcome") == "ok":
             recent = []
         elif entry.get("outcome") == "failed" and entry.get("at", 0) > now - guard.window:
             recent.append(entry)
-    if len(recent) < guard.max_starts:
-        return None
-    until = time.strftime("%H:%M:%S", time.localtime(recent[-guard.max_starts]["at"] + guard.window))
-    return (
-        f"server {spec.server.name} failed to start {len(recent)} times within {guard.window:g}s "
-        f"(last: {recent[-1].get('reason', '?')}); not starting it again before {until}"
-    )
+        elif entry.get("outcome") == "hung" and entry.get("at", 0) > now - guard.window:
+            hangs.append(entry)
+    for seen, what in ((recent, "failed to start"), (hangs, "was restarted with its engine hung")):
+        if len(seen) >= guard.max_starts:
+            until = time.strftime("%H:%M:%S", time.localtime(seen[-guard.max_starts]["at"] + guard.window))
+            return (
+                f"server {spec.server.name} {what} {len(seen)} times within {guard.window:g}s "
+                f"(last: {seen[-1].get('reason', '?')}); not starting it again before {until}"
+            )
+    return None

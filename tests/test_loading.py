@@ -139,6 +139,11 @@ EXPECTED = {
     "(a keyring path, or trusted = true for a local test repository)",
     "api_key_in_args.toml": "api_key_in_args.toml:11: server.args.api-key: puts the key on the command line "
     "(use [api_key] file = ... instead)",
+    "liveness_deadline_too_long.toml": "liveness_deadline_too_long.toml:9: server.liveness.deadline: "
+    "is 300s; at most 120s (plan and apply wait for it: a stall longer than that is what `window` is for, "
+    'e.g. deadline = "15s", window = "5m")',
+    "unknown_liveness_key.toml": "unknown_liveness_key.toml:6: server.liveness.dedline: unknown key, "
+    "did you mean deadline? (allowed: check, deadline, window)",
     "flag_with_dashes.toml": "flag_with_dashes.toml:8: server.args.--max-model-len: write the flag without "
     "its leading dashes (max-model-len = ...)",
     "repo_and_source.toml": "repo_and_source.toml:4: model.source: set with repo too "

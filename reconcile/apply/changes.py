@@ -216,7 +216,8 @@ def apply_spec(
     `on_locked` / `on_done` / `on_interrupt` (reconcile.apply.switching): run under the lock before
     the first plan / at the end / when a KeyboardInterrupt (Ctrl-C, or SIGTERM made one) stops it.
     """
-    from reconcile.plan.planner import make_plan
+    from reconcile.plan.planner import make_plan, remember
+    from reconcile.plan.prober import probe_all
     from reconcile.unattended.pause import read_pause
 
     show = progress or _stderr_progress
@@ -242,8 +243,13 @@ def apply_spec(
         checkpoint("apply.locked")
         if on_locked is not None:
             on_locked(report)
-        plan = make_plan(loaded)
+        observed = probe_all(loaded.spec)
+        plan = make_plan(loaded, observed)
         report.first_plan = plan
+        try:  # what spans runs (an engine stall); a state dir that cannot be written must not stop apply
+            remember(loaded.spec, observed)
+        except (OSError, ReconcileError) as exc:
+            report.notes.append(f"could not keep the run's observations: {exc}")
         if plan.errors:
             report.refused = f"{len(plan.errors)} preflight error(s); nothing was changed"
             report.final_plan = plan

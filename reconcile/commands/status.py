@@ -22,6 +22,7 @@ from reconcile.spec.loaded import LoadedSpec
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from reconcile.commands.common import Args
+    from reconcile.resources import Observed
 
 
 @dataclass
@@ -117,6 +118,15 @@ def _metrics(loaded: LoadedSpec, facts: dict[str, Any]) -> dict[str, Any] | None
     return dict(jsonable(probe(loaded.spec)))
 
 
+def _engine(loaded: LoadedSpec, observed: Observed) -> dict[str, str] | None:
+    """Whether the engine makes progress beyond /health (reconcile.liveness): alive, busy, stalled since
+    when, or hung since when and why; None when it was not looked at (not running, check = false)."""
+    from reconcile.resources.server import liveness_verdict
+
+    verdict = liveness_verdict(loaded.spec, observed)
+    return None if verdict is None else {"state": verdict.state, "message": verdict.message}
+
+
 def _hold(loaded: LoadedSpec) -> str | None:
     if loaded.spec.server is None:
         return None
@@ -127,14 +137,17 @@ def _hold(loaded: LoadedSpec) -> str | None:
 
 def status_of(loaded: LoadedSpec) -> StatusReport:
     from reconcile.plan.planner import make_plan
+    from reconcile.plan.prober import probe_all
     from reconcile.unattended.pause import read_pause
 
-    plan = make_plan(loaded)
+    observed = probe_all(loaded.spec)
+    plan = make_plan(loaded, observed)
     state_dir = loaded.spec.machine.state_dir
     pause = read_pause(state_dir)
     server = _server_facts(plan, loaded)
     if server:
         server["metrics"] = _metrics(loaded, server)
+        server["engine"] = _engine(loaded, observed)
     return StatusReport(
         loaded.path,
         read_conditions(state_dir, plan),
@@ -225,6 +238,10 @@ def render_status(
             )
         for line in _metric_lines(s.get("metrics")):
             stream.write(line + "\n")
+        engine = s.get("engine")
+        if engine:
+            mark = "✗ " if engine.get("state") == "hung" else ""
+            stream.write(f"    {mark}engine: {str(engine.get('message')).removeprefix('engine ')}\n")
         for p in s.get("problems", []):
             stream.write(f"    ✗ {p}\n")
         owned = s.get("ownership")

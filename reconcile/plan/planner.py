@@ -50,6 +50,13 @@ def plan_items(spec: Spec, obs: Observed) -> list[Item]:
     ]
 
 
+def remember(spec: Spec, obs: Observed) -> None:
+    """Each row's `remember` (apply's first plan only, under the lock: plan itself writes nothing)."""
+    for row in TABLE:
+        if row.remember is not None:
+            row.remember(spec, obs)
+
+
 def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
     from reconcile.preflight.gather import findings_for
     from reconcile.spec.origin import git_info

@@ -30,6 +30,7 @@ ProbeFn = Callable[["Spec"], object]
 Planner = Callable[["Spec", "Observed"], "Item | None"]
 Perform = Callable[["LoadedSpec", "Change", Progress], "ActionResult"]
 AfterPlan = Callable[["Item", "Spec", "Observed", list[str]], "Item"]
+Remember = Callable[["Spec", "Observed"], None]
 DependsOn = Callable[["Spec"], tuple[str, ...]]
 
 
@@ -71,7 +72,9 @@ class Kind(Record):
     `depends_on(spec)`: what must be true before its action runs (a failure there blocks it).
     `restarts_server`: the server's launch identity covers it, so a pending change to it restarts the
     server. `after_plan`: sees the whole plan's pending `restarts_server` changes and may revise the
-    row's item. `serves`: its action switches what serves (apply judges a generation by its result)."""
+    row's item. `serves`: its action switches what serves (apply judges a generation by its result).
+    `remember`: apply, under its lock, after its first plan: keeps what the next run's plan compares
+    against (the server row: an engine stall, so a liveness window spans scheduled applies)."""
 
     name: str
     section: str
@@ -82,6 +85,7 @@ class Kind(Record):
     restarts_server: bool = False
     after_plan: AfterPlan | None = None
     serves: bool = False
+    remember: Remember | None = None
 
 
 def needs(*names: str) -> DependsOn:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actions.launching import LaunchInputs
+    from reconcile.liveness import Verdict
     from reconcile.resources import Observed
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
@@ -106,6 +107,15 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
             "the server is unhealthy",
             stray_diffs,
         )
+    verdict = liveness_verdict(spec, obs)
+    if verdict is not None and verdict.hung:
+        return change(
+            Action.RESTART,
+            f"restart {want.name}: {verdict.message}",
+            "the engine makes no progress while /health answers 200",
+            (FieldDiff("engine", "hung", "restarted"), *stray_diffs),
+            params={"engine_hung": verdict.message},
+        )
     if strays:
         return change(
             Action.REMOVE,
@@ -130,8 +140,34 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     return ok(
         f"{want.name} pid {running.pid} healthy on {where}"
         + (f", vLLM {version}" if version else "")
-        + (f", serving {served}" if served else ""),
+        + (f", serving {served}" if served else "")
+        + (f"; {verdict.message}" if verdict is not None and verdict.state in ("stalled", "busy") else ""),
     )
+
+
+def liveness_verdict(spec: Spec, obs: Observed) -> Verdict | None:
+    """What the liveness probe's look means for the live server (None: no look, or no live server)."""
+    from probes.server import ServerObservation
+    from reconcile.liveness import EngineSample, judge
+
+    sample, seen = obs.liveness, obs.server
+    if spec.server is None or not isinstance(sample, EngineSample) or not isinstance(seen, ServerObservation):
+        return None
+    running = seen.server
+    if running is None:
+        return None
+    return judge(sample, running.pid, running.create_time, spec.server.liveness.window)
+
+
+def remember_stall(spec: Spec, obs: Observed) -> None:
+    """Apply's first plan: keep the engine's stall (or its end) so the window spans scheduled applies."""
+    from reconcile.liveness import EngineSample, keep_stall
+
+    sample = obs.liveness
+    if spec.server is None or not isinstance(sample, EngineSample):
+        return
+    verdict = liveness_verdict(spec, obs)
+    keep_stall(spec, verdict.stall if verdict is not None else None, sample.prior)
 
 
 def restart_after(item: Item, spec: Spec, obs: Observed, pending: list[str]) -> Item:
@@ -198,16 +234,24 @@ PROBES = (
             "CheckResult": "check",
         },
     ),
+    Probe(  # a 1-token completion under a deadline, and /metrics: HTTP to the server's endpoint
+        "liveness",
+        "probes.liveness",
+        "server",
+        threaded=True,
+        tags={"EngineSample": "liveness", "Stall": "liveness.stall"},
+    ),
 )
 KINDS = (
     Kind(
         "server",
         "server",
-        ("server", "health", "venv", "model", "gpu"),
+        ("server", "health", "liveness", "venv", "model", "gpu"),
         plan_server,
         perform,
         needs(*_SERVER_DEPENDS),
         after_plan=restart_after,
         serves=True,
+        remember=remember_stall,
     ),
 )

@@ -3,7 +3,7 @@ opened non-blocking, never through a link, a regular file only, size-bounded, it
 damaged one is moved aside as `<name>.corrupt-<UTC time>`, said in one line, and the run goes on.
 
 Called by the modules that own each file (unattended.report/pause/metrics, plan.conditions,
-apply.lock/journal/generations, ownership.membership, probes.server, identity); the commands
+apply.lock/journal/generations, ownership.membership, probes.server, identity, liveness); the commands
 print the lines (take_notes). No other module opens or parses a state file.
 """
 
@@ -303,6 +303,26 @@ SERVER_RECORD = Obj(
     }
 )
 
+LIVENESS_FORMAT = "reconcile-liveness/1"
+LIVENESS = Obj(
+    {
+        "format": Const(LIVENESS_FORMAT),
+        "stall": Obj(
+            {
+                "pid": INT,
+                "start": NUM,
+                "since": NUM,
+                "tokens": OPT_NUM,
+                "running": OPT_NUM,
+                "waiting": OPT_NUM,
+            },
+            required=("pid", "start", "since"),
+            nullable=True,
+        ),
+    },
+    required=("format",),
+)
+
 # How large each can be: generous for what reconcile writes, small against a disk error's garbage.
 SMALL, RECORD = 1 * MiB, 16 * MiB
 
@@ -383,6 +403,13 @@ def read_server_record(path: str) -> dict[str, Any] | None:
     cgroup still is; the next start or adoption writes a new one)."""
     then = "the next start or adoption writes a new one"
     data, _ = read_json(path, SERVER_RECORD, max_bytes=RECORD, then=then)
+    return data  # type: ignore[no-any-return]
+
+
+def read_liveness(path: str) -> dict[str, Any] | None:
+    """liveness-<name>.json: the engine stall kept across applies (reconcile.liveness); None when absent
+    or damaged (moved aside: the stall is timed afresh from the next look)."""
+    data, _ = read_json(path, LIVENESS, max_bytes=64 * KiB, then="the stall is timed afresh")
     return data  # type: ignore[no-any-return]
 
 

@@ -327,6 +327,38 @@ class CrashLoop(_Model):
     window: Duration = Field(600.0, description='The window, e.g. "10m".')
 
 
+LIVENESS_DEADLINE_MAX = 120.0
+
+
+class Liveness(_Model):
+    check: StrictBool = Field(
+        True,
+        description="Whether plan and apply check that the engine makes progress, beyond /health (which "
+        "vLLM's API server answers 200 while its EngineCore is hung).",
+    )
+    deadline: Duration = Field(
+        15.0,
+        description="How long a 1-token keyed completion may take before the engine counts as stalled, if "
+        'its generated-token counter did not move meanwhile, e.g. "15s"; at most 2m (a plan waits for it).',
+    )
+    window: Duration = Field(
+        60.0,
+        description="How long the engine must stay stalled (no tokens, no answer) before apply restarts it, "
+        'counted across scheduled applies, e.g. "1m"; at most `deadline`: the first stalled check '
+        "restarts it.",
+    )
+
+    @model_validator(mode="after")
+    def _short_deadline(self) -> Liveness:
+        if self.deadline > LIVENESS_DEADLINE_MAX:
+            raise _at(
+                "deadline",
+                f"is {self.deadline:g}s; at most {LIVENESS_DEADLINE_MAX:g}s (plan and apply wait for it: "
+                'a stall longer than that is what `window` is for, e.g. deadline = "15s", window = "5m")',
+            )
+        return self
+
+
 class Server(_Model):
     name: Annotated[
         str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
@@ -373,6 +405,10 @@ class Server(_Model):
         "always sensitive.",
     )
     crash_loop: CrashLoop = Field(default_factory=CrashLoop, description="Crash-loop guard.")
+    liveness: Liveness = Field(
+        default_factory=Liveness,
+        description="Liveness beyond /health: an engine making no progress is restarted (docs/liveness.md).",
+    )
     auto_rollback: StrictBool = Field(
         True,
         description="After a switch that does not become ready or fails the acceptance check, switch back "

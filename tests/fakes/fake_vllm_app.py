@@ -76,11 +76,12 @@ def hold_dir(port: str) -> str:
     return path
 
 
-def spawn(title: str, extra: list) -> tuple:
-    """Start a child like multiprocessing's spawn: same session, group, env, stdout; wait for its word."""
+def spawn(title: str, extra: list, keep: tuple = ()) -> tuple:
+    """Start a child like multiprocessing's spawn: same session, group, env, stdout; wait for its word.
+    `keep`: more descriptors the child inherits (the EngineCore's pipes)."""
     r, w = os.pipe()
     argv = [sys.executable, "-c", CHILD_CODE, HERE, title, "--ready-fd", str(w), *extra]
-    proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, pass_fds=(w, *keep), stdin=subprocess.DEVNULL)
     os.close(w)
     with os.fdopen(r) as f:
         word = f.readline().strip()
@@ -195,6 +196,8 @@ def child_main(argv: list) -> None:
     if not ok:
         stop_children(workers)
         sys.exit(1)
+    if title == "VLLM::EngineCore":
+        start_engine_core(opts, stop)
     lifetime = float(os.environ.get("FAKE_VLLM_MAX_LIFETIME", "0")) or None
     stop.wait(lifetime)  # a dead parent does not end us: only a signal (or the test leak guard) does
     stop_children(workers)
@@ -217,7 +220,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
     util = getattr(args, "gpu_memory_utilization", None) or 0.9
-    engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port), "--util", str(util)])
+    engine, ready, state.engine_core = spawn_engine(tp, port, util)  # type: ignore[attr-defined]
     state.engine_pid = engine.pid  # type: ignore[attr-defined]
     log(
         "INFO",
@@ -589,6 +592,10 @@ class Engine:
 
     def step(self, seconds: float) -> None:
         """One engine step of `seconds`; it does not finish while the EngineCore makes no progress."""
+        core = getattr(self, "core", None)
+        if core is not None:  # the EngineCore process takes the step (see EngineCoreClient)
+            core.step(seconds)
+            return
         time.sleep(seconds)
         while self.stopped():
             time.sleep(0.05)
@@ -673,6 +680,7 @@ def engine_of(st: object) -> Engine:
             )
             engine = Engine(int(seqs), st.max_model_len)  # type: ignore[attr-defined]
             engine.pid = getattr(st, "engine_pid", 0)
+            engine.core = getattr(st, "engine_core", None)  # type: ignore[attr-defined]
             st.engine = engine  # type: ignore[attr-defined]
         return engine
 
@@ -869,3 +877,108 @@ def metrics_text(st: object) -> str:
         out += [f"# HELP vllm:{name} {HELP.get(name, name)}", f"# TYPE vllm:{name} histogram"]
         out += h.lines(f"vllm:{name}", label)
     return "\n".join(out) + "\n"
+
+
+# --- the EngineCore process takes the engine's steps: the API server hands each over a pipe --------------
+# As in vLLM's V1 engine, where the API server sends requests to the `VLLM::EngineCore` process (a ZMQ
+# socket there, two pipes of JSON lines here) and every token comes back from it: each step of the
+# Engine above (a prefill, one decode token) is sent to the child, which takes the step's time and
+# answers. A stopped EngineCore (SIGSTOP) answers nothing, so no token moves and every completion waits
+# while the API server still answers /health with 200; a dead one closes its pipe: EngineDead.
+
+
+def spawn_engine(tp: int, port: object, util: object = 0.9) -> tuple:
+    """The EngineCore child with its two pipes: (proc, ready, EngineCoreClient or None when it failed)."""
+    to_core_r, to_core_w = os.pipe()
+    from_core_r, from_core_w = os.pipe()
+    extra = ["--tp", str(tp), "--port", str(port), "--util", str(util)]
+    extra += ["--steps-fd", str(to_core_r), "--done-fd", str(from_core_w)]
+    proc, ready = spawn("VLLM::EngineCore", extra, keep=(to_core_r, from_core_w))
+    os.close(to_core_r)
+    os.close(from_core_w)
+    if not ready:
+        os.close(to_core_w)
+        os.close(from_core_r)
+        return proc, False, None
+    return proc, True, EngineCoreClient(to_core_w, from_core_r)
+
+
+def start_engine_core(opts: dict, stop: threading.Event) -> None:
+    """In the EngineCore child: take the steps the API server sends, each its own time, several at once
+    (a batch's requests step together), and answer each when done."""
+    if "--steps-fd" not in opts or "--done-fd" not in opts:
+        return
+    steps, done = int(opts["--steps-fd"]), int(opts["--done-fd"])
+    threading.Thread(target=engine_core_loop, args=(steps, done, stop), daemon=True).start()
+
+
+def engine_core_loop(steps_fd: int, done_fd: int, stop: threading.Event) -> None:
+    import heapq
+    import queue
+
+    inbox: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        with os.fdopen(steps_fd, "rb") as f:
+            for line in f:
+                inbox.put(json.loads(line))
+        inbox.put(None)  # the API server is gone
+
+    threading.Thread(target=read, daemon=True).start()
+    out = os.fdopen(done_fd, "wb", buffering=0)
+    due: list = []
+    while not stop.is_set():
+        wait = max(0.0, due[0][0] - time.monotonic()) if due else 0.2
+        try:
+            item = inbox.get(timeout=wait)
+            if item is None:
+                return
+            heapq.heappush(due, (time.monotonic() + float(item["seconds"]), item["id"]))
+            continue
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            _, ident = heapq.heappop(due)
+            out.write(f"{ident}\n".encode())
+
+
+class EngineCoreClient:
+    """The API server's end of the pipes: step() sends one step and waits for the EngineCore's answer;
+    EngineDead once the EngineCore has closed its end (it died)."""
+
+    def __init__(self, steps_fd: int, done_fd: int) -> None:
+        self._out = os.fdopen(steps_fd, "wb", buffering=0)
+        self._lock = threading.Lock()
+        self._waiting: dict = {}
+        self._gone = False
+        threading.Thread(target=self._receive, args=(done_fd,), daemon=True).start()
+
+    def _receive(self, done_fd: int) -> None:
+        with os.fdopen(done_fd, "rb") as f:
+            for line in f:
+                with self._lock:
+                    box = self._waiting.pop(int(line), None)
+                if box is not None:
+                    box[0].set()
+        with self._lock:
+            self._gone = True
+            for box in self._waiting.values():
+                box[1] = True  # never answered: the engine died under it
+                box[0].set()
+            self._waiting.clear()
+
+    def step(self, seconds: float) -> None:
+        box = [threading.Event(), False]
+        with self._lock:
+            if self._gone:
+                raise EngineDead
+            ident = id(box)
+            self._waiting[ident] = box
+            try:
+                self._out.write((json.dumps({"id": ident, "seconds": seconds}) + "\n").encode())
+            except OSError:
+                raise EngineDead from None
+        box[0].wait()  # as long as the EngineCore takes: forever while it is stopped
+        if box[1]:
+            raise EngineDead
