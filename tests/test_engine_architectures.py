@@ -92,3 +92,65 @@ def test_an_architecture_outside_the_table_is_laid_out_with_a_note() -> None:
     assert c.status == "unlisted" and c.note is not None
     assert c.note.startswith("Mistral3ForConditionalGeneration is not among vLLM 0.26.0's text-generation")
     assert coverage({"model_type": "llama"}).note is None  # no architectures: nothing to say
+
+
+def _tool(name: str) -> Any:
+    """A script under tools/, loaded as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Families with no served row that no case can be built for offline (no transformers config class).
+UNBUILDABLE = {"MLA, one sliding window, MoE", "attention, one sliding window, dense, heads from hidden_size"}
+
+
+def test_every_laid_out_architecture_has_a_family_and_every_family_a_served_case() -> None:
+    arch_tool, serve = _tool("vllm_architectures"), _tool("preflight_serve_check")
+    data = table()
+    for arch, e in data["architectures"].items():
+        assert ("family" in e) == (e["status"] != "not modelled"), arch
+    lab = (Path(__file__).resolve().parent.parent / "tools" / "preflight_oracle_lab.sh").read_text()
+    line_28c = lab[lab.index("28c)") : lab.index(";;", lab.index("28c)"))].split()
+    without = set()
+    for fam, members in arch_tool.families(data).items():
+        served = any(
+            r.startswith("serve: ") for a in members for r in data["architectures"][a].get("evidence", ())
+        )
+        planned = [a for a in members if a in arch_tool.PLANNED]
+        if served:
+            continue
+        without.add(fam)
+        if fam in UNBUILDABLE:
+            assert not planned, fam
+            continue
+        assert len(planned) == 1, fam
+        case = arch_tool.PLANNED[planned[0]].removeprefix("serve: ")
+        cls, _ = serve.MODELS[case]
+        assert serve.ARCH[cls] == planned[0] and case in serve.FAMILY_CASES and case in line_28c, fam
+    assert len(without) == 14 and len(arch_tool.families(data)) == 21
+    # 28c serves exactly the family cases, in FAMILY_CASES' order (most informative first).
+    assert [w for w in line_28c if w in serve.MODELS] == list(serve.FAMILY_CASES)
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "preflight.md").read_text()
+    assert arch_tool.family_markdown() in docs
+
+
+def test_a_family_is_read_from_the_module_and_the_modules_it_builds_on(tmp_path: Path) -> None:
+    tool = _tool("vllm_architectures")
+    (tmp_path / "base.py").write_text("class BaseAttention:\n    w = config.layer_types\nFusedMoE\n")
+    (tmp_path / "child.py").write_text("from .base import (\n    BaseAttention,\n)\nfrom .utils import x\n")
+    (tmp_path / "alone.py").write_text("from .base import base_helper\nkv_lora_rank = 1\nsliding_window\n")
+    (tmp_path / "utils.py").write_text("attention_chunk_size\n")
+    child = tool.module_source(tmp_path, "child")
+    assert tool.family("child", child, False) == "attention, window per layer (layer_types), MoE"
+    alone = tool.module_source(tmp_path, "alone")  # imports no attention, layer or model: not a base
+    assert tool.family("alone", alone, True) == "MLA, one sliding window, dense, heads from hidden_size"
+    assert tool.family("falcon_h1", "", False).startswith("Mamba-2 beside attention")
+    assert (
+        tool.family("transformers", "", False) == "attention through vLLM's Transformers backend, full, dense"
+    )
