@@ -377,7 +377,8 @@ FAMILY_CASES = {
             "max_position_embeddings": 8192,
         },
     ),
-    # Qwen3's own window rule: use_sliding_window, layers from max_window_layers slide.
+    # Qwen3's own window rule: use_sliding_window, layers from max_window_layers slide (all of them:
+    # vLLM's Qwen2Model refuses a mix, "Sliding window for some but all layers is not supported").
     "qwen3-sliding": (
         "Qwen3Config",
         {
@@ -387,7 +388,7 @@ FAMILY_CASES = {
             "head_dim": 64,
             "use_sliding_window": True,
             "sliding_window": 512,
-            "max_window_layers": 2,
+            "max_window_layers": 0,
             "max_position_embeddings": 8192,
         },
     ),
