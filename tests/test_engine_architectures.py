@@ -149,8 +149,30 @@ def test_a_family_is_read_from_the_module_and_the_modules_it_builds_on(tmp_path:
     child = tool.module_source(tmp_path, "child")
     assert tool.family("child", child, False) == "attention, window per layer (layer_types), MoE"
     alone = tool.module_source(tmp_path, "alone")  # imports no attention, layer or model: not a base
-    assert tool.family("alone", alone, True) == "MLA, one sliding window, dense, heads from hidden_size"
+    # kv_lora_rank without an MLA layer (MiniCPM3) is a per-head cache; with one, MLA.
+    assert tool.family("alone", alone, True) == (
+        "attention with latent projections (per-head cache), one sliding window, dense, "
+        "heads from hidden_size"
+    )
+    assert tool.family("alone", alone + "\nMLAAttention\n", False) == "MLA, one sliding window, dense"
     assert tool.family("falcon_h1", "", False).startswith("Mamba-2 beside attention")
     assert (
         tool.family("transformers", "", False) == "attention through vLLM's Transformers backend, full, dense"
     )
+
+
+def test_minicpm3_reads_kv_lora_rank_but_keeps_a_per_head_cache() -> None:
+    # vLLM 0.26.0 minicpm3.py: Attention(heads, qk_nope + qk_rope, num_kv_heads=heads), and its
+    # model_type is not among ModelConfig.is_deepseek_mla's: no MLA layer, no latent cache. The config
+    # is the one transformers 5.17 writes for tools/preflight_serve_check.py's minicpm3 case.
+    minicpm3 = {"architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3", "hidden_size": 256,
+                "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+                "kv_lora_rank": 512, "q_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "vocab_size": 512, "intermediate_size": 512}  # fmt: skip
+    specs = layer_specs(minicpm3)
+    assert {(s.kind, s.num_kv_heads, s.head_size) for s in specs} == {("full", 16, 192)}
+    assert sum(s.bytes_per_token for s in specs) == 2 * 2 * 16 * 192 * 2  # K and V, 2 layers, bf16
+    assert coverage(minicpm3).status == "modelled"
+    # The same keys under DeepSeek-V2 are MLA: one 512 + 64 latent vector a token and layer.
+    deepseek = {**minicpm3, "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}
+    assert {(s.kind, s.num_kv_heads, s.head_size) for s in layer_specs(deepseek)} == {("mla", 1, 576)}

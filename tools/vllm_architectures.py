@@ -59,6 +59,10 @@ STATE_FAMILY = {
 _NOT_BASES = {"utils", "interfaces", "interfaces_base", "registry", "module_mapping", "vision", "adapters"}
 _IMPORT = re.compile(r"^from (?:\.|vllm\.model_executor\.models\.)(\w+) import (\([^)]*\)|[^\n]*)", re.M)
 _BASE_NAMES = re.compile(r"\w+(Attention|DecoderLayer|Model|ForCausalLM)\b")
+# vLLM's MLA layers (model_executor/layers/mla.py, deepseek_v2.py): a module that reads kv_lora_rank
+# without building one (MiniCPM3: `Attention(heads, qk_nope + qk_rope, num_kv_heads=heads)`) keeps a
+# per-head K and V cache, and ModelConfig.use_mla is false for its model_type.
+_MLA_LAYERS = re.compile(r"MultiHeadLatentAttentionWrapper|MLAAttention\b|DeepseekV2MLAAttention|use_mla")
 # Served cases written for families without a served row, not yet run on the lab (issue 28, 28c in
 # tools/preflight_oracle_lab.sh); a row moves to SERVED once the lab has run it.
 PLANNED = {
@@ -148,11 +152,18 @@ def module_source(models: Path, module: str, seen: set[str] | None = None) -> st
     return "\n".join([src, *bases])
 
 
+def builds_mla(src: str) -> bool:
+    """The module (or a base) builds vLLM's MLA layers, whose cache is one latent vector a token."""
+    return bool(_MLA_LAYERS.search(src))
+
+
 def family(module: str, src: str, heads_from_hidden: bool) -> str:
     """The engine's path for an architecture (see the module docstring)."""
     if module in STATE_FAMILY:
         return STATE_FAMILY[module]
-    cache = "MLA" if "kv_lora_rank" in src else "attention"
+    cache = "attention"
+    if "kv_lora_rank" in src:
+        cache = "MLA" if builds_mla(src) else "attention with latent projections (per-head cache)"
     if module == "transformers":
         cache = "attention through vLLM's Transformers backend"
     if "attention_chunk_size" in src:
@@ -177,6 +188,10 @@ def entry(arch: str, module: str, src: str, evidence: list[str], full_src: str =
         why.append("an attention-free state-space model")
     if _head_from_hidden(src):
         out["layer_head_dim"] = "hidden_size // num_attention_heads"
+    if "kv_lora_rank" in (full_src or src) and not builds_mla(full_src or src):
+        out["latent_cache"] = False  # engine.architectures.latent_cache
+        out["layer_kv_heads"] = "num_attention_heads"
+        out["layer_head_dim"] = "qk_nope_head_dim + qk_rope_head_dim"
     when = {key: what for key, what in WHEN_SET.items() if key in src}
     if when:
         out["not_modelled_when"] = when
@@ -184,7 +199,8 @@ def entry(arch: str, module: str, src: str, evidence: list[str], full_src: str =
         out["status"], out["why"] = "not modelled", "; ".join(why)
     else:
         out["status"] = "verified" if evidence else "modelled"
-        out["family"] = family(module, full_src or src, "layer_head_dim" in out)
+        from_hidden = str(out.get("layer_head_dim", "")).startswith("hidden_size")
+        out["family"] = family(module, full_src or src, from_hidden)
     if evidence:
         out["evidence"] = evidence
     return out
@@ -231,7 +247,9 @@ def markdown() -> str:
         when = "; ".join(
             f"not modelled when {k} is set: {v}" for k, v in e.get("not_modelled_when", {}).items()
         )
-        head = "heads from hidden_size" if e.get("layer_head_dim") else ""
+        head = "heads from hidden_size" if e.get("layer_head_dim", "").startswith("hidden_size") else ""
+        if e.get("latent_cache") is False:
+            head = "no MLA layer: K and V of num_attention_heads x (qk_nope + qk_rope) a token"
         extra = "; ".join(x for x in (head, when) if x)
         fam = e.get("family", "")
         lines.append(

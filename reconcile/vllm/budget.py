@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconcile.record import Record
+from reconcile.vllm.architectures import latent_cache
 from reconcile.vllm.shape import MIXER2, ModelShape, mamba2_dims
 
 GiB = 1024**3
@@ -199,7 +200,7 @@ def mla_workspace(
     Rows: MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size, at most 64k tokens.
     The H200 serve of a tiny DeepSeek-V2 (16 heads, 128 + 128) logged 0.57 GiB less KV cache memory
     than a dense model of its size: 65,536 x 16 x 256 x 2 B = 0.50 GiB of it."""
-    if not isinstance(config.get("kv_lora_rank"), int):
+    if not latent_cache(config):
         return 0
     rows = min(max(8 * max_model_len, 4 * max_num_seqs * block), 64 * 1024)
     rows = max(rows, max_num_seqs * block)
