@@ -92,3 +92,87 @@ def test_an_architecture_outside_the_table_is_laid_out_with_a_note() -> None:
     assert c.status == "unlisted" and c.note is not None
     assert c.note.startswith("Mistral3ForConditionalGeneration is not among vLLM 0.26.0's text-generation")
     assert coverage({"model_type": "llama"}).note is None  # no architectures: nothing to say
+
+
+def _tool(name: str) -> Any:
+    """A script under tools/, loaded as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Families with no served row that no case can be built for offline (no transformers config class).
+UNBUILDABLE = {"MLA, one sliding window, MoE", "attention, one sliding window, dense, heads from hidden_size"}
+
+
+def test_every_laid_out_architecture_has_a_family_and_every_family_a_served_case() -> None:
+    arch_tool, serve = _tool("vllm_architectures"), _tool("preflight_serve_check")
+    data = table()
+    for arch, e in data["architectures"].items():
+        assert ("family" in e) == (e["status"] != "not modelled"), arch
+    lab = (Path(__file__).resolve().parent.parent / "tools" / "preflight_oracle_lab.sh").read_text()
+    line_28c = lab[lab.index("28c)") : lab.index(";;", lab.index("28c)"))].split()
+    without = set()
+    for fam, members in arch_tool.families(data).items():
+        served = any(
+            r.startswith("serve: ") for a in members for r in data["architectures"][a].get("evidence", ())
+        )
+        planned = [a for a in members if a in arch_tool.PLANNED]
+        if served:
+            continue
+        without.add(fam)
+        if fam in UNBUILDABLE:
+            assert not planned, fam
+            continue
+        assert len(planned) == 1, fam
+        case = arch_tool.PLANNED[planned[0]].removeprefix("serve: ")
+        cls, _ = serve.MODELS[case]
+        assert serve.ARCH[cls] == planned[0] and case in serve.FAMILY_CASES and case in line_28c, fam
+    assert len(without) == 14 and len(arch_tool.families(data)) == 21
+    # 28c serves exactly the family cases, in FAMILY_CASES' order (most informative first).
+    assert [w for w in line_28c if w in serve.MODELS] == list(serve.FAMILY_CASES)
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "preflight.md").read_text()
+    assert arch_tool.family_markdown() in docs
+
+
+def test_a_family_is_read_from_the_module_and_the_modules_it_builds_on(tmp_path: Path) -> None:
+    tool = _tool("vllm_architectures")
+    (tmp_path / "base.py").write_text("class BaseAttention:\n    w = config.layer_types\nFusedMoE\n")
+    (tmp_path / "child.py").write_text("from .base import (\n    BaseAttention,\n)\nfrom .utils import x\n")
+    (tmp_path / "alone.py").write_text("from .base import base_helper\nkv_lora_rank = 1\nsliding_window\n")
+    (tmp_path / "utils.py").write_text("attention_chunk_size\n")
+    child = tool.module_source(tmp_path, "child")
+    assert tool.family("child", child, False) == "attention, window per layer (layer_types), MoE"
+    alone = tool.module_source(tmp_path, "alone")  # imports no attention, layer or model: not a base
+    # kv_lora_rank without an MLA layer (MiniCPM3) is a per-head cache; with one, MLA.
+    assert tool.family("alone", alone, True) == (
+        "attention with latent projections (per-head cache), one sliding window, dense, "
+        "heads from hidden_size"
+    )
+    assert tool.family("alone", alone + "\nMLAAttention\n", False) == "MLA, one sliding window, dense"
+    assert tool.family("falcon_h1", "", False).startswith("Mamba-2 beside attention")
+    assert (
+        tool.family("transformers", "", False) == "attention through vLLM's Transformers backend, full, dense"
+    )
+
+
+def test_minicpm3_reads_kv_lora_rank_but_keeps_a_per_head_cache() -> None:
+    # vLLM 0.26.0 minicpm3.py: Attention(heads, qk_nope + qk_rope, num_kv_heads=heads), and its
+    # model_type is not among ModelConfig.is_deepseek_mla's: no MLA layer, no latent cache. The config
+    # is the one transformers 5.17 writes for tools/preflight_serve_check.py's minicpm3 case.
+    minicpm3 = {"architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3", "hidden_size": 256,
+                "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 64,
+                "kv_lora_rank": 512, "q_lora_rank": 256, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "vocab_size": 512, "intermediate_size": 512}  # fmt: skip
+    specs = layer_specs(minicpm3)
+    assert {(s.kind, s.num_kv_heads, s.head_size) for s in specs} == {("full", 16, 192)}
+    assert sum(s.bytes_per_token for s in specs) == 2 * 2 * 16 * 192 * 2  # K and V, 2 layers, bf16
+    assert coverage(minicpm3).status == "modelled"
+    # The same keys under DeepSeek-V2 are MLA: one 512 + 64 latent vector a token and layer.
+    deepseek = {**minicpm3, "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}
+    assert {(s.kind, s.num_kv_heads, s.head_size) for s in layer_specs(deepseek)} == {("mla", 1, 576)}

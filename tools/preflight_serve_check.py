@@ -248,6 +248,183 @@ MODELS.update(
         ),
     }
 )
+# Issue 28, families (tools/vllm_architectures.py): one architecture of each engine path no served row
+# checked yet, most informative first (tools/preflight_oracle_lab.sh 28c serves them in this order).
+FAMILY_CASES = {
+    # Mamba-2 beside attention in every layer; in_proj's output scaled by mup_vector (a second copy).
+    "falcon-h1": (
+        "FalconH1Config",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "mamba_d_ssm": 512,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 64,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 64,
+            "mamba_d_conv": 4,
+            "mamba_chunk_size": 256,
+            "ssm_multipliers": [1.0, 0.5, 0.25, 0.25, 2.0],
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # Gated delta-net linear attention, every 4th layer full attention; MoE.
+    "qwen3-next": (
+        "Qwen3NextConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 4,
+            "linear_num_value_heads": 8,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 128,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # Mamba-1 layers between attention layers (attn_layer_period / offset); MoE every 2nd layer.
+    "jamba": (
+        "JambaConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_dt_rank": 16,
+            "use_mamba_kernels": False,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # MLA without MoE (FlashMLA's shapes: kv_lora_rank 512, rope 64).
+    "minicpm3": (
+        "MiniCPM3Config",
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 256,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    # MLA with MoE whose attention reads its heads from the config (glm4_moe_lite.py).
+    "glm4-moe-lite": (
+        "Glm4MoeLiteConfig",
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 256,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "first_k_dense_replace": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    # Window per layer (3 sliding 128 : 1 global) with MoE.
+    "cohere2-moe": (
+        "Cohere2MoeConfig",
+        {
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "sliding_window": 128,
+            "sliding_window_pattern": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 32768,
+            "tie_word_embeddings": True,
+        },
+    ),
+    # One sliding window on every layer, MoE.
+    "phimoe": (
+        "PhimoeConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "sliding_window": 512,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # Qwen3's own window rule: use_sliding_window, layers from max_window_layers slide (all of them:
+    # vLLM's Qwen2Model refuses a mix, "Sliding window for some but all layers is not supported").
+    "qwen3-sliding": (
+        "Qwen3Config",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "use_sliding_window": True,
+            "sliding_window": 512,
+            "max_window_layers": 0,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # vLLM's Transformers backend; one KV head (multi-query), GPT-2 key names.
+    "gptbigcode-tf": (
+        "GPTBigCodeConfig",
+        {"n_layer": 4, "n_head": 4, "n_positions": 4096, "multi_query": True, "tie_word_embeddings": True},
+    ),
+    # Heads from hidden_size (qwen2.py ignores head_dim), full attention, dense.
+    "qwen2-heads": (
+        "Qwen2Config",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    # Full attention, dense, GPT-2 key names (n_embd, n_head, n_layer), learned positions.
+    "gpt2": ("GPT2Config", {"n_layer": 4, "n_head": 4, "n_positions": 4096, "tie_word_embeddings": True}),
+    # Heads from hidden_size with MoE and a shared expert.
+    "qwen2-moe": (
+        "Qwen2MoeConfig",
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 256,
+            "max_position_embeddings": 8192,
+        },
+    ),
+}
+MODELS.update(FAMILY_CASES)
 # The same tiny NemotronH with --enable-prefix-caching: vLLM 0.26 keeps its Mamba state per block
 # ("all" mode: attention blocks of whole SSD chunks, as many Mamba blocks as attention blocks), the
 # mode the reference spec's 7.52 GiB/GPU comes from.
@@ -281,6 +458,18 @@ ARCH = {
     "Llama4TextConfig": "Llama4ForCausalLM",
     "GraniteMoeHybridConfig": "GraniteMoeHybridForCausalLM",
     "Zamba2Config": "Zamba2ForCausalLM",
+    "FalconH1Config": "FalconH1ForCausalLM",
+    "Qwen3NextConfig": "Qwen3NextForCausalLM",
+    "JambaConfig": "JambaForCausalLM",
+    "MiniCPM3Config": "MiniCPM3ForCausalLM",
+    "Glm4MoeLiteConfig": "Glm4MoeLiteForCausalLM",
+    "Cohere2MoeConfig": "Cohere2MoeForCausalLM",
+    "PhimoeConfig": "PhiMoEForCausalLM",
+    "Qwen3Config": "Qwen3ForCausalLM",
+    "GPTBigCodeConfig": "GPTBigCodeForCausalLM",
+    "Qwen2Config": "Qwen2ForCausalLM",
+    "GPT2Config": "GPT2LMHeadModel",
+    "Qwen2MoeConfig": "Qwen2MoeForCausalLM",
 }
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",
@@ -378,22 +567,24 @@ def serve(
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     up = False
-    while time.monotonic() - started < timeout:
-        text = log.read_text(errors="replace")
-        if "Application startup complete" in text:
-            up = True
-            break
-        if proc.poll() is not None:
-            break
-        time.sleep(1)
-    seconds = time.monotonic() - started
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    try:
+        while time.monotonic() - started < timeout:
+            text = log.read_text(errors="replace")
+            if "Application startup complete" in text:
+                up = True
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(1)
+    finally:  # also when the call's `timeout` stops this script (SIGTERM -> SystemExit, see main)
+        seconds = time.monotonic() - started
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
     text = log.read_text(errors="replace")
     tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", text)
     avail = re.findall(r"Available KV cache memory: ([\d.]+) GiB", text)
@@ -514,40 +705,67 @@ def main(argv: list[str]) -> int:
     state = Path(os.environ.get("ORACLE_STATE", "/tmp/preflight-oracle")) / f"serve{tag}"
     state.mkdir(parents=True, exist_ok=True)
     total = gpu_total()
-    rows = []
+    # A timed-out call (`timeout` sends SIGTERM) stops the serve in flight and keeps the rows it finished:
+    # the report files are rewritten after every row.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rows: list[dict[str, Any]] = []
     for i, name in enumerate(argv or list(MODELS)):
-        done = state / f"{name}.json"
-        model = state / "models" / SAME_MODEL.get(name, name)
-        if not (model / "config.json").exists():
-            build(SAME_MODEL.get(name, name), model)
-        # Resumable: what vLLM logged is kept per model; reconcile's prediction is made afresh.
-        flags = SERVE_ARGS.get(name, {})
-        logged = (
-            json.loads(done.read_text())
-            if done.exists()
-            else serve(model, 8300 + i, state / f"{name}.log", flags, tp=tp)
-        )
-        row: dict[str, Any] = {"name": name, "tp": tp, "flags": flags, **predict(model, total, name, tp)}
-        row.update({k: logged.get(k) for k in SERVED_KEYS})
-        if row["available_gib"] is not None:
-            row["layout_tokens"] = layout_tokens(model, total, row["available_gib"], name, tp)
-        logged, predicted = row["logged_tokens"], row["predicted_tokens"]
-        row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
-        row["verdict_agrees"] = row["starts"] == row["started"]
-        # What re-predicting off the lab needs: the model's config.json and its files' sizes.
-        row["config"] = json.loads((model / "config.json").read_text())
-        row["file_sizes"] = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
-        if (state / f"{name}.log").exists():
-            logs = out_dir / "serve-logs"
-            logs.mkdir(exist_ok=True)
-            (logs / f"{name}.log").write_text((state / f"{name}.log").read_text(errors="replace")[-200_000:])
-        # What the capacity rests on: the block size (MLA: the backend's), and a hybrid's Mamba mode.
-        row["layout_agrees"] = row["logged_block_size"] in (None, row["block_size"]) and (
-            row["logged_mamba_mode"] is None or row["mamba_mode"] == row["logged_mamba_mode"]
-        )
-        print(json.dumps({k: v for k, v in row.items() if k != "tail"}), flush=True)
-        done.write_text(json.dumps(row, indent=1))
+        try:
+            row = case(name, i, state, out_dir, total, tp)
+        except Exception as e:  # one case the tool cannot build or predict must not lose the others
+            row = {"name": name, "tp": tp, "error": f"{type(e).__name__}: {e}"[:500]}
+            print(json.dumps(row), flush=True)
         rows.append(row)
+        report(rows, total, tp, out_dir)
+    print(report(rows, total, tp, out_dir))
+    return 0 if all(r.get("verdict_agrees") and r.get("layout_agrees") for r in rows) else 1
+
+
+def case(name: str, i: int, state: Path, out_dir: Path, total: int, tp: int) -> dict[str, Any]:
+    """One case: build its model (once), serve it (once: kept in `state`), set reconcile's figures beside."""
+    done = state / f"{name}.json"
+    model = state / "models" / SAME_MODEL.get(name, name)
+    if not (model / "config.json").exists():
+        build(SAME_MODEL.get(name, name), model)
+    # Resumable: what vLLM logged is kept per model; reconcile's prediction is made afresh.
+    flags = SERVE_ARGS.get(name, {})
+    logged = (
+        json.loads(done.read_text())
+        if done.exists()
+        else serve(model, 8300 + i, state / f"{name}.log", flags, tp=tp)
+    )
+    row: dict[str, Any] = {"name": name, "tp": tp, "flags": flags, **predict(model, total, name, tp)}
+    row.update({k: logged.get(k) for k in SERVED_KEYS})
+    if row["available_gib"] is not None:
+        row["layout_tokens"] = layout_tokens(model, total, row["available_gib"], name, tp)
+    logged, predicted = row["logged_tokens"], row["predicted_tokens"]
+    row["capacity_error_pct"] = round(100 * (predicted - logged) / logged, 2) if logged else None
+    row["verdict_agrees"] = row["starts"] == row["started"]
+    # What re-predicting off the lab needs: the model's config.json and its files' sizes.
+    row["config"] = json.loads((model / "config.json").read_text())
+    row["file_sizes"] = {p.name: p.stat().st_size for p in model.iterdir() if p.is_file()}
+    if (state / f"{name}.log").exists():
+        logs = out_dir / "serve-logs"
+        logs.mkdir(exist_ok=True)
+        (logs / f"{name}.log").write_text((state / f"{name}.log").read_text(errors="replace")[-200_000:])
+    # What the capacity rests on: the block size (MLA: the backend's), and a hybrid's Mamba mode.
+    row["layout_agrees"] = row["logged_block_size"] in (None, row["block_size"]) and (
+        row["logged_mamba_mode"] is None or row["mamba_mode"] == row["logged_mamba_mode"]
+    )
+    print(json.dumps({k: v for k, v in row.items() if k != "tail"}), flush=True)
+    done.write_text(json.dumps(row, indent=1))
+    return row
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def report(rows: list[dict[str, Any]], total: int, tp: int, out_dir: Path) -> str:
+    """$OUT/preflight-serve{-tpN}.{json,md} of the rows so far (each file replaced whole)."""
+    tag = f"-tp{tp}" if tp > 1 else ""
     lines = [
         f"vLLM 0.26.0 serve, --enforce-eager, gpu-memory-utilization {UTIL}, tensor-parallel-size {tp}, "
         f"CUDA total {total / GiB:.2f} GiB",
@@ -557,6 +775,9 @@ def main(argv: list[str]) -> int:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | tool error: {r['error'][:200]} |" + " |" * 10)
+            continue
         lines.append(
             f"| {r['name']} | {r['max_model_len']:,} | {r['starts']} | {r['started']} | "
             f"{r['logged_tokens']} | "
@@ -565,12 +786,9 @@ def main(argv: list[str]) -> int:
             f"{r['logged_block_size']} / {r['block_size']} | {r['logged_mamba_mode']} / {r['mamba_mode']} | "
             f"{r['logged_backend']} / {r['backend']} |"
         )
-    (out_dir / f"preflight-serve{tag}.json").write_text(
-        json.dumps({"cuda_total": total, "rows": rows}, indent=1)
-    )
-    (out_dir / f"preflight-serve{tag}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if all(r["verdict_agrees"] and r["layout_agrees"] for r in rows) else 1
+    _write(out_dir / f"preflight-serve{tag}.json", json.dumps({"cuda_total": total, "rows": rows}, indent=1))
+    _write(out_dir / f"preflight-serve{tag}.md", "\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -74,13 +74,40 @@ def coverage(config: Mapping[str, Any], text_config: Mapping[str, Any] | None = 
     return Coverage(arch, str(entry["status"]), str(entry.get("why", "")), evidence, version)
 
 
+def _int(config: Mapping[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def layer_head_dim(config: Mapping[str, Any]) -> int | None:
-    """The head size the architecture's vLLM attention computes itself (hidden_size // heads), where
-    its code ignores config.json's head_dim; None where it reads the config."""
+    """The head size the architecture's vLLM attention computes itself, where its code ignores
+    config.json's head_dim (hidden_size // heads; MiniCPM3's qk_nope + qk_rope); None where it reads
+    the config."""
     _, entry = _entry(config)
-    if entry is None or entry.get("layer_head_dim") != "hidden_size // num_attention_heads":
-        return None
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        return hidden // heads
+    rule = entry.get("layer_head_dim") if entry is not None else None
+    if rule == "hidden_size // num_attention_heads":
+        hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
+        return hidden // heads if hidden is not None and heads else None
+    if rule == "qk_nope_head_dim + qk_rope_head_dim":
+        nope, rope = _int(config, "qk_nope_head_dim"), _int(config, "qk_rope_head_dim")
+        return nope + rope if nope is not None and rope is not None else None
     return None
+
+
+def layer_kv_heads(config: Mapping[str, Any]) -> int | None:
+    """The KV heads the architecture's vLLM attention builds itself (MiniCPM3: one per query head);
+    None where it reads num_key_value_heads."""
+    _, entry = _entry(config)
+    if entry is None or entry.get("layer_kv_heads") != "num_attention_heads":
+        return None
+    return _int(config, "num_attention_heads")
+
+
+def latent_cache(config: Mapping[str, Any]) -> bool:
+    """vLLM keeps an MLA latent cache (one kv_lora_rank + qk_rope_head_dim vector a token and layer):
+    kv_lora_rank is set and the architecture's code builds MLA layers. MiniCPM3 reads kv_lora_rank for
+    its projections but builds plain attention (`latent_cache: false` in the table)."""
+    if _int(config, "kv_lora_rank") is None:
+        return False
+    _, entry = _entry(config)
+    return entry is None or entry.get("latent_cache") is not False

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconcile.record import Record
+from reconcile.vllm.architectures import latent_cache
 from reconcile.vllm.shape import MIXER2, ModelShape, mamba2_dims
 
 GiB = 1024**3
@@ -126,18 +127,42 @@ def mamba2_profile_peak(
     The lab's H200 serves (vLLM 0.26.0, 8,192 tokens, docs/preflight.md "Issue 28"): nemotronh-pad
     (hidden 256, 64 heads x 64, 8 groups x 128) 8 + 161 + 64 + max(256, 192, 256) = 489 MiB against
     the logged 0.53 GiB peak; granite-h 292 MiB against 0.32 GiB; zamba2's serve found granite-h's
-    kernel keys tuned (its warmup took 3 s against 59 s) and logged 0.09 GiB."""
+    kernel keys tuned (its warmup took 3 s against 59 s) and logged 0.09 GiB.
+
+    Falcon-H1 (models/falcon_h1.py) differs in three ways. Its parallel hybrid layer holds four
+    T x hidden tensors while the mixer runs: the layer's input (its residual), the normed input, the
+    attention branch's output and the mixer's input (normed x ssm_in_multiplier). Its mixer scales
+    in_proj's output by `mup_vector` (`projected_states = projected_states * mup_vector`): the product
+    is a second T x in_proj tensor allocated while the first is still referenced, which is freed when
+    the name is rebound, so the multiply is a phase of its own (inputs + 2 x in_proj) beside the later
+    one (inputs + in_proj + ssm_output + the largest transient). The later one is always the larger by
+    at least ssm_output + 2 x n_groups x state - heads > 0 (in_proj = intermediate + conv_dim + heads,
+    and the clone alone is 2 x conv_dim), so in the eager profile run the copy never sets the peak;
+    it is counted as vLLM allocates it all the same. And with `mamba_rms_norm` false (FalconH1Config's
+    default) the mixer's norm is `x * silu(gate.float())`, the fp32 path (two T x intermediate x 4 B
+    tensors at once)."""
     if shape.mamba is None or shape.model_type not in MIXER2:
         return 0
     d = mamba2_dims(config, tp)
     hidden = shape.hidden_size
     inner, heads = d.inner // tp, d.heads // tp
     conv_dim = (d.inner + 2 * d.groups * d.state) // tp
-    held = batched_tokens * dtype_bytes * (2 * hidden + inner + conv_dim + heads + heads * d.head_dim)
-    native_norm = d.config_groups != 1 or tp > 1
+    in_proj = inner + conv_dim + heads
+    falcon = shape.model_type in MUP_VECTOR
+    inputs = batched_tokens * dtype_bytes * (4 if falcon else 2) * hidden
+    held = inputs + batched_tokens * dtype_bytes * (in_proj + heads * d.head_dim)
+    gate_only = falcon and not config.get("mamba_rms_norm", False)
+    native_norm = d.config_groups != 1 or tp > 1 or gate_only
     norm = batched_tokens * inner * (2 * 4 if native_norm else dtype_bytes)
     clone = 2 * batched_tokens * conv_dim * dtype_bytes
-    return held + max(0 if tuned else TRITON_AUTOTUNE_FLUSH_BYTES, clone, norm)
+    later = held + max(0 if tuned else TRITON_AUTOTUNE_FLUSH_BYTES, clone, norm)
+    mup = inputs + 2 * batched_tokens * in_proj * dtype_bytes if falcon else 0
+    return max(later, mup)
+
+
+# Mixers that scale in_proj's output by a mup_vector buffer (vLLM 0.26 falcon_h1.py), in a parallel
+# hybrid layer (attention and Mamba-2 side by side).
+MUP_VECTOR = frozenset({"falcon_h1"})
 
 
 def rope_cache(config: Mapping[str, Any], head_dim: int, dtype_bytes: int) -> int:
@@ -175,7 +200,7 @@ def mla_workspace(
     Rows: MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size, at most 64k tokens.
     The H200 serve of a tiny DeepSeek-V2 (16 heads, 128 + 128) logged 0.57 GiB less KV cache memory
     than a dense model of its size: 65,536 x 16 x 256 x 2 B = 0.50 GiB of it."""
-    if not isinstance(config.get("kv_lora_rank"), int):
+    if not latent_cache(config):
         return 0
     rows = min(max(8 * max_model_len, 4 * max_num_seqs * block), 64 * 1024)
     rows = max(rows, max_num_seqs * block)

@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 
 from reconcile.record import Record
-from reconcile.vllm.architectures import layer_head_dim
+from reconcile.vllm.architectures import layer_head_dim, layer_kv_heads
 
 # A str, not a pathlib.Path: pathlib (with urllib.parse and ipaddress) costs ~5-9 ms to import.
 TABLE_PATH = os.path.join(
@@ -143,7 +143,7 @@ def layer_geometry(cfg: Mapping[str, Any]) -> tuple[int, int]:
     entry = table()["families"].get(str(cfg.get("model_type", "")))
     rule = entry.get("vllm_layer") if isinstance(entry, Mapping) else None
     if not isinstance(rule, Mapping):
-        return 0, layer_head_dim(cfg) or 0
+        return layer_kv_heads(cfg) or 0, layer_head_dim(cfg) or 0
     kv = _computed(cfg, str(rule["num_kv_heads"])) if "num_kv_heads" in rule else None
     head = _computed(cfg, str(rule["head_dim"])) if "head_dim" in rule else None
     return kv or 0, head or 0

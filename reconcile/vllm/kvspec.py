@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reconcile.record import Record
+from reconcile.vllm.architectures import latent_cache
 from reconcile.vllm.attention import DEFAULT_BLOCK
 from reconcile.vllm.families import Resolved, layer_geometry, resolve
 from reconcile.vllm.shape import ShapeError, config_int, mamba2_dims
@@ -84,7 +85,7 @@ def _cdiv(a: int, b: int) -> int:
 def layer_kinds(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     """For each decoder layer, the caches it holds: () for MLP-only layers, (MAMBA,), (FULL,), or
     (FULL, MAMBA) for Falcon-H1's parallel hybrid layers. Sliding/chunked come from layer_types."""
-    mla = isinstance(cfg.get("kv_lora_rank"), int)
+    mla = latent_cache(cfg)
     attn = MLA if mla else (SLIDING if isinstance(cfg.get("sliding_window"), int) else FULL)
     pattern = cfg.get("hybrid_override_pattern")
     names: list[str] | None = None
@@ -158,7 +159,7 @@ def attention_geometry(cfg: Mapping[str, Any], tp: int) -> tuple[int, int]:
     them: a family's own rule where its code ignores config.json (engine.families.layer_geometry:
     Cohere2's head size is hidden_size // heads whatever head_dim says), else ModelConfig's view."""
     kv, head = config_geometry(cfg, tp)
-    if isinstance(cfg.get("kv_lora_rank"), int):
+    if latent_cache(cfg):
         return kv, head
     layer_kv, layer_head = layer_geometry(cfg)
     return (max(1, layer_kv // tp) if layer_kv else kv), (layer_head or head)
@@ -168,7 +169,7 @@ def config_geometry(cfg: Mapping[str, Any], tp: int) -> tuple[int, int]:
     """(KV heads per GPU, head size) vLLM's ModelConfig.get_num_kv_heads / get_head_size give
     (model_arch_config_convertor: head_dim, hidden_size_per_head, else hidden_size // heads). The
     hybrid Mamba alignment sizes the attention page from these, not from the layers."""
-    if isinstance(cfg.get("kv_lora_rank"), int):
+    if latent_cache(cfg):
         return 1, int(cfg["kv_lora_rank"]) + config_int(cfg, "qk_rope_head_dim", default=0)
     heads = config_int(cfg, "num_attention_heads", "n_head")
     kv = config_int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)

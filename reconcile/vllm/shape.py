@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconcile.record import Record
+from reconcile.vllm.architectures import latent_cache
 from reconcile.vllm.families import layer_geometry, resolve
 
 _ATTENTION = {"*", "attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid"}
@@ -112,7 +113,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
     hidden = config_int(cfg, "hidden_size", "d_model", "n_embd")
     attention, mamba_layers, source = _layer_kinds(cfg, layers)
     mla = None
-    if isinstance(cfg.get("kv_lora_rank"), int):
+    if latent_cache(cfg):
         mla = int(cfg["kv_lora_rank"]) + config_int(cfg, "qk_rope_head_dim", default=0)
     mamba = None
     if str(cfg.get("model_type", "")).startswith("falcon_h1"):
