@@ -1,0 +1,111 @@
+"""Issue 24's hostile reader, fourth round: attacks on what was merged after the third (the closure lock,
+several deployments per spec, `reconcile bench`, liveness, the one switch), found by reading
+docs/security.md and the code alone, each run for real (real spec and lock files, real processes, a
+`nobody` listener through setpriv), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apply_support import DEMO_MODEL, Demo, demo_in
+from tests.test_deployments import Multi, multi
+from tests.test_server_support import FAKE_VLLM
+
+__all__ = ["multi"]  # the fixture: specs/cpu-demo-multi.toml in tmp_path, with a real venv
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A deployment name from a spec becomes <state_dir>/deployments/<name>/, <name>.pid, liveness-<name>.json
+# and a unit name. TOML's quoted keys can hold anything.
+HOSTILE_NAMES = {
+    "dotdot": '".."',
+    "slash": '"a/b"',
+    "absolute": '"/etc"',
+    "bell": '"a\\u0007b"',
+    "newline": '"a\\nb"',
+    "long": '"' + "x" * 300 + '"',  # past NAME_MAX (255) as a path component
+}
+
+
+@pytest.mark.parametrize("label", sorted(HOSTILE_NAMES))
+def test_a_hostile_deployment_name_is_refused_at_load_by_a_scheduled_apply(multi: Multi, label: str) -> None:
+    """main: `..`, `/`, control characters were refused, but as `internal error: KeyError: 'name'`
+    (the error text looked for the server name a validator fills in, which the document lacks); a
+    300-character name loaded, and the scheduled apply started deployment chat, then failed on
+    ENAMETOOLONG under <state_dir>/deployments/, half applied."""
+    spec = multi.spec_path
+    text = spec.read_text()
+    assert "[deployments.draft" in text
+    spec.write_text(text.replace("[deployments.draft", f"[deployments.{HOSTILE_NAMES[label]}"))
+    line = next(
+        n
+        for n, ln in enumerate(spec.read_text().splitlines(), 1)
+        if "[deployments." in ln and HOSTILE_NAMES[label] in ln
+    )
+    run = multi.cli("apply", "--scheduled")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output
+    assert "internal error" not in output and "Traceback" not in output, output
+    last = output.strip().splitlines()[-1]
+    assert re.match(rf"reconcile: {re.escape(str(spec))}:{line}: deployments\.", last), output
+    assert not (multi.state_dir / "deployments").exists(), "refused at load: nothing applied"
+    for port in multi.ports.values():  # no server was started
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _demo_spec(root: Path) -> Path:
+    """specs/cpu-demo.toml with every path under `root` (nothing is applied: the lock is read first)."""
+    text = (REPO / "specs" / "cpu-demo.toml").read_text().replace("/tmp/reconcile-demo", str(root))
+    text = text.replace("{spec_dir}/demo-model", str(DEMO_MODEL))
+    text = text.replace("{spec_dir}/../tests/fakes/vllm", str(FAKE_VLLM))
+    spec = root / "spec" / "demo.toml"
+    spec.parent.mkdir(parents=True)
+    spec.write_text(text)
+    return spec
+
+
+DAMAGED_LOCKS: dict[str, Any] = {
+    "packages a list": {"packages": ["vllm"]},
+    "a package a string": {"packages": {"ninja": "1.11"}},
+    "a package without version": {"packages": {"ninja": {"specifier": "*"}}},
+    "the model a string": {"model": "main"},
+    "the model without commit": {"model": {"repo": "a/b", "revision": "main"}},
+    # a version that is a second requirement-file line: an index of the lock editor's choosing
+    "a version with a line break": {
+        "packages": {"ninja": {"specifier": "*", "version": "1.11\n--index-url http://127.0.0.1:9/"}}
+    },
+    "a commit that is a branch": {"model": {"repo": "a/b", "revision": "main", "commit": "../main"}},
+}
+
+
+@pytest.mark.parametrize("label", sorted(DAMAGED_LOCKS))
+def test_a_damaged_lock_is_one_error_naming_it_not_a_crash(tmp_path: Path, label: str) -> None:
+    """The lock decides what root installs, and every plan and scheduled apply reads it. main: only its
+    closure lines were checked; a wrong type anywhere else was `internal error: AttributeError` (or
+    KeyError) on every run; a version with a newline became the spec's pin, shown raw by the plan."""
+    spec = _demo_spec(tmp_path)
+    lock = spec.with_suffix(".lock")
+    lock.write_text(json.dumps({"format": "reconcile-lock/2", **DAMAGED_LOCKS[label]}, indent=2) + "\n")
+    for command in (["plan"], ["apply", "--scheduled"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "reconcile", *command, "--spec", str(spec)],
+            capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+        )  # fmt: skip
+        output = run.stdout + run.stderr
+        assert run.returncode != 0, output
+        assert "internal error" not in output and "Traceback" not in output, output
+        assert re.search(rf"^reconcile: {re.escape(str(lock))}:\d+: .*reconcile lock", output, re.M), output
+        assert "--index-url" not in output, output
+        assert not (tmp_path / "state").exists(), "refused before anything was applied"
