@@ -7,7 +7,6 @@ docs/security.md and the code alone, each run for real (real spec and lock files
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import DEMO_MODEL, Demo, demo_in
+from tests.ownership_support import SPY, as_nobody, received, root_only
 from tests.test_deployments import Multi, multi
 from tests.test_server_support import FAKE_VLLM
 
@@ -109,3 +109,58 @@ def test_a_damaged_lock_is_one_error_naming_it_not_a_crash(tmp_path: Path, label
         assert re.search(rf"^reconcile: {re.escape(str(lock))}:\d+: .*reconcile lock", output, re.M), output
         assert "--index-url" not in output, output
         assert not (tmp_path / "state").exists(), "refused before anything was applied"
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    yield from demo_in(tmp_path)
+
+
+def _wait(done: Any, what: str, bound: float = 120.0) -> None:
+    import time
+
+    limit = time.monotonic() + bound  # a generous bound on a wait for an event, not a timing
+    while not done():
+        assert time.monotonic() < limit, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+@root_only
+def test_the_key_never_reaches_a_listener_that_took_the_port_while_vllm_bench_serve_started(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """bench checks the port's listeners before each row, then runs `vllm bench serve` with the key in
+    its environment. Real vLLM's CLI takes ~10 s to import before its first connection; should the
+    server die then (a crash, an OOM under the concurrent row), a local user who binds the port gets
+    every request of the row, each with `Authorization: Bearer <key>`. The wrapper below holds that
+    window open until the test says go (ordering, not timing). main: the spy got the key."""
+    gate, go = demo.root / "bench-started", demo.root / "go"
+    wrapper = demo.root / "bin" / "vllm"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = bench ]; then : > {gate}; while [ ! -e {go} ]; do sleep 0.05; done; fi\n'
+        f'exec {FAKE_VLLM} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+
+    def edit(doc: Any) -> None:
+        doc["server"]["executable"] = str(wrapper)
+        doc["server"]["args"]["max-num-seqs"] = 8
+
+    demo.write_spec(edit)
+    assert demo.cli("apply").returncode == 2
+    key = demo.key_file.read_text().strip()
+    bench = demo.start("bench")
+    _wait(gate.exists, "vllm bench serve to start")
+    from actions import supervising
+
+    supervising.stop_marked(demo.scope(), timeout=10.0)  # the server dies
+    _wait(lambda: socket.socket().connect_ex(("127.0.0.1", demo.port)) != 0, "the port to be free")
+    spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(demo.port)], {}, strangers)
+    go.touch()
+    run = demo.finish(bench, timeout=300)
+    got = received(spy)
+    assert key not in got and "authorization" not in got.lower(), got
+    assert run.returncode != 0 and "Traceback" not in run.output, run.output
+    assert "not sent there" in run.stderr, run.output
