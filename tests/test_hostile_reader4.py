@@ -7,6 +7,7 @@ docs/security.md and the code alone, each run for real (real spec and lock files
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -18,13 +19,14 @@ from typing import Any
 import pytest
 
 from tests.apply_support import DEMO_MODEL, Demo, demo_in
-from tests.ownership_support import SPY, as_nobody, received, root_only
+from tests.ownership_support import NOBODY, SPY, as_nobody, received, root_only
 from tests.test_deployments import Multi, multi
 from tests.test_server_support import FAKE_VLLM
 
 __all__ = ["multi"]  # the fixture: specs/cpu-demo-multi.toml in tmp_path, with a real venv
 
 REPO = Path(__file__).resolve().parent.parent
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 # A deployment name from a spec becomes <state_dir>/deployments/<name>/, <name>.pid, liveness-<name>.json
 # and a unit name. TOML's quoted keys can hold anything.
@@ -164,3 +166,41 @@ def test_the_key_never_reaches_a_listener_that_took_the_port_while_vllm_bench_se
     assert key not in got and "authorization" not in got.lower(), got
     assert run.returncode != 0 and "Traceback" not in run.output, run.output
     assert "not sent there" in run.stderr, run.output
+
+
+@root_only
+def test_reconcile_lock_never_runs_a_venv_python_that_nobody_can_replace(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`[venv].python` in a directory nobody owns (the spec is root's; the path it names is not).
+    apply holds it to the exec role (actions.venv._trusted_python); `reconcile lock` asked it for its
+    version (and handed it to `uv pip compile --python`) without that check. main: nobody's program
+    ran as uid 0."""
+    spec = _demo_spec(tmp_path)
+    import shutil
+    import tempfile
+
+    outside = Path(tempfile.mkdtemp(prefix="hostile4-"))  # root's, 0755: nobody reaches their own dir
+    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
+    outside.chmod(0o755)
+    theirs = outside / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    proof = theirs / "ran-as"
+    program = f'#!/bin/sh\nid -u > {proof}\nexec /usr/bin/python3 "$@"\n'
+    subprocess.run(
+        [*AS_NOBODY, "/bin/sh", "-c", f"cat > {theirs}/python3 && chmod 755 {theirs}/python3"],
+        input=program, text=True, check=True,
+    )  # fmt: skip
+    text = spec.read_text()
+    assert "[venv]\n" in text
+    spec.write_text(text.replace("[venv]\n", f'[venv]\npython = "{theirs}/python3"\n', 1))
+    run = subprocess.run(
+        [sys.executable, "-m", "reconcile", "lock", "--spec", str(spec)],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    output = run.stdout + run.stderr
+    assert not proof.exists(), f"nobody's python ran as uid {proof.read_text().strip()}: {output}"
+    assert run.returncode == 1 and "Traceback" not in output, output
+    assert "[venv].python" in output, output
+    assert not spec.with_suffix(".lock").exists()
