@@ -204,3 +204,60 @@ def test_reconcile_lock_never_runs_a_venv_python_that_nobody_can_replace(
     assert run.returncode == 1 and "Traceback" not in output, output
     assert "[venv].python" in output, output
     assert not spec.with_suffix(".lock").exists()
+
+
+EVIL_BACKEND = """\
+import os
+open({proof!r}, "w").write(str(os.getuid()))
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+def prepare_metadata_for_build_wheel(directory, config_settings=None):
+    info = os.path.join(directory, "ninja-99.0.dist-info")
+    os.makedirs(info)
+    open(os.path.join(info, "METADATA"), "w").write("Metadata-Version: 2.1\\nName: ninja\\nVersion: 99.0\\n")
+    return "ninja-99.0.dist-info"
+"""
+
+
+@root_only
+def test_reconcile_lock_never_reads_a_wheelhouse_that_nobody_can_write(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`[venv].wheelhouse` owned by nobody: plan and apply refuse it (the read role), but `reconcile
+    lock` ran `uv pip compile --find-links` on it, and uv builds an sdist to learn its metadata, running
+    its build backend (an in-tree one: `backend-path = ["."]`, nothing to fetch) as root. main: nobody's
+    backend ran as uid 0."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    spec = _demo_spec(tmp_path)
+    outside = Path(tempfile.mkdtemp(prefix="hostile4-"))
+    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
+    outside.chmod(0o755)
+    wheelhouse, proof = outside / "wheels", outside / "wheels" / "ran-as"
+    wheelhouse.mkdir()
+    os.chown(wheelhouse, NOBODY, NOBODY)
+    source = tmp_path / "ninja-99.0"
+    source.mkdir()
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "evil"\nbackend-path = ["."]\n'
+    )
+    (source / "evil.py").write_text(EVIL_BACKEND.format(proof=str(proof)))
+    with tarfile.open(tmp_path / "ninja-99.0.tar.gz", "w:gz") as tar:
+        tar.add(source, arcname="ninja-99.0")
+    sdist = (tmp_path / "ninja-99.0.tar.gz").read_bytes()
+    subprocess.run(
+        [*AS_NOBODY, "/bin/sh", "-c", f"cat > {wheelhouse}/ninja-99.0.tar.gz"], input=sdist, check=True
+    )
+    text = spec.read_text()
+    spec.write_text(text.replace("[venv]\n", f'[venv]\nwheelhouse = "{wheelhouse}"\n', 1))
+    run = subprocess.run(
+        [sys.executable, "-m", "reconcile", "lock", "--spec", str(spec)],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    output = run.stdout + run.stderr
+    assert not proof.exists(), f"nobody's build backend ran as uid {proof.read_text()}: {output}"
+    assert run.returncode == 1 and "Traceback" not in output, output
+    assert f"[venv].wheelhouse {wheelhouse}" in output, output
+    assert not spec.with_suffix(".lock").exists()

@@ -33,7 +33,7 @@ from reconcile.spec.pins import (
 
 if TYPE_CHECKING:
     from reconcile.spec.loaded import LoadedSpec
-    from reconcile.spec.models import Model, Venv
+    from reconcile.spec.models import Model, Spec, Venv
 
 COMPILE_TIMEOUT_S = 900.0  # a cold resolution of vLLM's closure reads ~150 index pages
 
@@ -197,6 +197,18 @@ def _closure_lines(old: list[str], new: list[str]) -> list[str]:
     return moved
 
 
+def _venv_paths_trusted(spec: Spec) -> None:
+    """The path rule plan and apply hold the venv's paths to (reconcile.preflight.paths), before root
+    runs its interpreter or hands uv its wheelhouse: uv builds an sdist it finds there to read its
+    metadata, running the sdist's build backend as root. `reconcile lock` runs no preflight."""
+    from reconcile.preflight.paths import path_findings
+
+    for finding in path_findings(spec):
+        key = finding.evidence.get("key", "")
+        if finding.severity == "error" and str(key).startswith("[venv]"):
+            raise ReconcileError(f"{finding.message}; {finding.fix}")
+
+
 def make_lock(loaded: LoadedSpec) -> LockResult:
     """Resolve what floats in `loaded` (the spec as written, without the lock) and write the lock."""
     spec, path = loaded.spec, lock_path(loaded)
@@ -215,6 +227,7 @@ def make_lock(loaded: LoadedSpec) -> LockResult:
     resolver = None
     if spec.venv is not None and spec.venv.packages:
         venv = spec.venv
+        _venv_paths_trusted(spec)
         interpreter, python, platform = target_interpreter(venv)
         started = time.monotonic()
         requirements = compile_closure(venv, interpreter)
