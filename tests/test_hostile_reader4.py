@@ -261,3 +261,45 @@ def test_reconcile_lock_never_reads_a_wheelhouse_that_nobody_can_write(
     assert run.returncode == 1 and "Traceback" not in output, output
     assert f"[venv].wheelhouse {wheelhouse}" in output, output
     assert not spec.with_suffix(".lock").exists()
+
+
+def _realizations(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir() if p.name.endswith("-venv")) if store.is_dir() else []
+
+
+def test_gc_of_one_deployment_never_removes_what_another_deployments_generations_use(multi: Multi) -> None:
+    """Several deployments share one [venv] store. `reconcile gc --deployment chat` looked only at
+    chat's generations (and took chat's own apply lock, not the machine's): draft's realization, which
+    no process ran from while draft was stopped, was removed under draft's current generation, its
+    venv link left dangling. main: removed."""
+    store = multi.root / "store"
+
+    def edit(doc: Any, running: bool = True) -> None:
+        doc["venv"]["store"] = str(store)
+        import tomlkit
+
+        venv = tomlkit.table()
+        venv.update(
+            {
+                "path": str(multi.root / "venv-draft"),
+                "store": str(store),
+                "system_site_packages": True,  # other inputs: its own realization
+                "packages": {"ninja": "*"},
+            }
+        )
+        doc["deployments"]["draft"]["venv"] = venv
+        doc["deployments"]["draft"]["server"]["running"] = running
+
+    multi.write(edit)
+    first = multi.cli("apply", "--auto-approve")
+    assert first.returncode == 2, first.stdout + first.stderr
+    both = _realizations(store)
+    assert len(both) == 2, both
+    draft_target = os.path.realpath(multi.root / "venv-draft")
+    multi.write(lambda doc: edit(doc, running=False))  # draft stopped: no process runs from its venv
+    stopped = multi.cli("apply", "--auto-approve")
+    assert stopped.returncode in (0, 2), stopped.stdout + stopped.stderr
+    gc = multi.cli("gc", "--deployment", "chat", "--keep", "0")
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert _realizations(store) == both, gc.stdout
+    assert os.path.isdir(draft_target), gc.stdout

@@ -19,10 +19,40 @@ class Collected:
     freed: int = 0  # bytes
 
 
-def collect(state_dir: str, store: str, *, keep: int, extra_keep: tuple[str, ...] = ()) -> Collected:
+def collect(
+    state_dir: str,
+    store: str,
+    *,
+    keep: int,
+    extra_keep: tuple[str, ...] = (),
+    others: tuple[tuple[str, str], ...] = (),
+) -> Collected:
+    """`others`: (name, state dir) of the spec's other deployments, which share the store: what their
+    generations keep is kept too (a gc of one deployment never removes another's realization)."""
+    why: dict[str, str] = {p: "the spec's realization" for p in extra_keep}
+    for name, other in others:
+        for p, w in _kept_by(other, keep).items():
+            why.setdefault(p, f"deployment {name}'s {w}")
+    for p, w in _kept_by(state_dir, keep).items():
+        why[p] = w
+    found = realizations(store)
+    for p in in_use_by_processes(found):
+        why[p] = "a running process uses it"
+    out = Collected(kept={p: w for p, w in why.items() if p in found})
+    doomed = [p for p in found if p not in why]
+    before = disk_usage(found)
+    for p in doomed:
+        remove(store, p)
+        out.removed.append(p)
+    out.freed = before - disk_usage([p for p in found if p not in doomed])
+    return out
+
+
+def _kept_by(state_dir: str, keep: int) -> dict[str, str]:
+    """The realizations the generations in `state_dir` keep (current, held, the last `keep`), and why."""
     records = generations.read_all(state_dir)
     current, hold = generations.current(state_dir), generations.read_hold(state_dir)
-    why: dict[str, str] = {p: "the spec's realization" for p in extra_keep}
+    why: dict[str, str] = {}
 
     def path_of(g: dict[str, object]) -> str | None:
         venv = g.get("venv")
@@ -37,14 +67,4 @@ def collect(state_dir: str, store: str, *, keep: int, extra_keep: tuple[str, ...
             why[p] = f"generation {current} (current)"
         if p is not None and hold is not None and g["generation"] == hold.generation:
             why[p] = f"generation {hold.generation} (held)"
-    found = realizations(store)
-    for p in in_use_by_processes(found):
-        why[p] = "a running process uses it"
-    out = Collected(kept={p: w for p, w in why.items() if p in found})
-    doomed = [p for p in found if p not in why]
-    before = disk_usage(found)
-    for p in doomed:
-        remove(store, p)
-        out.removed.append(p)
-    out.freed = before - disk_usage([p for p in found if p not in doomed])
-    return out
+    return why

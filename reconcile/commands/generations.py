@@ -66,15 +66,26 @@ def cmd_gc(args: Args) -> int:
     from reconcile.apply.lock import apply_lock
     from reconcile.apply.store import store_of
     from reconcile.commands.deployments import one_deployment
+    from reconcile.spec.deployments import deployments, is_multi
 
-    loaded = one_deployment(args, load_spec(args))
+    whole = load_spec(args)
+    loaded = one_deployment(args, whole)
     store = store_of(loaded.spec.venv)
     if store is None or loaded.spec.venv is None:
         print(f"{loaded.path}: no [venv] store: nothing to collect")
         return 0
     state_dir = loaded.spec.machine.state_dir
-    with apply_lock(state_dir, timeout=args.lock_timeout):
-        done = collect(state_dir, store, keep=args.keep, extra_keep=(loaded.spec.venv.path,))
+    # Several deployments share the store: what each one's generations and spec use is kept, under
+    # the machine's apply lock (the one a multi-deployment apply holds), not this deployment's alone.
+    lock_dir, extra = state_dir, [loaded.spec.venv.path]
+    others: tuple[tuple[str, str], ...] = ()
+    if is_multi(whole):
+        lock_dir = whole.spec.machine.state_dir
+        every = [d for d in deployments(whole) if d.loaded.spec.machine.state_dir != state_dir]
+        others = tuple((d.name, d.loaded.spec.machine.state_dir) for d in every)
+        extra += [d.loaded.spec.venv.path for d in every if d.loaded.spec.venv is not None]
+    with apply_lock(lock_dir, timeout=args.lock_timeout):
+        done = collect(state_dir, store, keep=args.keep, extra_keep=tuple(extra), others=others)
     for path, why in sorted(done.kept.items()):
         print(f"  kept     {path}: {why}")
     for path in done.removed:
