@@ -393,22 +393,161 @@ DOWNLOAD_WINDOW_S = 15.0
 
 
 def bound_hub_session() -> None:
-    """Put the bounds on huggingface_hub's shared session (idempotent): API answers capped
-    (_bound_api_answer), every other answer (a download, `/resolve/` or the CDN it redirects to)
-    held to a least rate. huggingface_hub's own timeout bounds each read only, and it reads a
-    download in 10 MB chunks, so a mirror that drips 1 KiB a second held apply (and its lock) for
-    as long as the model took at that rate: each window of DOWNLOAD_WINDOW_S must now bring
-    DOWNLOAD_LEAST_RATE a second, else HttpTooSlow, which is not retried."""
-    from huggingface_hub import get_session
+    """Put the bounds on huggingface_hub's shared client (idempotent), through its own hook
+    (`set_client_factory`): hf's default client, with
+    - API answers capped (_bound_api_answer), every other answer's body (a download, `/resolve/` or
+      the CDN it redirects to) held to a least rate (_bound_download): huggingface_hub's own timeout
+      bounds each read only, so a mirror that dripped 1 KiB a second held apply (and its lock) for as
+      long as the model took at that rate; each window of DOWNLOAD_WINDOW_S must bring
+      DOWNLOAD_LEAST_RATE a second, else HttpTooSlow, which is not retried;
+    - every connection made through _HubBackend: each answer's status line and headers must have come
+      DOWNLOAD_HEAD_S after its request (a mirror that drips them a byte every 2 s, which no per-read
+      timeout sees and no body rate reaches, held apply ~10 min a request), and no read outlives the
+      deadline of the download around it (hub_deadline): every socket read is bounded by it, so
+      huggingface_hub's worker threads end with the call instead of being joined at exit."""
+    import huggingface_hub
 
-    hooks = get_session().event_hooks
-    for kind, hook in (
-        ("request", _identity_for_api),
-        ("response", _bound_api_answer),
-        ("response", _bound_download),
-    ):
-        if hook not in hooks[kind]:
-            hooks[kind].append(hook)
+    if not _BOUNDED:
+        huggingface_hub.set_client_factory(_bounded_hub_client)  # closes the client made before, if any
+        _BOUNDED.append(True)
+
+
+_BOUNDED: list[bool] = []
+
+
+def _bounded_hub_client() -> Any:
+    from huggingface_hub.utils import _http  # hf's own client (offline mode, request ids), then ours
+
+    client = _http.default_client_factory()
+    pools = [getattr(t, "_pool", None) for t in (client._transport, *client._mounts.values())]
+    for pool in pools:  # httpcore's ConnectionPool (and its proxies) take their backend from here
+        if pool is None or not hasattr(pool, "_network_backend"):
+            raise RuntimeError("huggingface_hub's client has no httpcore pool to bound: unsupported version")
+        pool._network_backend = _hub_backend()
+    hooks = client.event_hooks
+    hooks["request"].append(_identity_for_api)
+    hooks["response"] += [_bound_api_answer, _bound_download]
+    return client
+
+
+DOWNLOAD_HEAD_S = 60.0  # a status line and headers: hf's own per-read timeout is 10 s
+DOWNLOAD_BASE_S = 300.0  # a whole download's deadline: this, DOWNLOAD_PER_FILE_S a file, the bytes at
+DOWNLOAD_PER_FILE_S = 30.0  # the least rate (download_deadline_s)
+
+
+def download_deadline_s(sizes: Collection[int]) -> float:
+    """The deadline of a download of files of these (listed) sizes, retries included."""
+    return DOWNLOAD_BASE_S + DOWNLOAD_PER_FILE_S * len(sizes) + sum(sizes) / DOWNLOAD_LEAST_RATE
+
+
+_HUB_DEADLINE: list[tuple[float, str]] = []  # (monotonic deadline, what) of the download now running
+
+
+@contextlib.contextmanager
+def hub_deadline(seconds: float, what: str) -> Iterator[None]:
+    """Every hub exchange inside ends by `seconds` from now: a read still waiting then raises
+    HttpTooSlow in its own thread (its socket's timeout is the time left), and no new connection
+    is made after it."""
+    import time
+
+    _HUB_DEADLINE.append((time.monotonic() + seconds, f"{what}: not complete within {seconds:.0f} s"))
+    try:
+        yield
+    finally:
+        _HUB_DEADLINE.pop()
+
+
+def _hub_backend() -> Any:
+    import importlib
+
+    try:  # huggingface_hub 2.x: httpx2 on httpcore2; 1.x: httpx on httpcore
+        httpcore: Any = importlib.import_module("httpcore2")
+    except ImportError:
+        httpcore = importlib.import_module("httpcore")
+
+    class Backend(httpcore.SyncBackend):  # type: ignore[misc]
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, **kw: Any) -> Any:
+            limit, why = _hub_limit(None, "")
+            return _BoundedStream(super().connect_tcp(host, port, _capped(timeout, limit, why), **kw))
+
+    return Backend()
+
+
+def _hub_limit(head_by: float | None, head_why: str) -> tuple[float | None, str]:
+    """The earliest of the download's deadline and the head's; past it, HttpTooSlow."""
+    import time
+
+    limits = [(head_by, head_why)] if head_by is not None else []
+    limits += _HUB_DEADLINE[-1:]
+    if not limits:
+        return None, ""
+    limit, why = min(limits)
+    if time.monotonic() >= limit:
+        raise HttpTooSlow(f"{why} (a slow or stuck hub or mirror): given up")
+    return limit, why
+
+
+def _capped(timeout: float | None, limit: float | None, why: str) -> float | None:
+    import time
+
+    if limit is None:
+        return timeout
+    left = max(0.001, limit - time.monotonic())
+    return left if timeout is None else min(timeout, left)
+
+
+class _BoundedStream:
+    """httpcore's network stream with the head and download deadlines on every read and write."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.head_by: float | None = None
+        self.head_why, self.tail = "", b""
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        import time
+
+        limit, why = _hub_limit(None, "")
+        self._timed(lambda t: self.stream.write(buffer, t), timeout, limit, why)
+        if self.head_by is None:  # a request sent: its answer's head is awaited
+            self.head_by, self.tail = time.monotonic() + DOWNLOAD_HEAD_S, b""
+            self.head_why = f"no status line and headers within {DOWNLOAD_HEAD_S:g} s of the request"
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        limit, why = _hub_limit(self.head_by, self.head_why)
+        data: bytes = self._timed(lambda t: self.stream.read(max_bytes, t), timeout, limit, why)
+        if self.head_by is not None:
+            seen = self.tail + data
+            if b"\r\n\r\n" in seen:
+                self.head_by = None
+            self.tail = seen[-3:]
+        return data
+
+    @staticmethod
+    def _timed(call: Callable[[float | None], T], timeout: float | None, limit: float | None, why: str) -> T:
+        import time
+
+        try:
+            return call(_capped(timeout, limit, why))
+        except Exception:
+            if limit is not None and time.monotonic() >= limit:
+                raise HttpTooSlow(f"{why} (a slow or stuck hub or mirror): given up") from None
+            raise
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
+        limit, why = _hub_limit(None, "")
+        tls = self._timed(
+            lambda t: self.stream.start_tls(ssl_context, server_hostname, t), timeout, limit, why
+        )
+        return _BoundedStream(tls)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.stream.get_extra_info(info)
 
 
 def _bound_download(response: Any) -> None:
