@@ -42,6 +42,33 @@ class Completed(Record):
         return self.returncode == 0
 
 
+_PROGRAM_CHECK: list[Callable[[str], object]] = []
+
+
+def check_programs(check: Callable[[str], object]) -> None:
+    """Set the check every program found on PATH must pass before it runs (the CLI sets the exec role,
+    filesafety.resolve_exec, at start: host and the trust layer are peers). It raises to refuse."""
+    _PROGRAM_CHECK[:] = [check]
+
+
+def _program(name: str) -> str | None:
+    """The file a command named `name` runs: for a bare name, where PATH has it, after the program
+    check (PATH's directories pass the read role at start, but a file in them may still be another
+    user's: a tarball's owners kept). None: run as given (a path, checked by its own role)."""
+    if "/" in name or not _PROGRAM_CHECK:
+        return None
+    import shutil
+
+    found = shutil.which(name)
+    if found is None:
+        raise ToolMissing(f"{name}: not found")
+    try:
+        _PROGRAM_CHECK[0](found)
+    except Exception as exc:
+        raise ToolMissing(f"{name}: {found} not run: {exc}") from None
+    return found
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -53,9 +80,11 @@ def run(
     """Run a command to completion and capture its output (text, errors replaced)."""
     import subprocess  # ~2 ms with its selectors and signals: a warm converged plan runs no command
 
+    program = _program(argv[0]) if argv else None
     try:
         proc = subprocess.run(
             list(argv),
+            executable=program,  # the file checked, argv[0] as given
             env=dict(env) if env is not None else None,
             input=input,
             capture_output=True,
@@ -87,9 +116,11 @@ def run_lines(
     import subprocess
     import threading
 
+    program = _program(argv[0]) if argv else None
     try:
         proc = subprocess.Popen(
             list(argv),
+            executable=program,  # the file checked, argv[0] as given
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -1,0 +1,167 @@
+"""Issue 24's hostile reader, third round: attacks found by reading docs/security.md and the code
+after the second round (tests/test_hostile_reader2.py), each run for real (a `nobody` process
+through setpriv, real files, links and listeners), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconcile.errors import ActionError
+from tests.test_untrusted_trees import Tree, tree
+
+__all__ = ["tree"]  # the fixture: a model source tree of nobody's
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def test_the_key_owner_cannot_point_the_key_directory_at_a_root_directory(yard: Path) -> None:
+    """The path rule lets the key's `owner` own the directories above the key (their home, say).
+    A link there was followed like one in root's directories: nobody makes the key's directory a
+    link to a directory only root may write, and root writes nobody's key file (0600, chowned to
+    nobody) into it. main: `victim/api.key`, owned by nobody, in root's 0700 directory."""
+    from actions.api_key import ensure_key
+    from reconcile.spec.models import ApiKey
+
+    home = yard / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    victim = yard / "victim"
+    victim.mkdir(mode=0o700)
+    subprocess.run([*AS_NOBODY, "ln", "-s", str(victim), str(home / "keys")], check=True)
+    with pytest.raises(ActionError, match="is not followed"):
+        ensure_key(ApiKey(file=str(home / "keys" / "api.key"), owner="nobody"))
+    assert list(victim.iterdir()) == []  # main: [victim/api.key], nobody's
+
+
+IMPOSTOR = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+print("ready", flush=True)
+body = (
+    b'{"version": "0.26.0", "data": [{"id": "demo", "max_model_len": 4096}], "choices": [{"message":'
+    b' {"content": "Paris", "reasoning": "thought", "tool_calls": [{"function": {"name": "get_weather",'
+    b' "arguments": "{\\"location\\": \\"Tokyo\\"}"}}]}}]}'
+)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data and (chunk := c.recv(65536)):
+            data += chunk
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        c.sendall(head % len(body) + body)
+    except OSError:
+        pass
+    c.close()
+"""
+
+
+def test_check_never_vouches_for_a_listener_of_nobodys_when_no_key_is_there(
+    tmp_path: Path, strangers: list[int]
+) -> None:
+    """The key file is not there yet (no apply so far, or it was removed): `check` sent its chat
+    unkeyed, so without the listener guard (which ran only for keyed requests), and nobody's
+    listener on the port answered it. main: every step ✓, "passed", exit 0."""
+    from tests.apply_support import demo_in
+    from tests.ownership_support import as_nobody
+
+    for demo in demo_in(tmp_path):
+        assert not demo.key_file.exists()
+        as_nobody(["/usr/bin/python3", "-c", IMPOSTOR, str(demo.port)], {}, strangers)
+        run = demo.cli("check")
+        assert run.returncode == 1, run.output
+        assert "passed" not in run.output and "✓" not in run.output, run.output
+        assert f"cannot verify the server: no key in {demo.key_file}" in run.output, run.output
+
+
+def test_the_plan_never_reads_a_root_only_file_through_a_link_in_nobodys_source(tree: Tree) -> None:
+    """nobody's `[model] source` has config.json as a link to a JSON file only root may read. The
+    copy refuses links leading out of the tree, but the plan (preflight and the model.config row)
+    read the source's JSON files following links: root's plan showed that file's values (the
+    model.config row's diff), a file nobody could never read. main: `{"rope_type": "s3cr3t"}`."""
+    vault = tree.root / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "config.json"
+    secret.write_text('{"architectures": ["LlamaForCausalLM"], "rope_parameters": {"rope_type": "s3cr3t"}}')
+    secret.chmod(0o600)
+    (tree.source / "config.json").unlink()
+    tree.as_nobody("ln", "-s", str(secret), str(tree.source / "config.json"))
+    run = tree.cli("plan")
+    assert "s3cr3t" not in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+def test_gc_removes_a_realization_nested_past_the_recursion_limit(tmp_path: Path) -> None:
+    """A realization is a venv: its tree is what the spec's packages install (wheels from an index,
+    sdists' build steps), so its depth is not ours to choose. gc removed it with shutil.rmtree,
+    which in Python 3.11 recurses once a level. main: RecursionError at 1,100 levels, the
+    realization half-removed (renamed .gc-*) and every later gc failing on it."""
+    from reconcile.apply.store import remove
+
+    store = tmp_path / "store"
+    doomed = store / ("0" * 32 + "-venv")
+    doomed.mkdir(parents=True)
+    fd = os.open(doomed, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1100):  # a/a/...: 2,200 characters, inside PATH_MAX (os.makedirs recurses too)
+        os.mkdir("a", dir_fd=fd)
+        fd, up = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(up)
+    os.close(os.open("f", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    os.close(fd)
+    (doomed / "bin").mkdir()
+    (doomed / "bin" / "python").symlink_to("/usr/bin/python3")
+    remove(str(store), str(doomed))
+    assert list(store.iterdir()) == []
+    assert Path("/usr/bin/python3").exists()
+
+
+def test_a_program_of_nobodys_in_a_root_directory_on_path_never_runs(
+    yard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PATH entries are held to the read role (round 1), but only as directories: a program file
+    of nobody's in root's 0755 directory (a tarball unpacked with its archive's owners, as the CUDA
+    toolkit's nvcc was) ran whenever reconcile ran that name. Here `git`, which every plan asks.
+    main: ran as uid 0."""
+    from tests.test_hostile_reader import committed_spec
+
+    _, spec = committed_spec(yard)
+    bin_dir = yard / "bin"
+    bin_dir.mkdir(mode=0o755)
+    git = bin_dir / "git"
+    git.write_text(f'#!/bin/sh\nid -u > {yard}/ran-as\nexec /usr/bin/git "$@"\n')
+    git.chmod(0o755)
+    os.chown(git, NOBODY, NOBODY)  # nobody's file: they may rewrite it at will
+    argv = [sys.executable, "-m", "reconcile", "plan", "--spec", str(spec)]
+    env = {**os.environ, "XDG_CACHE_HOME": str(yard / "cache"), "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=yard, env=env)
+    assert not (yard / "ran-as").exists()  # main: "0"
+    assert run.returncode in (0, 1, 2), run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    # What a caller of host.run is told (the plan's git row says only "not in git")
+    from reconcile import host
+    from reconcile.safety.filesafety import resolve_exec
+
+    monkeypatch.setattr(host, "_PROGRAM_CHECK", [])
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    host.check_programs(resolve_exec)
+    with pytest.raises(host.ToolMissing, match="is owned by nobody") as refused:
+        host.run(["git", "--version"])
+    assert str(refused.value).startswith(f"git: {git} not run: "), refused.value
+    assert not (yard / "ran-as").exists()
+    git.chmod(0o755)
+    os.chown(git, 0, 0)  # root's, as /usr/bin's: runs
+    assert host.run(["git", "--version"]).ok and (yard / "ran-as").read_text() == "0\n"
