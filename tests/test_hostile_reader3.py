@@ -165,3 +165,27 @@ def test_a_program_of_nobodys_in_a_root_directory_on_path_never_runs(
     git.chmod(0o755)
     os.chown(git, 0, 0)  # root's, as /usr/bin's: runs
     assert host.run(["git", "--version"]).ok and (yard / "ran-as").read_text() == "0\n"
+
+
+@pytest.mark.parametrize("where", ["include/cuda_fp8.h", "include/cuda/std/atomic", "lib64/libcudart.so"])
+def test_a_toolkit_file_of_nobodys_fails_the_plan(yard: Path, where: str) -> None:
+    """A toolkit unpacked from a tarball keeps the archive's owners. Round 1 held bin/nvcc to the
+    exec role; the headers FlashInfer's JIT compiles into the server's kernels (as the server's
+    user, root by default) and the libraries they link were not looked at: a header of nobody's,
+    deep in include/, planned clean. main: no finding."""
+    from tests.test_hostile_reader import cli, spec_text
+
+    target = yard / "cuda-13.0"
+    for d in ("bin", "include/cuda/std", "lib64"):
+        (target / d).mkdir(parents=True)
+    planted = target / where
+    planted.write_text("/* nobody's */\n")
+    os.chown(planted, NOBODY, NOBODY)
+    (target / "include" / "cuda_runtime.h").write_text("/* root's */\n")
+    (yard / "cuda").symlink_to(target)
+    spec = yard / "spec.toml"
+    spec.write_text(spec_text(yard) + f'\n[cuda]\nhome = "{yard}/cuda"\ntarget = "{target}"\n')
+    run = cli(yard, "plan", spec=spec)
+    assert "Traceback" not in run.stderr, run.stderr
+    assert f"{planted} is owned by nobody" in run.stdout, run.stdout
+    assert run.returncode == 1, run.stdout
