@@ -99,7 +99,7 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
                 os.unlink(path)
         quiet = _bars() if progress else _quiet_tqdm()
         # One deadline around all of it (retries too): a mirror that drips keeps no read past it.
-        with hub_deadline(download_deadline_s(sizes.values()), "the download"):
+        with hub_deadline(download_deadline_s(sizes.values()), "the download", sizes):
             _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
             _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)

@@ -475,17 +475,20 @@ _HUB_DEADLINE: list[tuple[float, str]] = []  # (monotonic deadline, what) of the
 
 
 @contextlib.contextmanager
-def hub_deadline(seconds: float, what: str) -> Iterator[None]:
+def hub_deadline(seconds: float, what: str, sizes: Mapping[str, int] | None = None) -> Iterator[None]:
     """Every hub exchange inside ends by `seconds` from now: a read still waiting then raises
     HttpTooSlow in its own thread (its socket's timeout is the time left), and no new connection
-    is made after it."""
+    is made after it. `sizes` (file name -> listed size): no file's body may be longer."""
     import time
 
     _HUB_DEADLINE.append((time.monotonic() + seconds, f"{what}: not complete within {seconds:.0f} s"))
+    _HUB_SIZES.append(dict(sizes or {}))
     try:
         yield
     finally:
         _HUB_DEADLINE.pop()
+        _HUB_SIZES.pop()
+        _REDIRECTED.clear()
 
 
 def _hub_backend() -> Any:
@@ -584,21 +587,49 @@ class _BoundedStream:
 def _bound_download(response: Any) -> None:
     if _is_api(response.request.url):
         return
-    what = f"{response.request.url.copy_with(query=None)}"
+    url = response.request.url
+    what = f"{url.copy_with(query=None)}"
+    name = _download_name(url)
+    if response.is_redirect and name is not None and "location" in response.headers:
+        _REDIRECTED[str(url.join(response.headers["location"]))] = name  # the CDN's answer: this file
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # httpx would inflate it: its size on the wire says nothing
+        raise HttpTooLarge(f"{what}: a {encoding[:20]!r}-encoded file (asked for identity): refused")
+    sizes = _HUB_SIZES[-1] if _HUB_SIZES else {}
+    limit = sizes.get(name) if name is not None else None
+    if limit is None and sizes:  # a file the listing does not name: no larger than its largest
+        limit = max(sizes.values())
     stream = response.stream
     base = next((c for c in type(stream).__mro__ if c.__name__ == "SyncByteStream"), object)
     rated = _RATED.get(base) or _RATED.setdefault(base, type("RatedStream", (_RatedStream, base), {}))
-    response.stream = rated(stream, what)
+    response.stream = rated(stream, what, limit)
+
+
+_REDIRECTED: dict[str, str] = {}  # a redirect's target URL -> the file of the /resolve/ that led there
+_HUB_SIZES: list[dict[str, int]] = []  # the listed sizes of the download now running (hub_deadline)
+
+
+def _download_name(url: Any) -> str | None:
+    """The repo file a download answers: `.../resolve/<revision>/<name>`, or a redirect's target."""
+    from urllib.parse import unquote
+
+    path = str(url.path)
+    if "/resolve/" in path:
+        _, _, tail = path.partition("/resolve/")
+        return unquote(tail.partition("/")[2]) or None
+    return _REDIRECTED.get(str(url))
 
 
 _RATED: dict[type, type] = {}
 
 
 class _RatedStream:
-    """A download's body that raises HttpTooSlow when a window brings less than the least rate."""
+    """A download's body that raises HttpTooSlow when a window brings less than the least rate, and
+    HttpTooLarge past `limit` bytes (the file's listed size: huggingface_hub writes what comes and
+    compares sizes only at the end, so a mirror could fill the disk the free-space check judged)."""
 
-    def __init__(self, stream: Any, what: str) -> None:
-        self.stream, self.what = stream, what
+    def __init__(self, stream: Any, what: str, limit: int | None = None) -> None:
+        self.stream, self.what, self.limit, self.total = stream, what, limit, 0
 
     def __iter__(self) -> Iterator[bytes]:
         import time
@@ -606,6 +637,12 @@ class _RatedStream:
         start, got = time.monotonic(), 0
         for chunk in self.stream:
             got += len(chunk)
+            self.total += len(chunk)
+            if self.limit is not None and self.total > self.limit:
+                self.close()
+                raise HttpTooLarge(
+                    f"{self.what}: more than the {size_text(self.limit)} the hub lists for it: refused"
+                )
             now = time.monotonic()
             if now - start >= DOWNLOAD_WINDOW_S:
                 if got < DOWNLOAD_LEAST_RATE * (now - start):
@@ -629,8 +666,8 @@ def _is_api(url: Any) -> bool:
 
 
 def _identity_for_api(request: Any) -> None:
-    if _is_api(request.url):
-        request.headers["Accept-Encoding"] = "identity"
+    """Every answer uncompressed (API answers and files alike): their caps count what is written."""
+    request.headers["Accept-Encoding"] = "identity"
 
 
 def _bound_api_answer(response: Any) -> None:

@@ -189,3 +189,117 @@ def test_a_toolkit_file_of_nobodys_fails_the_plan(yard: Path, where: str) -> Non
     assert "Traceback" not in run.stderr, run.stderr
     assert f"{planted} is owned by nobody" in run.stdout, run.stdout
     assert run.returncode == 1, run.stdout
+
+
+class Overfeeder:
+    """A mirror in front of a FakeHub: everything passed through, except the body of a `/resolve/`
+    GET for `name`, which is `extra` bytes longer than the hub lists (declared in Content-Length,
+    or gzip-compressed zeros with `gzip`). Counts what the client took."""
+
+    def __init__(self, upstream: str, name: str, extra: int, *, gzip: bool) -> None:
+        import socket
+        import threading
+
+        self.upstream, self.name, self.extra, self.gzip = upstream, name, extra, gzip
+        self.sent = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: object) -> None:
+        import socket
+        import zlib
+        from urllib.parse import urlsplit
+
+        assert isinstance(conn, socket.socket)
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
+                head += data
+            if not head:
+                return
+            lines = head.split(b"\r\n")
+            method, path = lines[0].split(b" ")[0], lines[0].split(b" ")[1].decode()
+            if method == b"GET" and "/resolve/" in path and path.endswith("/" + self.name):
+                if self.gzip:
+                    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+                    body = packer.compress(b"\0" * self.extra) + packer.flush()
+                    top = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(
+                        body
+                    )
+                    chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)]
+                else:
+                    top = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.extra
+                    chunks = [b"\0" * 65536] * (self.extra // 65536)
+                try:
+                    conn.sendall(top.replace(b"\r\n", b"\r\nConnection: close\r\n", 1))
+                    for chunk in chunks:
+                        conn.sendall(chunk)
+                        self.sent += len(chunk)
+                except OSError:
+                    pass
+                return
+            kept = [ln for ln in lines[1:] if not ln.lower().startswith((b"connection:", b"host:"))]
+            up = urlsplit(self.upstream)
+            request = b"\r\n".join([lines[0], f"Host: {up.netloc}".encode(), b"Connection: close", *kept])
+            answer = b""
+            with socket.create_connection((up.hostname, up.port)) as upstream:
+                upstream.sendall(request)
+                while data := upstream.recv(65536):
+                    answer += data
+            top, _, body = answer.partition(b"\r\n\r\n")  # one answer a connection: say so
+            kept = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+            conn.sendall(b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + body)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.mark.parametrize("gzip", [False, True], ids=["longer", "gzip-bomb"])
+def test_a_mirror_cannot_write_more_than_the_hub_lists_into_the_model_dir(tmp_path: Path, gzip: bool) -> None:
+    """The free-space check takes the hub's listing; huggingface_hub then writes whatever the GET's
+    body holds and compares sizes only at the end. A mirror answers a 64 KiB file with 64 MiB
+    (or a gzip body that inflates to it: httpx decodes what it was offered): main wrote all of it
+    to the model dir's disk before failing."""
+    from tests.fakes.hub_server import FakeHub
+
+    big = 64 << 20
+    with FakeHub() as hub:
+        files = {
+            "config.json": b"{}",
+            "tokenizer.json": b"{}" * (32 << 10),
+            "model.safetensors": b"\0" * 1024,
+        }
+        hub.add_commit("org/toy", files)
+        mirror = Overfeeder(hub.url, "tokenizer.json", big, gzip=gzip)  # not LFS: served from /resolve/
+        env = {**os.environ, "HF_ENDPOINT": mirror.url, "HF_HUB_DISABLE_XET": "1"}
+        code = "import sys\nfrom actions.model import download\nfrom reconcile.spec.models import Model\n"
+        code += "download(Model(repo='org/toy', dir=sys.argv[1]), progress=False)\n"
+        try:
+            run = subprocess.run(
+                [sys.executable, "-c", code, str(tmp_path / "m")],
+                env=env,
+                timeout=120,
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            mirror.close()
+        assert run.returncode == 1, run.stderr
+        last = run.stderr.strip().splitlines()[-1]
+        said = (
+            "encoded file (asked for identity): refused" if gzip else "more than the 64 KiB the hub lists"
+        )
+        assert "ActionError" in last and said in last, run.stderr
+        if not gzip:
+            assert mirror.sent < 16 << 20, mirror.sent  # main: all 64 MiB taken, three times
