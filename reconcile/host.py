@@ -437,7 +437,13 @@ def bound_hub_session() -> None:
       deadline of the download around it (hub_deadline): every socket read is bounded by it, so
       huggingface_hub's worker threads end with the call instead of being joined at exit."""
     import huggingface_hub
+    from huggingface_hub import constants
 
+    # hf_xet (Rust, its own sockets) would download a file whose HEAD names a Xet hash from the CAS
+    # server a token route names: none of the bounds here reach it, and a mirror chooses that server
+    # (one that accepts and never answers held apply past 60 s). The hub serves every file over
+    # /resolve/ as well: HF_HUB_DISABLE_XET, read at call time through this constant.
+    constants.HF_HUB_DISABLE_XET = True
     if not _BOUNDED:
         huggingface_hub.set_client_factory(_bounded_hub_client)  # closes the client made before, if any
         _BOUNDED.append(True)

@@ -297,9 +297,115 @@ def test_a_mirror_cannot_write_more_than_the_hub_lists_into_the_model_dir(tmp_pa
             mirror.close()
         assert run.returncode == 1, run.stderr
         last = run.stderr.strip().splitlines()[-1]
-        said = (
-            "encoded file (asked for identity): refused" if gzip else "more than the 64 KiB the hub lists"
-        )
+        said = "encoded file (asked for identity): refused" if gzip else "more than the 64 KiB the hub lists"
         assert "ActionError" in last and said in last, run.stderr
         if not gzip:
             assert mirror.sent < 16 << 20, mirror.sent  # main: all 64 MiB taken, three times
+
+
+class XetMirror:
+    """A mirror in front of a FakeHub that says a file is stored in Xet (the HEAD's X-Xet-Hash and
+    X-Xet-Refresh-Route headers, as the real hub sends them), and whose token route names as the
+    CAS server a `tarpit` that accepts connections and never answers."""
+
+    def __init__(self, upstream: str) -> None:
+        import socket
+        import threading
+
+        self.upstream = upstream
+        self.tarpit = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._pit, daemon=True).start()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _pit(self) -> None:
+        while True:
+            try:
+                self.held.append(self.tarpit.accept()[0])
+            except OSError:
+                return
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: object) -> None:
+        import socket
+        import time
+        from urllib.parse import urlsplit
+
+        assert isinstance(conn, socket.socket)
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
+                head += data
+            if not head:
+                return
+            lines = head.split(b"\r\n")
+            path = lines[0].split(b" ")[1].decode()
+            if path.startswith("/xet-token"):
+                cas = f"http://127.0.0.1:{self.tarpit.getsockname()[1]}"
+                expires = int(time.time()) + 3600
+                token = f"X-Xet-Cas-Url: {cas}\r\nX-Xet-Access-Token: t\r\nX-Xet-Token-Expiration: {expires}"
+                answer = f"HTTP/1.1 200 OK\r\nConnection: close\r\n{token}\r\nContent-Length: 2\r\n\r\n{{}}"
+                conn.sendall(answer.encode())
+                return
+            kept = [ln for ln in lines[1:] if not ln.lower().startswith((b"connection:", b"host:"))]
+            up = urlsplit(self.upstream)
+            request = b"\r\n".join([lines[0], f"Host: {up.netloc}".encode(), b"Connection: close", *kept])
+            answer = b""
+            with socket.create_connection((up.hostname, up.port)) as upstream:
+                upstream.sendall(request)
+                while data := upstream.recv(65536):
+                    answer += data
+            top, _, body = answer.partition(b"\r\n\r\n")
+            out = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+            if "/resolve/" in path and path.endswith("/tokenizer.json"):
+                out += [b"X-Xet-Hash: " + b"a" * 64, f"X-Xet-Refresh-Route: {self.url}/xet-token".encode()]
+            conn.sendall(b"\r\n".join([*out, b"Connection: close"]) + b"\r\n\r\n" + body)
+
+    def close(self) -> None:
+        self.server.close()
+        self.tarpit.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_mirror_cannot_send_a_download_to_a_xet_server_of_its_choosing(tmp_path: Path) -> None:
+    """huggingface_hub downloads a file whose HEAD names a Xet hash through hf_xet (Rust, its own
+    sockets), from the CAS server the mirror's token route names: no deadline, least rate or size
+    cap of ours reaches it. The other tests set HF_HUB_DISABLE_XET; a real machine does not. A CAS
+    server that accepts and never answers: main held the download past 60 s."""
+    from tests.fakes.hub_server import FakeHub
+
+    with FakeHub() as hub:
+        hub.add_commit("org/toy", {"config.json": b"{}", "tokenizer.json": b"{}" * 1000})
+        mirror = XetMirror(hub.url)
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_XET"}
+        env["HF_ENDPOINT"] = mirror.url
+        code = "import sys\nfrom actions.model import download\nfrom reconcile.spec.models import Model\n"
+        code += "print(download(Model(repo='org/toy', dir=sys.argv[1]), progress=False).message)\n"
+        try:
+            run = subprocess.run(
+                [sys.executable, "-c", code, str(tmp_path / "m")],
+                env=env,
+                timeout=60,
+                capture_output=True,
+                text=True,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"held past 60 s, {len(mirror.held)} connection(s) in the tarpit")  # main
+        finally:
+            mirror.close()
+        assert run.returncode == 0, run.stderr
+        assert "downloaded 2 files" in run.stdout, run.stdout  # over /resolve/, bounded
+        assert mirror.held == []
+        assert (tmp_path / "m" / "tokenizer.json").read_bytes() == b"{}" * 1000
