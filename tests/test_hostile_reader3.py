@@ -9,11 +9,14 @@ import os
 import pwd
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reconcile.errors import ActionError
+from tests.apply_support import Demo
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -409,3 +412,29 @@ def test_a_mirror_cannot_send_a_download_to_a_xet_server_of_its_choosing(tmp_pat
         assert "downloaded 2 files" in run.stdout, run.stdout  # over /resolve/, bounded
         assert mirror.held == []
         assert (tmp_path / "m" / "tokenizer.json").read_bytes() == b"{}" * 1000
+
+
+def test_a_listener_that_takes_the_port_while_the_server_loads_is_not_reported_as_the_server(
+    seeded: Demo, strangers: list[int]
+) -> None:
+    """The preflight finds the port free; the server starts loading; nobody binds the port before
+    vLLM does and answers `/health` 200. The readiness loop asked `/health` unkeyed and without the
+    listener guard: main reported the server started and healthy (only the acceptance check after
+    it failed; the real server died on the bound port). Now the start fails, naming the holder."""
+    from tests.ownership_support import as_nobody
+
+    def slow_start(doc: Any) -> None:
+        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "5"  # the port bound after it
+
+    seeded.write_spec(slow_start)
+    apply = seeded.start("apply")
+    deadline = time.monotonic() + 120
+    while "Starting to load model" not in (seeded.log.read_text() if seeded.log.exists() else ""):
+        assert time.monotonic() < deadline and apply.poll() is None, "the server never started loading"
+        time.sleep(0.1)
+    as_nobody(["/usr/bin/python3", "-c", IMPOSTOR, str(seeded.port)], {}, strangers)
+    run = seeded.finish(apply)
+    assert run.returncode == 4, run.output
+    (row,) = [line for line in run.output.splitlines() if line.lstrip().startswith(("✓ server", "✗ server"))]
+    assert "healthy after" not in row, run.output  # main: "✓ server changed: started ...; healthy after 0.6s"
+    assert "✗ server" in row and "/health was answered by pid" in run.output and "user nobody" in run.output
