@@ -51,7 +51,7 @@ def check_programs(check: Callable[[str], object]) -> None:
     _PROGRAM_CHECK[:] = [check]
 
 
-def _program(name: str) -> str | None:
+def _program(name: str, env: Mapping[str, str] | None) -> str | None:
     """The file a command named `name` runs: for a bare name, where PATH has it, after the program
     check (PATH's directories pass the read role at start, but a file in them may still be another
     user's: a tarball's owners kept). None: run as given (a path, checked by its own role)."""
@@ -59,7 +59,7 @@ def _program(name: str) -> str | None:
         return None
     import shutil
 
-    found = shutil.which(name)
+    found = shutil.which(name, path=(os.environ if env is None else env).get("PATH", os.defpath))
     if found is None:
         raise ToolMissing(f"{name}: not found")
     try:
@@ -80,7 +80,7 @@ def run(
     """Run a command to completion and capture its output (text, errors replaced)."""
     import subprocess  # ~2 ms with its selectors and signals: a warm converged plan runs no command
 
-    program = _program(argv[0]) if argv else None
+    program = _program(argv[0], env) if argv else None
     try:
         proc = subprocess.run(
             list(argv),
@@ -116,7 +116,7 @@ def run_lines(
     import subprocess
     import threading
 
-    program = _program(argv[0]) if argv else None
+    program = _program(argv[0], env) if argv else None
     try:
         proc = subprocess.Popen(
             list(argv),
