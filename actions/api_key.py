@@ -113,6 +113,10 @@ def _generate(api_key: ApiKey, mode: int, uid: int, gid: int, why: str) -> Actio
         data = (secrets.token_urlsafe(32) + "\n").encode()
         name = os.path.basename(api_key.file)
         write_new_at(fd, name, data, mode=mode, uid=uid, gid=gid, prefix=temp_prefix(api_key.file))
+    except OSError as exc:
+        if exc.filename is None:  # ENOSPC on write names no file: name the key's
+            raise OSError(exc.errno, exc.strerror, api_key.file) from exc
+        raise
     finally:
         os.close(fd)
     where = f" (created {os.path.dirname(api_key.file)} 0700)" if made_dir else ""
