@@ -279,9 +279,13 @@ def wait_ready(
     mask: Collection[str] = (),
     progress: ProgressFn | None = None,
     poll: float = 0.25,
+    guard: Callable[[], None] | None = None,
 ) -> ReadinessFailure | None:
-    """Poll GET /health until 200 (None), the process exits, or `timeout` passes (a failure report)."""
+    """Poll GET /health until 200 (None), the process exits, or `timeout` passes (a failure report).
+    `guard` (the listener check: raises ForeignListener) runs on a 200: a listener that took the port
+    while the server loaded answers /health too, and is not the server."""
     from reconcile.host import HttpUnreachable, http_request
+    from reconcile.ownership.sockets import ForeignListener
 
     started = time.monotonic()
     while True:
@@ -292,9 +296,14 @@ def wait_ready(
             break
         try:
             if http_request("GET", host, port, "/health", timeout=min(2.0, poll * 8)).status == 200:
+                if guard is not None:
+                    guard()
                 return None
         except HttpUnreachable:
             pass  # the port refuses until the model is loaded
+        except ForeignListener as exc:
+            reason = f"/health was answered by {exc.holder}, not by the server started (port {port} taken)"
+            break
         if elapsed >= timeout:
             reason = f"/health did not answer 200 within {timeout:g}s"
             break

@@ -24,7 +24,7 @@ from actions.model_config import (
 from actions.model_copying import copy_files, inside_model_dir, source_files
 from actions.model_resuming import partials, resume_partials
 from reconcile.errors import ActionError
-from reconcile.host import atomic_write
+from reconcile.host import atomic_write, download_deadline_s, hub_deadline
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import source_content
@@ -98,8 +98,10 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
             if name != "config.json" and os.path.isfile(path) and os.path.getsize(path) != size:
                 os.unlink(path)
         quiet = _bars() if progress else _quiet_tqdm()
-        _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
-        _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
+        # One deadline around all of it (retries too): a mirror that drips keeps no read past it.
+        with hub_deadline(download_deadline_s(sizes.values()), "the download", sizes):
+            _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
+            _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)
     problems = _size_problems(model.dir, sizes)
     if problems:

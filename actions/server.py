@@ -322,6 +322,11 @@ def _wait(
             return systemd_unit.unit_exit_status(spec)
         return None if supervising.is_alive(pid) else -1
 
+    def guard() -> None:  # the answer to /health must come from this deployment's process
+        from reconcile.ownership.sockets import key_holder_check
+
+        key_holder_check(server.port, scope_of(spec), f"deployment {server.name}")
+
     mask = [command.env[k] for k in command.secret_keys if command.env.get(k)]
     return wait_ready(
         connect_host(spec),
@@ -332,6 +337,7 @@ def _wait(
         log_offset=offset,
         mask=mask,
         progress=progress,
+        guard=guard,
     )
 
 

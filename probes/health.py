@@ -185,7 +185,8 @@ def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, s
         headers={**keyed, "Content-Type": "application/json"},
         body=json.dumps(body).encode(),
         timeout=timeout,
-        before_send=_guard(spec) if keyed else None,
+        # keyed or not: an answer from a listener that is not the deployment's vouches for nothing
+        before_send=_guard(spec),
     )
     return resp.status, _json(resp), answer(resp.status, resp.body)
 
@@ -208,6 +209,9 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     timeout = timeout or max(spec.health.timeout, 120.0)
     model = server.served_model_name or server.model or (spec.model.dir if spec.model else "")
     steps: list[CheckStep] = []
+    if spec.api_key is not None and not _headers(spec):  # a server that takes any key is not this one
+        why = f"cannot verify the server: no key in {spec.api_key.file} (apply makes it); nothing was sent"
+        return CheckResult(False, (CheckStep("key", False, why),), time.monotonic() - started)
     try:
         seen = probe(spec)
         version = seen.version
@@ -250,7 +254,9 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
             )
         if server.args.get("enable-auto-tool-choice") is True:
             steps.append(_tool_step(spec, model, timeout, min(256, budget)))
-    except (HttpUnreachable, ForeignListener) as exc:
+    except ForeignListener as exc:
+        steps.append(CheckStep("chat", False, f"cannot verify the server: {exc}"))
+    except HttpUnreachable as exc:
         steps.append(CheckStep("chat", False, str(exc)))
     return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
 

@@ -391,8 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _trusted_search_path() -> None:
     """Every program reconcile runs by name is looked up on a PATH only root or we can change
     (reconcile.safety.filesafety.search_path); what it leaves out is said once on stderr."""
-    from reconcile.safety.filesafety import search_path
+    from reconcile.host import check_programs
+    from reconcile.safety.filesafety import resolve_exec, search_path
 
+    check_programs(resolve_exec)  # and each program found there: the exec role, file and interpreter
     kept, dropped = search_path(os.environ.get("PATH", os.defpath))
     if dropped:
         os.environ["PATH"] = kept

@@ -57,7 +57,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/apply/generations.py": (1, STATE),
     "reconcile/apply/journal.py": (1, STATE),
     "reconcile/apply/realization.py": (1, STATE),
-    "reconcile/apply/store.py": (11, BELOW),
+    "reconcile/apply/store.py": (10, BELOW),
     "reconcile/authoring/init_survey.py": (2, PROC),
     "reconcile/host.py": (11, SEAM),
     "reconcile/ownership/cgroups.py": (2, PROC),

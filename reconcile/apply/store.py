@@ -16,7 +16,7 @@ import stat
 from collections.abc import Collection, Iterator
 
 from reconcile.host import atomic_symlink, atomic_write
-from reconcile.safety.filesafety import ensure_dir, open_dir
+from reconcile.safety.filesafety import ensure_dir, open_dir, remove_tree_at
 from reconcile.safety.untrusted import load_json, walk_tree
 
 TYPE_CHECKING = False
@@ -256,8 +256,6 @@ def remove(store: str, path: str) -> None:
             raise ValueError(f"{path} is not a realization under {store}")
         # Renamed first, so a half-removed tree never looks like a realization again.
         os.rename(name, f".gc-{name}", src_dir_fd=fd, dst_dir_fd=fd)
-        import shutil
-
-        shutil.rmtree(f"/proc/self/fd/{fd}/.gc-{name}")  # the store we walked, by its descriptor
+        remove_tree_at(fd, f".gc-{name}")  # the store we walked, by its descriptor, no recursion
     finally:
         os.close(fd)

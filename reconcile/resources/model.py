@@ -239,7 +239,9 @@ def source_config(model: Model) -> dict[str, Any]:
     from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular
 
     try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
-        data = load_json(read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, follow=True))
+        data = load_json(
+            read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, tree=model.source)
+        )
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
