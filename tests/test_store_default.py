@@ -220,3 +220,49 @@ def test_a_model_dir_made_before_the_store_is_used_in_place_and_never_broken(
     assert demo.cli("apply").returncode == 0
     assert not demo.model_dir.is_symlink() and _hashes(demo.model_dir) == before
     assert f"{demo.venv}/bin/vllm serve {demo.model_dir}" in server_cmdline(demo)
+
+
+def test_a_hub_model_is_kept_in_huggingface_hubs_cache_and_an_older_commit_comes_back_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import scan_cache_dir
+
+    from reconcile.cli import main
+    from tests.fakes.hub_server import FakeHub
+
+    def spec(revision: str) -> Path:
+        path = tmp_path / "specs" / "box.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            f'[machine]\nstate_dir = "{tmp_path / "state"}"\n\n[model]\nrepo = "org/toy"\n'
+            f'revision = "{revision}"\ndir = "{tmp_path / "model"}"\nconfig = {{ rope_theta = 5.0 }}\n'
+        )
+        return path
+
+    weights = os.urandom(1 << 20)
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        first = hub.add_commit("org/toy", {"config.json": b'{"a": 1}\n', "model.safetensors": weights})
+        second = hub.add_commit("org/toy", {"config.json": b'{"a": 2}\n', "model.safetensors": weights})
+        assert main(["apply", "--spec", str(spec(first))]) == 2
+        model_1 = Path(os.readlink(tmp_path / "model"))
+        bytes_1 = _hashes(tmp_path / "model")
+        assert main(["apply", "--spec", str(spec(second))]) == 2
+        model_2 = Path(os.readlink(tmp_path / "model"))
+        assert model_2 != model_1 and json.loads((model_2 / "config.json").read_text()) == {
+            "a": 2,
+            "rope_theta": 5.0,
+        }
+        weights_downloads = len(hub.downloads("model.safetensors"))
+    store = tmp_path / "state" / "store"
+    (cached,) = scan_cache_dir(store / "hub").repos
+    assert cached.repo_id == "org/toy" and {r.commit_hash for r in cached.revisions} == {first, second}
+    # One blob for the weights both commits hold; each realization's file is that blob.
+    blob = store / "hub" / "models--org--toy" / "blobs" / hashlib.sha256(weights).hexdigest()
+    assert os.path.samefile(blob, model_1 / "model.safetensors")
+    assert os.path.samefile(blob, model_2 / "model.safetensors") and weights_downloads == 1
+    # The hub is gone: the first commit comes back from the store, its exact bytes.
+    # No file changes (the realization is all there): the profile link moves back, generation 1 again.
+    assert main(["apply", "--spec", str(spec(first))]) in (0, 2)
+    assert os.readlink(tmp_path / "model") == str(model_1) and _hashes(tmp_path / "model") == bytes_1
+    assert main(["plan", "--spec", str(spec(first))]) == 0

@@ -149,6 +149,17 @@ def seal_model(store: str, path: str, model: Model) -> int:
     blobs = os.path.join(repo_root, "blobs")
     digests: dict[str, str] = {}
     shared = 0
+    commit = record.get("commit")
+    fetched = os.path.join(repo_root, "snapshots", str(commit))
+    if model.repo and isinstance(commit, str) and _COMMIT.match(commit) and os.path.isdir(fetched):
+        # snapshot_download(cache_dir=<store>/hub) made the snapshot and its blobs (named by the hub's
+        # etag) and actions.model linked the realization to them: only the seal is left to write.
+        for rel in sorted(files):
+            with contextlib.suppress(OSError):
+                digests[rel] = os.path.basename(os.readlink(os.path.join(fetched, rel)))
+        _write_ref(repo_root, model, commit)
+        _write_seal(path, folder, commit, digests)
+        return 0
     with umask(TREE_UMASK):
         ensure_dir(blobs, 0o755)
         blobs_fd = open_dir(blobs)
@@ -180,26 +191,38 @@ def seal_model(store: str, path: str, model: Model) -> int:
                     os.close(dfd)
         finally:
             os.close(blobs_fd)
-        commit = record.get("commit")
         snapshot = commit if isinstance(commit, str) and _COMMIT.match(commit) else content_id(digests)
         _snapshot_links(repo_root, snapshot, digests)
-        if model.repo and not _COMMIT.match(model.revision):
-            from reconcile.host import atomic_write
+        _write_ref(repo_root, model, snapshot)
+        _write_seal(path, folder, snapshot, digests)
+    return shared
 
-            ensure_dir(os.path.join(repo_root, "refs"), 0o755)
-            atomic_write(os.path.join(repo_root, "refs", model.revision), snapshot.encode(), mode=0o644)
-        config = os.path.join(path, "config.json")
-        body = {
-            "format": FORMAT,
-            "repo_folder": folder,
-            "snapshot": snapshot,
-            "files": digests,
-            "config_json": _sha256(config) if os.path.isfile(config) else None,
-        }
+
+def _write_ref(repo_root: str, model: Model, commit: str) -> None:
+    """refs/<branch or tag> = the commit it resolved to, as huggingface_hub records it."""
+    from reconcile.safety.names import name_problem
+
+    if model.repo and not _COMMIT.match(model.revision) and name_problem(model.revision) is None:
         from reconcile.host import atomic_write
 
-        atomic_write(os.path.join(path, SEAL), (json.dumps(body, indent=2) + "\n").encode(), mode=0o644)
-    return shared
+        with umask(TREE_UMASK):
+            ref = os.path.join(repo_root, "refs", model.revision)
+            ensure_dir(os.path.dirname(ref), 0o755)
+            atomic_write(ref, commit.encode(), mode=0o644)
+
+
+def _write_seal(path: str, folder: str, snapshot: str, digests: Mapping[str, str]) -> None:
+    from reconcile.host import atomic_write
+
+    config = os.path.join(path, "config.json")
+    body = {
+        "format": FORMAT,
+        "repo_folder": folder,
+        "snapshot": snapshot,
+        "files": dict(digests),  # name -> its blob's name
+        "config_json": _sha256(config) if os.path.isfile(config) else None,  # its own, patched
+    }
+    atomic_write(os.path.join(path, SEAL), (json.dumps(body, indent=2) + "\n").encode(), mode=0o644)
 
 
 def _snapshot_links(repo_root: str, snapshot: str, digests: Mapping[str, str]) -> None:

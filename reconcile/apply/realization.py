@@ -169,3 +169,17 @@ def _seal_model(
         note = link_profile(profile, model.dir)
         if note:
             report.notes.append(note)
+
+
+def profiles_moved(original: LoadedSpec, applied: LoadedSpec) -> bool:
+    """Whether `[venv] path` or `[model] dir` (links, as written) points elsewhere than the realization
+    applied: a switch back to realizations that are all there changes no file, yet it is a switch."""
+    pairs = (
+        ((original.resolved.get("venv") or {}).get("path"), applied.spec.venv and applied.spec.venv.path),
+        ((original.resolved.get("model") or {}).get("dir"), applied.spec.model and applied.spec.model.dir),
+    )
+    for profile, target in pairs:
+        linked = isinstance(profile, str) and target and profile != target and os.path.islink(profile)
+        if linked and isinstance(profile, str) and os.readlink(profile) != target:
+            return True
+    return False

@@ -13,7 +13,14 @@ import time
 
 from reconcile.apply import generations
 from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
-from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization, who
+from reconcile.apply.realization import (
+    generation_spec,
+    profiles_moved,
+    realized_state,
+    restore_config,
+    seal_realization,
+    who,
+)
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Action, Result
 
@@ -88,7 +95,12 @@ def finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, re
     state_dir = applied.spec.machine.state_dir
     if report.refused is not None:
         return None
-    if not report.changed and _server_result(report) is None and generations.current(state_dir) is not None:
+    if (
+        not report.changed
+        and _server_result(report) is None
+        and generations.current(state_dir) is not None
+        and not profiles_moved(original, applied)
+    ):
         return None  # nothing switched: the current generation stands
     judged, problem = _judge(applied, report)
     try:
