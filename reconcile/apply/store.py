@@ -112,9 +112,31 @@ def realize(loaded: LoadedSpec, venv_path: str | None = None, model_dir: str | N
         path = model_dir or model_realization_path(model, store)
         if path is not None:
             update["model"] = model.model_copy(update={"dir": path})
+            if spec.server is not None:
+                update["server"] = _server_in(spec.server, model.dir, path)
     if not update:
         return loaded
     return loaded._replace(spec=spec.model_copy(update=update))
+
+
+def _server_in(server: Any, written: str, path: str) -> Any:
+    """The server's args and env with paths inside `[model] dir` as written (`{model.dir}/plugin.py`)
+    moved into the realization: the link is made only once the switch served, and vLLM must find
+    the plugin at its first start."""
+    prefix = written.rstrip("/") + "/"
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, str) and (value.startswith(prefix) or value == written):
+            return path + value[len(written.rstrip("/")) :]
+        return value
+
+    update: dict[str, Any] = {
+        "args": {k: moved(v) for k, v in server.args.items()},
+        "env": {k: moved(v) for k, v in server.env.items()},
+    }
+    if server.model is not None:
+        update["model"] = moved(server.model)
+    return server.model_copy(update=update)
 
 
 def is_realization(path: str, store: str) -> bool:
