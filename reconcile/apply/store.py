@@ -86,10 +86,15 @@ def realization_path(venv: Venv, store: str) -> str:
     return os.path.join(store, hashlib.sha256(text.encode()).hexdigest()[:32] + "-venv")
 
 
-def in_place(path: str) -> bool:
+def in_place(path: str, store: str | None = None) -> bool:
     """A real directory at the spec's `[venv] path` / `[model] dir` (made before the store was the
-    default): left alone, never moved or linked over; that part is not realized."""
-    return os.path.lexists(path) and not os.path.islink(path)
+    default), or a link that is not ours (it leads elsewhere than a realization in `store`): left
+    alone, never moved or linked over; that part is not realized (the preflight judges a link)."""
+    if not os.path.lexists(path):
+        return False
+    if not os.path.islink(path):
+        return True
+    return store is not None and not is_realization(os.readlink(path), store)
 
 
 def realize(loaded: LoadedSpec, venv_path: str | None = None, model_dir: str | None = None) -> LoadedSpec:
@@ -103,10 +108,10 @@ def realize(loaded: LoadedSpec, venv_path: str | None = None, model_dir: str | N
         return loaded
     update: dict[str, Any] = {}
     venv = spec.venv
-    if venv is not None and (venv_path or store_of(venv) is not None or not in_place(venv.path)):
+    if venv is not None and (venv_path or store_of(venv) is not None or not in_place(venv.path, store)):
         update["venv"] = venv.model_copy(update={"path": venv_path or realization_path(venv, store)})
     model = spec.model
-    if model is not None and (model_dir or not in_place(model.dir)):
+    if model is not None and (model_dir or not in_place(model.dir, store)):
         from reconcile.apply.model_store import model_realization_path
 
         path = model_dir or model_realization_path(model, store)

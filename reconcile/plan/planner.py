@@ -88,7 +88,7 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
 def store_notes(loaded: LoadedSpec) -> list[str]:
     """What is left out of the store (reconcile.apply.store.realize): all of it with `store = false`;
     a venv or model dir that was a real directory before the store, used in place."""
-    from reconcile.apply.store import in_place
+    from reconcile.apply.store import in_place, spec_store
 
     spec, doc = loaded.spec, loaded.resolved
     venv_doc, model_doc = doc.get("venv") or {}, doc.get("model") or {}
@@ -108,7 +108,7 @@ def store_notes(loaded: LoadedSpec) -> list[str]:
         if (
             written
             and written == now
-            and in_place(written)
+            and in_place(written, spec_store(spec))
             and not (what == "[venv] path" and venv_doc.get("store"))
         ):
             out.append(
