@@ -1,14 +1,16 @@
 """The store's cost on the demo spec as a user has it (no store line): the time of each apply (A, then
 B with one package changed, then B' with one model file edited in the local source, then a rollback
-to A) and `du` of the realizations, together (hard links counted once) and apart (`du -l`).
+to A) and `du` of the realizations (the demo model plus a random `model.safetensors`, 64 MiB by
+default), together (hard links counted once) and apart (`du -l`).
 
-    .venv/bin/python benchmarks/bench_store.py [--json OUT]
+    .venv/bin/python benchmarks/bench_store.py [--weights-mib 64] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,11 +39,14 @@ def _du(*paths: Path, apart: bool = False) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--weights-mib", type=int, default=64, help="a random model.safetensors of this size")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-store-"))
     wheels = build_wheelhouse(base)
     source = base / "demo-model-src"
     shutil.copytree(DEMO_MODEL, source)
+    if args.weights_mib:
+        (source / "model.safetensors").write_bytes(os.urandom(args.weights_mib << 20))
     demo = Demo(base / "demo", f"bench-{uuid.uuid4().hex[:8]}", free_port())
 
     def spec(version: str) -> None:
