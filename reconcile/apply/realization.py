@@ -163,7 +163,7 @@ def _seal_model(
     if model is None or not isinstance(profile, str) or not is_realization(model.dir, store):
         return
     shared = seal_model(store, model.dir, model)
-    if shared:
+    if shared >= 2**20 // 10:
         report.notes.append(f"{model.dir}: {shared / 2**20:.1f} MiB of model files shared with older ones")
     if good and profile != model.dir:
         note = link_profile(profile, model.dir)
