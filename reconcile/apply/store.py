@@ -43,7 +43,16 @@ def store_of(venv: Venv | None, state_dir: str | None = None) -> str | None:
 
 
 def spec_store(spec: Any) -> str | None:
+    """The spec's store; no default one for a server that runs as another user (`[server] user`): it
+    could not enter the state dir (0700), so it must name a store it can read."""
+    if getattr(spec.venv, "store", None) is None and not_root(spec):
+        return None
     return store_of(spec.venv, spec.machine.state_dir)
+
+
+def not_root(spec: Any) -> str | None:
+    user = getattr(spec.server, "user", None) if spec.server is not None else None
+    return user if user not in (None, "root") else None
 
 
 def _interpreter(python: str) -> str:

@@ -100,6 +100,13 @@ def store_notes(loaded: LoadedSpec) -> list[str]:
             "the index) and changes the model's files in place (copied or downloaded again; a local "
             "source edited since cannot be restored)"
         ]
+    from reconcile.apply.store import not_root
+
+    if venv_doc.get("store") is None and (user := not_root(spec)):
+        return [
+            f"[server] user = {user} cannot enter {spec.machine.state_dir} (0700), where the store "
+            "would be: nothing is realized; set [venv] store to a directory it can read"
+        ]
     out = []
     for what, written, now in (
         ("[venv] path", venv_doc.get("path"), spec.venv and spec.venv.path),
