@@ -50,13 +50,23 @@ def _read_json(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def source_content(source: str, patterns: list[str], known: Mapping[str, Any]) -> dict[str, str]:
-    """name -> sha256 of each file the copy takes from `source`; a file whose stamp (size, mtime, inode,
-    ctime) is the one `known` recorded is not hashed again. NotRegular (an OSError) names a FIFO."""
-    from reconcile.safety.source_content import same_stamp, selected, sha256_file
-    from reconcile.safety.untrusted import NotRegular, not_regular
+class Unsized(OSError):
+    """The source does not fit where its realization would be copied: it is not hashed (a sparse
+    file of a terabyte of holes would hash for hours); the planner names it, apply refuses it."""
 
-    out = {}
+
+def source_content(
+    source: str, patterns: list[str], known: Mapping[str, Any], store: str | None = None
+) -> dict[str, str]:
+    """name -> sha256 of each file the copy takes from `source`. A file whose stamp (size, mtime,
+    inode, ctime) is the one `known` (the current realization's copy record) or this user's hash cache
+    recorded is not hashed again. NotRegular (an OSError) names a FIFO; Unsized when the files to
+    hash do not fit the store's free space."""
+    from reconcile import private_cache
+    from reconcile.safety.source_content import same_stamp, selected, sha256_file
+    from reconcile.safety.untrusted import NotRegular, not_regular, past_free_space
+
+    entries = []
     for root, dirs, names in walk_tree(source):  # as probes.model_source walks it
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for name in sorted(names):
@@ -67,35 +77,61 @@ def source_content(source: str, patterns: list[str], known: Mapping[str, Any]) -
             st = os.stat(path)
             if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
                 raise NotRegular(rel, what)
-            entry = known.get(rel)
-            out[rel] = str(entry["sha256"]) if entry and same_stamp(entry, st) else sha256_file(path)
+            entries.append((rel, path, st))
+    cache_file = os.path.join(
+        private_cache.cache_root(), "source-hashes", hashlib.sha256(source.encode()).hexdigest()[:32]
+    )
+    cached = private_cache.read(cache_file)
+    cached = cached if isinstance(cached, dict) else {}
+
+    def stamped(rel: str, st: os.stat_result) -> str | None:
+        for entry in (known.get(rel), cached.get(rel)):
+            if isinstance(entry, dict) and same_stamp(entry, st) and isinstance(entry.get("sha256"), str):
+                return str(entry["sha256"])
+        return None
+
+    todo = {rel: st.st_size for rel, _path, st in entries if stamped(rel, st) is None}
+    if store is not None and (problem := past_free_space(store, todo)) is not None:
+        raise Unsized(problem)
+    out, fresh = {}, {}
+    for rel, path, st in entries:
+        digest = stamped(rel, st)
+        if digest is None:
+            digest = sha256_file(path)
+            fresh[rel] = {
+                "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
+                "ctime_ns": st.st_ctime_ns, "sha256": digest,
+            }  # fmt: skip
+        out[rel] = digest
+    if fresh:
+        private_cache.write(cache_file, {**cached, **fresh})
     return out
 
 
-def model_inputs(model: Model) -> dict[str, Any] | None:
-    """What a model realization is addressed by (None: not realized, e.g. a source that is not there)."""
-    if model.offline:
-        return None  # the files are put in place by hand: used where they are
+def model_inputs(model: Model, store: str | None = None) -> dict[str, Any]:
+    """What a model realization is addressed by."""
     if model.source and not model.repo:
         # Stamps of the current realization's copy (`[model] dir` links to it): unchanged files unhashed.
         current = os.path.realpath(model.dir)
         known = _read_json(os.path.join(current, RECORD)).get("source_files")
         try:
-            files = source_content(
-                model.source, list(model.allow_patterns), known if isinstance(known, dict) else {}
-            )
+            stamps = known if isinstance(known, dict) else {}
+            origin: dict[str, Any] = {
+                "source": content_id(source_content(model.source, list(model.allow_patterns), stamps, store))
+            }
         except OSError:
-            return None  # the planner names what is wrong with the source
-        origin: dict[str, Any] = {"source": content_id(files)}
+            # A FIFO in it, a source not there, one too big: no content to address. An address of its
+            # own that is never made (apply refuses first), so the planner names what is wrong.
+            origin = {"unusable source": model.source}
     else:
         origin = {"repo": model.repo, "revision": model.revision}
     return {"origin": origin, "config": model.config, "allow_patterns": sorted(model.allow_patterns)}
 
 
 def model_realization_path(model: Model, store: str) -> str | None:
-    inputs = model_inputs(model)
-    if inputs is None:
-        return None
+    if model.offline:
+        return None  # the files are put in place by hand: used where they are
+    inputs = model_inputs(model, store)
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     return os.path.join(store, hashlib.sha256(text.encode()).hexdigest()[:32] + "-model")
 
@@ -184,7 +220,12 @@ def seal_model(store: str, path: str, model: Model) -> int:
                     except FileNotFoundError:
                         _link_over(dfd, base, blobs_fd, sha)  # a new blob: this file's inode
                         continue
-                    if (bst.st_dev, bst.st_ino) != (st.st_dev, st.st_ino) and bst.st_size == st.st_size:
+                    same_mode = stat.S_IMODE(bst.st_mode) == stat.S_IMODE(st.st_mode)  # one inode, one mode
+                    if (
+                        (bst.st_dev, bst.st_ino) != (st.st_dev, st.st_ino)
+                        and bst.st_size == st.st_size
+                        and same_mode
+                    ):
                         _link_over(blobs_fd, sha, dfd, base)
                         shared += st.st_blocks * 512
                 finally:
