@@ -28,7 +28,7 @@ from reconcile.host import atomic_write
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import source_content
-from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, umask
+from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, open_dir, umask
 from reconcile.safety.names import name_problem
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
@@ -206,11 +206,15 @@ def link_snapshot(snapshot: str, model_dir: str, sizes: Mapping[str, int]) -> No
         with contextlib.suppress(FileNotFoundError):
             if os.path.samefile(blob, target):
                 continue
-        tmp = target + ".reconcile-link.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        os.link(blob, tmp)
-        os.replace(tmp, target)
+        dfd, base = open_dir(os.path.dirname(target)), os.path.basename(target)  # the walked directory
+        try:
+            tmp = f".{base}.reconcile-link.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.link(blob, tmp, dst_dir_fd=dfd, follow_symlinks=False)
+            os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
 
 
 def _snapshot(
