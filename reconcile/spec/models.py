@@ -231,7 +231,12 @@ class Venv(_Model):
     installer: Literal["auto", "pip", "uv"] = Field(
         "auto", description="auto: uv when it is on PATH, else pip."
     )
-    store: DeletePath | Literal[False] | None = Field(
+    store: Annotated[
+        DeletePath | Literal[False] | None,
+        Expect(
+            "a store directory or false", 'an absolute path, e.g. "/var/lib/reconcile/store"; false: no store'
+        ),
+    ] = Field(
         None,
         description="Where realizations live (default <state_dir>/store): each venv built once at "
         "<store>/<hash>-venv, each model at <store>/<hash>-model over its blobs in <store>/hub, and `path` "
