@@ -54,6 +54,7 @@ class ApplyReport:
         final_plan: Plan | None = None,
         notes: list[str] | None = None,
         generation: int | None = None,
+        journal: int | None = None,
         refused: str | None = None,  # why nothing ran (preflight error, stale plan file)
         seconds: float = 0.0,
         paused: Any = None,  # reconcile.unattended.pause.Pause: a scheduled apply that only planned
@@ -63,7 +64,9 @@ class ApplyReport:
         self.first_plan = first_plan
         self.final_plan = final_plan
         self.notes: list[str] = [] if notes is None else notes
-        self.generation = generation
+        self.generation = generation  # the generation this apply made current (reconcile.apply.generations)
+        self.journal = journal  # this apply's own record (reconcile.apply.journal)
+        self.interrupted: str | None = None  # what a Ctrl-C or SIGTERM during the switch left, in words
         self.refused = refused
         self.seconds = seconds
         self.paused = paused
@@ -203,14 +206,15 @@ def apply_spec(
     exact: bool | None = None,
     on_locked: Callable[[ApplyReport], None] | None = None,
     on_done: Callable[[ApplyReport], None] | None = None,
+    on_interrupt: Callable[[ApplyReport], None] | None = None,
 ) -> ApplyReport:
     """Lock, plan, run the plan's Changes, plan again; a generation is written when something changed.
 
     `expected` (a saved plan's fingerprint): refuse unless the plan made now is exactly that one.
     `scheduled` (the timer's run): while `reconcile pause` holds, only plan.
     `exact` (default: when `expected`): run the plan's own Changes only; an approved plan is not exact.
-    `on_locked` / `on_done` (reconcile.apply.switching): run under the lock before the first plan /
-    at the end.
+    `on_locked` / `on_done` / `on_interrupt` (reconcile.apply.switching): run under the lock before
+    the first plan / at the end / when a KeyboardInterrupt (Ctrl-C, or SIGTERM made one) stops it.
     """
     from reconcile.plan.planner import make_plan
     from reconcile.unattended.pause import read_pause
@@ -264,37 +268,43 @@ def apply_spec(
                 return
             report.seconds = time.monotonic() - started
             try:
-                report.generation = _record(loaded, report, rollback_of, complete=complete)
+                report.journal = _record(loaded, report, rollback_of, complete=complete)
             except (OSError, ReconcileError) as exc:
                 note = f"could not write the generation record: {exc}"
                 if note not in report.notes:
                     report.notes.append(note)
 
-        _execute(
-            loaded,
-            report,
-            plan,
-            show,
-            exact=expected is not None if exact is None else exact,
-            after_each=lambda: record(False),
-        )
-        checkpoint("apply.executed")
-        report.final_plan = plan
-        if report.results:
-            try:
-                report.final_plan = make_plan(loaded)
-            except Exception as exc:  # things changed: report them; not knowing the result is exit 4
-                report.final_plan = None
-                report.notes.append(f"the plan after apply failed: {type(exc).__name__}: {exc}")
-        record(True)
-        if on_done is not None:
-            on_done(report)
+        try:
+            _execute(
+                loaded,
+                report,
+                plan,
+                show,
+                exact=expected is not None if exact is None else exact,
+                after_each=lambda: record(False),
+            )
+            checkpoint("apply.executed")
+            report.final_plan = plan
+            if report.results:
+                try:
+                    report.final_plan = make_plan(loaded)
+                except Exception as exc:  # things changed: report them; not knowing the result is exit 4
+                    report.final_plan = None
+                    report.notes.append(f"the plan after apply failed: {type(exc).__name__}: {exc}")
+            record(True)
+            if on_done is not None:
+                on_done(report)
+        except KeyboardInterrupt:
+            if on_interrupt is not None:
+                on_interrupt(report)
+            raise
         report.seconds = time.monotonic() - started
     return report
 
 
-def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
-    """Run exactly the plan saved in `path` (by `reconcile plan --out`), refusing if the machine moved."""
+def plan_file_spec(path: str) -> tuple[LoadedSpec, dict[str, Any]]:
+    """The spec a plan saved in `path` (by `reconcile plan --out`) was made of, at its realization,
+    and the plan's fingerprint: reconcile.apply.executor runs exactly that plan, or refuses."""
     from reconcile.spec.cache import load
     from reconcile.spec.pins import apply_lock_pins
 
@@ -302,7 +312,7 @@ def apply_plan_file(path: str, *, lock_timeout: float) -> ApplyReport:
     from reconcile.apply.store import realize
 
     loaded = realize(apply_lock_pins(load(spec_path)))  # as the plan was made: at its realization
-    return apply_spec(loaded, lock_timeout=lock_timeout, expected=expected)
+    return loaded, expected
 
 
 def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *, complete: bool) -> int:
@@ -333,7 +343,7 @@ def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *,
         "pid": os.getpid(),
         "seconds": round(report.seconds, 3),
     }
-    return write_generation(loaded.spec.machine.state_dir, record, report.generation)
+    return write_generation(loaded.spec.machine.state_dir, record, report.journal)
 
 
 def _stderr_progress(line: str) -> None:

@@ -93,12 +93,14 @@ def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> l
     return out
 
 
-def render_history(state_dir: str, stream: TextIO) -> int:
+def render_history(state_dir: str, stream: TextIO, serving: int | None = None) -> int:
+    """Every generation, oldest first; `*` on `serving` (the generation whose identity the live server
+    carries: reconcile.apply.switching.serving_generation), else on the index's current one."""
     found = generations.scan(state_dir)
     if not found:
         stream.write(f"no generations under {generations.profile_dir(state_dir)} (nothing applied yet)\n")
         return 0
-    now, hold = generations.current(state_dir), generations.read_hold(state_dir)
+    now, hold = serving or generations.current(state_dir), generations.read_hold(state_dir)
     previous: Mapping[str, Any] | None = None
     for n, g in found:
         if isinstance(g, str):  # not verified, or malformed: never compared, never rolled back to

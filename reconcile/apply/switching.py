@@ -1,15 +1,16 @@
-"""Switching generations: the spec an apply works on (the user's, or a held generation's), and under
-the apply lock the realized state recorded, a switch judged (readiness, then the acceptance chat),
-config.json restored; `rollback`.
+"""Switching what serves, the one way: apply, `apply FILE`, `rollback`, an automatic rollback and the
+apply after `resume` all run `switch`, which records the generation that then serves. One function per
+phase, each under the apply lock: `prepare` (before the plan), the Changes (reconcile.apply.changes),
+`judge` (readiness, then the acceptance check), `record` (the generation made current), `interrupted`
+(what a Ctrl-C or SIGTERM left). `rollback` and the hold are in reconcile.apply.rollback.
 
-Called by reconcile.apply.executor (apply) and the commands (rollback; plan/status/check for the
-hold). Around reconcile.apply.changes, which runs the Changes.
+Called by reconcile.apply.executor (apply, apply FILE, automatic rollback), reconcile.apply.rollback
+and the history command (the generation serving).
 """
 
 from __future__ import annotations
 
-import os
-import time
+import contextlib
 
 from reconcile.apply import generations
 from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
@@ -19,43 +20,79 @@ from reconcile.apply.realization import (
     realized_state,
     restore_config,
     seal_realization,
-    who,
 )
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Action, Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any
 
     from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Spec
 
 
-def held_spec(
-    loaded: LoadedSpec, *, scheduled: bool
-) -> tuple[LoadedSpec, list[str], generations.Hold | None]:
-    """The spec an apply works on: the user's, or the held generation's while the hold stands.
-    Releases a hold whose spec content changed since it was made. Returns (spec, notes, hold)."""
-    state_dir = loaded.spec.machine.state_dir
-    hold = generations.read_hold(state_dir)
-    if hold is None:
-        return loaded, [], None
-    if hold.from_spec != loaded.sha256:
-        generations.release_hold(state_dir)
-        return loaded, [f"the spec changed since it was {hold.describe()}: hold released"], None
-    if hold.kind == "failed" and not scheduled:
-        return loaded, [f"{hold.describe()}; this apply retries the spec that failed"], None
+class SwitchInterrupted(KeyboardInterrupt):
+    """A Ctrl-C or SIGTERM during a switch; its text says what was left (the run's final line)."""
+
+
+class Switch:
+    """One switch: the user's spec (`original`: its secrets, its `[venv] path`), the spec applied
+    (the user's, or generation `gen`'s), why, and what the phases found."""
+
+    def __init__(
+        self, original: LoadedSpec, applied: LoadedSpec, reason: str, gen: dict[str, Any] | None = None
+    ) -> None:
+        self.original, self.applied, self.reason, self.gen = original, applied, reason, gen
+        self.state_dir = applied.spec.machine.state_dir
+        self.before: int | None = None  # the generation serving when the switch began
+        self.problem: str | None = None  # why the switch does not serve (None: it does, or nothing switched)
+        self.left: str | None = None  # what an interrupted switch left, in words
+
+
+# --- what serves now ---------------------------------------------------------------------------------
+
+
+def running_server(spec: Spec) -> tuple[str | None, int | None]:
+    """(the launch identity stamped into the deployment's live server, its pid); (None, None) when none
+    runs or the spec has no server."""
+    if spec.server is None:
+        return None, None
+    from reconcile.plan.prober import probe_some
+
+    found = getattr(probe_some(spec, ("server",)).server, "server", None)
+    return (found.identity, found.pid) if found is not None else (None, None)
+
+
+def serving(state_dir: str, identity: str | None) -> int | None:
+    """The generation whose launch identity is `identity` (the newest, should two share it)."""
+    if identity is None:
+        return None
+    for g in reversed(generations.read_all(state_dir)):
+        if (g.get("launch") or {}).get("identity") == identity:
+            return int(g["generation"])
+    return None
+
+
+def serving_generation(spec: Spec) -> int | None:
+    """The generation serving: the one whose identity the live server carries; without a live server
+    (or one that is no recorded generation), the current one of the index."""
+    state_dir = spec.machine.state_dir
+    return serving(state_dir, running_server(spec)[0]) or generations.current(state_dir)
+
+
+# --- the phases, each under the apply lock -------------------------------------------------------------
+
+
+def prepare(sw: Switch, report: ApplyReport) -> None:
+    """Before the plan: note what serves now, put the target generation's config.json bytes back."""
     try:
-        held, notes = generation_spec(generations.read(state_dir, hold.generation), loaded)
-    except ReconcileError as exc:
-        raise ReconcileError(f"{hold.describe()}; but {exc} (`reconcile resume` ends the hold)") from None
-    how = (
-        "`reconcile resume` ends it"
-        if hold.kind == "rollback"
-        else "scheduled applies keep it until the spec changes; `reconcile apply` retries the spec"
-    )
-    return held, [f"{hold.describe()} ({how})", *notes], hold
+        sw.before = serving_generation(sw.applied.spec)
+    except (OSError, ReconcileError):  # the server could not be probed: the index's word
+        sw.before = generations.current(sw.state_dir)
+    if sw.gen is not None:
+        restore_config(sw.applied, sw.gen)
 
 
 def _server_result(report: ApplyReport) -> ChangeResult | None:
@@ -65,128 +102,168 @@ def _server_result(report: ApplyReport) -> ChangeResult | None:
     return next((r for r in report.results if BY_NAME[r.resource].serves), None)
 
 
-def _judge(loaded: LoadedSpec, report: ApplyReport) -> tuple[bool, str | None]:
-    """(whether this apply switched the server, why the switch failed: None when it serves). A
-    switch must get ready, then pass the acceptance check (`reconcile check`'s chat, reasoning and
-    forced tool call as the spec enables them)."""
-    server = _server_result(report)
+def judge(sw: Switch, report: ApplyReport) -> bool:
+    """Whether this apply switched the server; `sw.problem` says why the switch fails (None: it
+    serves). A switch must get ready, then pass the acceptance check (`reconcile check`'s chat,
+    reasoning and forced tool call as the spec enables them)."""
+    server, spec = _server_result(report), sw.applied.spec
     if server is not None and server.result == Result.FAILED:
-        return True, f"the server did not become ready: {server.message}"
-    if server is None or server.result != Result.CHANGED or loaded.spec.server is None:
-        return False, None
-    if not loaded.spec.server.running:
-        return False, None
+        sw.problem = f"the server did not become ready: {server.message}"
+        return True
+    if server is None or server.result != Result.CHANGED or spec.server is None or not spec.server.running:
+        return False
     from probes.health import chat_check
 
     try:
-        check = chat_check(loaded.spec)
+        check = chat_check(spec)
     except Exception as exc:  # a check that cannot even ask has not passed
-        return True, f"acceptance check failed: {type(exc).__name__}: {exc}"
-    if check.ok:
-        return True, None
-    return True, "acceptance check failed: " + "; ".join(
-        f"{s.name}: {s.message}" for s in check.steps if not s.ok
-    )
+        sw.problem = f"acceptance check failed: {type(exc).__name__}: {exc}"
+        return True
+    if not check.ok:
+        sw.problem = "acceptance check failed: " + "; ".join(
+            f"{s.name}: {s.message}" for s in check.steps if not s.ok
+        )
+    return True
 
 
-def finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, reason: str) -> str | None:
-    """Under the lock, at the end of an apply: record the state, judge a switch. Returns the problem.
-    A record that cannot be written must not hide what the apply did: it becomes a note."""
-    state_dir = applied.spec.machine.state_dir
+def record(sw: Switch, report: ApplyReport, *, judged: bool, always: bool) -> None:
+    """Make the state now realized the current generation (a new one, or the one that has it) and
+    set `report.generation` when that moved; its verdict when `judged`. Nothing switched (and not
+    `always`, a rollback's): the generation serving is made current, nothing else. A record that
+    cannot be written must not hide what the apply did: it becomes a note."""
     if report.refused is not None:
-        return None
-    if (
-        not report.changed
-        and _server_result(report) is None
-        and generations.current(state_dir) is not None
-        and not profiles_moved(original, applied)
-    ):
-        return None  # nothing switched: the current generation stands
-    judged, problem = _judge(applied, report)
+        return
+    then = generations.current(sw.state_dir)
     try:
-        number, new = generations.record(state_dir, realized_state(applied), reason=reason)
-        report.generation = number if new else None
+        # A switch back to realizations that are all there changes no file: the profile links say it.
+        moved = profiles_moved(sw.original, sw.applied)
+        if (
+            not always
+            and not report.changed
+            and _server_result(report) is None
+            and then is not None
+            and not moved
+        ):
+            if sw.before is not None and sw.before != then:
+                generations.set_current(sw.state_dir, sw.before)  # an apply killed before its record
+            return
+        number, new = generations.record(sw.state_dir, realized_state(sw.applied), reason=sw.reason)
+        report.generation = number if new or number != then else None
         if judged:
-            generations.set_verdict(
-                state_dir, number, problem is None, problem or "ready, acceptance check passed"
-            )
-        seal_realization(original, applied, report, problem is None)
+            why = sw.problem or "ready, acceptance check passed"
+            generations.set_verdict(sw.state_dir, number, sw.problem is None, why)
+        seal_realization(sw.original, sw.applied, report, sw.problem is None)
     except (OSError, ReconcileError) as exc:
         report.notes.append(f"could not record the generation: {exc}")
-    if problem is not None:
+    if sw.problem is not None:
         report.results.append(
-            ChangeResult("acceptance", Action.CHANGE, "the switch", Result.FAILED, problem, 0.0)
+            ChangeResult("acceptance", Action.CHANGE, "the switch", Result.FAILED, sw.problem, 0.0)
         )
-    return problem
+
+
+def interrupted(sw: Switch, report: ApplyReport) -> None:
+    """A Ctrl-C or SIGTERM stopped the switch: the generation whose server runs now is made current,
+    and `sw.left` (and `report.interrupted`) say what was left (a new server still starting is left
+    running and recorded, unjudged: the next apply waits for it and judges it)."""
+    report.interrupted = sw.left = _left(sw, report)
+
+
+def _left(sw: Switch, report: ApplyReport) -> str:
+    back = f"; `reconcile rollback {sw.before}` goes back" if sw.before is not None else ""
+    try:
+        identity, pid = running_server(sw.applied.spec)
+        state = realized_state(sw.applied)
+        if identity is not None and identity == (state.get("launch") or {}).get("identity"):
+            number, _ = generations.record(sw.state_dir, state, reason=f"{sw.reason} (interrupted)")
+            report.generation = number
+            if number == sw.before:
+                return f"generation {number} still serves (pid {pid})"
+            return (
+                f"generation {number}'s server (pid {pid}) was left starting, recorded and not judged: "
+                f"`reconcile apply` waits for it and judges it{back}"
+            )
+        number_or_none = serving(sw.state_dir, identity)
+        if number_or_none is not None:
+            generations.set_current(sw.state_dir, number_or_none)
+            return f"generation {number_or_none} still serves (pid {pid})"
+        if identity is None:
+            return f"no server runs: `reconcile apply` starts it{back}"
+        return f"a server runs (pid {pid}) that is no recorded generation{back}"
+    except (OSError, ReconcileError) as exc:
+        return f"what serves could not be recorded: {exc}"
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM (systemd stopping the timer's apply) stops a switch as Ctrl-C does, not silently."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def switch(
+    sw: Switch,
+    *,
+    lock_timeout: float,
+    progress: ProgressFn | None = None,
+    always_record: bool = False,
+    after: Callable[[Switch, ApplyReport], None] | None = None,
+    **apply_options: Any,
+) -> ApplyReport:
+    """The one way what serves changes: lock, `prepare`, the Changes, `judge`, `record`, then `after`
+    (the executor's automatic rollback decision), all under the lock. `always_record` (a rollback):
+    record even when nothing had to change. `apply_options` go to apply_spec (expected, exact,
+    scheduled, rollback_of)."""
+
+    def done(report: ApplyReport) -> None:
+        judged = judge(sw, report) if report.refused is None else False
+        record(sw, report, judged=judged, always=always_record)
+        if after is not None:
+            after(sw, report)
+
+    with _terminable():
+        try:
+            return apply_spec(
+                sw.applied,
+                lock_timeout=lock_timeout,
+                progress=progress,
+                on_locked=lambda report: prepare(sw, report),
+                on_done=done,
+                on_interrupt=lambda report: interrupted(sw, report),
+                **apply_options,
+            )
+        except SwitchInterrupted:
+            raise
+        except KeyboardInterrupt:
+            if sw.left is not None:
+                raise SwitchInterrupted(sw.left) from None
+            raise
 
 
 def switch_to(
     loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
 ) -> ApplyReport:
-    """Apply generation `gen`'s spec at its realization, its config.json bytes put back first."""
+    """Switch to generation `gen`: its spec at its realization, its config.json bytes put back first,
+    recorded current even when it already served (nothing to restart)."""
     applied, notes = generation_spec(gen, loaded)
-
-    def restore(report: ApplyReport) -> None:
-        restore_config(applied, gen)
-
-    def done(report: ApplyReport) -> None:
-        finish(loaded, applied, report, reason=reason)
-
-    report = apply_spec(
-        applied,
+    report = switch(
+        Switch(loaded, applied, reason, gen),
         lock_timeout=lock_timeout,
-        rollback_of=int(gen["generation"]),
         progress=progress,
-        on_locked=restore,
-        on_done=done,
+        always_record=True,
+        rollback_of=int(gen["generation"]),
     )
     report.notes[:0] = notes
     return report
-
-
-def rollback(
-    loaded: LoadedSpec,
-    target: int | None,
-    *,
-    lock_timeout: float,
-    progress: ProgressFn | None = None,
-    approve: Callable[[LoadedSpec], object] | None = None,
-) -> tuple[int, ApplyReport]:
-    """`reconcile rollback [N]`: switch to generation N's realization (default: the one numbered below
-    the current), restart once, and hold it until the spec changes or `reconcile resume`. `approve`
-    (a terminal's question) sees generation N's spec first and raises to change nothing."""
-    state_dir = loaded.spec.machine.state_dir
-    have = [g["generation"] for g in generations.read_all(state_dir)]
-    now = generations.current(state_dir)
-    if target is None:
-        below = [n for n in have if now is not None and n < now]
-        if not below:
-            raise ReconcileError(
-                f"{generations.profile_dir(state_dir)}: no generation before {now or 'none'} to roll back to "
-                f"(have {', '.join(map(str, have)) or 'none'})"
-            )
-        target = below[-1]
-    gen = generations.read(state_dir, target)
-    if approve is not None:
-        approve(generation_spec(gen, loaded)[0])
-    venv = (gen.get("venv") or {}).get("path")
-    rebuilt = bool(venv) and not os.path.isdir(str(venv))
-    previous = generations.read_hold(state_dir)
-    # Held before the lock is taken: a timer apply that gets it first already keeps generation N.
-    generations.write_hold(
-        state_dir,
-        generations.Hold(
-            target, "rollback", time.time(), who(), loaded.sha256, f"reconcile rollback {target}"
-        ),
-    )
-    try:
-        report = switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
-    except BaseException:
-        if previous is None:  # nothing switched: the hold as it was
-            generations.release_hold(state_dir)
-        else:
-            generations.write_hold(state_dir, previous)
-        raise
-    if rebuilt:
-        report.notes.append(f"{venv} had been removed (gc): it was built again")
-    return target, report

@@ -24,17 +24,21 @@ if TYPE_CHECKING:
 
 
 def cmd_apply(args: Args) -> int:
-    from reconcile.apply.changes import apply_plan_file
-    from reconcile.apply.executor import apply
+    from reconcile.apply.executor import apply, apply_saved
     from reconcile.apply.progress import showing
 
     started = time.time()
     loaded: LoadedSpec | None = None
     try:
         if args.planfile:
-            report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
+            with showing(sys.stderr, quiet=args.quiet) as progress:
+                report = apply_saved(args.planfile, lock_timeout=args.lock_timeout, progress=progress)
         else:
             loaded = load_spec(args)
+            if getattr(loaded.spec, "deployments", None) or getattr(args, "deployment", None):
+                from reconcile.commands.deployments import cmd_apply_all
+
+                return cmd_apply_all(args, loaded)
             if getattr(args, "reset_crash_loop", False) and loaded.spec.server is not None:
                 from actions.launching import reset_crash_loop
 
@@ -49,11 +53,13 @@ def cmd_apply(args: Args) -> int:
                     expected=approved,
                     progress=progress,
                 )
-    except KeyboardInterrupt:  # Ctrl-C: exit 130; monitoring must not go on reading "converged"
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: exit 130; monitoring must not read "converged"
         from reconcile.unattended.report import INTERRUPTED
 
+        left = str(exc)  # a switch says what it left (reconcile.apply.switching.SwitchInterrupted)
+        error = f"{INTERRUPTED}; {left}" if left and left != "SIGTERM" else INTERRUPTED
         with contextlib.suppress(ReconcileError, OSError):
-            record_run(args, "apply", started, 130, loaded, error=INTERRUPTED)
+            record_run(args, "apply", started, 130, loaded, error=error)
         raise
     except ReconcileError as exc:  # a bad spec, a lock held too long: still reported, then raised
         from reconcile.apply.approval import NotApproved

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from reconcile.commands.common import ask_approval, load_spec, print_report, spec_state_dir
+from reconcile.errors import ReconcileError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,24 +15,42 @@ if TYPE_CHECKING:
 
 def cmd_history(args: Args) -> int:
     from reconcile.apply.history import render_history
+    from reconcile.apply.switching import serving_generation
+    from reconcile.spec.cache import load
+    from reconcile.spec.deployments import chosen, is_multi
+    from reconcile.spec.loader import find_spec
 
-    return render_history(spec_state_dir(args), sys.stdout)
+    loaded = load(find_spec(args.spec))  # without the lock's pins: a damaged lock must not hide history
+    every = chosen(loaded, getattr(args, "deployment", None))
+    codes = []
+    for d in every:  # a spec with [deployments]: each one's generations, by name
+        if is_multi(loaded):
+            sys.stdout.write(f"── deployment {d.name}\n")
+        spec = d.loaded.spec
+        try:
+            now = serving_generation(spec)
+        except (OSError, ReconcileError):  # the server cannot be probed: the index's current generation
+            now = None
+        codes.append(render_history(spec.machine.state_dir, sys.stdout, now))
+    return max(codes)
 
 
 def cmd_diff(args: Args) -> int:
     from reconcile.apply.history import render_diff
 
-    return render_diff(spec_state_dir(args), args.a, args.b, sys.stdout)
+    return render_diff(spec_state_dir(args, one=True), args.a, args.b, sys.stdout)
 
 
 def cmd_rollback(args: Args) -> int:
     from reconcile.apply.progress import showing
-    from reconcile.apply.switching import rollback
+    from reconcile.apply.rollback import rollback
 
     def ask(old: LoadedSpec) -> None:  # on a terminal: generation N's plan shown, then only `yes`
         ask_approval(args, old, "rollback")
 
-    loaded = load_spec(args)
+    from reconcile.commands.deployments import one_deployment
+
+    loaded = one_deployment(args, load_spec(args))
     with showing(sys.stderr, quiet=False) as progress:
         target, report = rollback(
             loaded, args.generation, lock_timeout=args.lock_timeout, progress=progress, approve=ask
@@ -46,8 +65,9 @@ def cmd_gc(args: Args) -> int:
     from reconcile.apply.gc import collect
     from reconcile.apply.lock import apply_lock
     from reconcile.apply.store import spec_store
+    from reconcile.commands.deployments import one_deployment
 
-    loaded = load_spec(args)
+    loaded = one_deployment(args, load_spec(args))
     spec = loaded.spec
     store = spec_store(spec)
     if store is None:

@@ -272,9 +272,10 @@ def findings_for(spec: Spec, obs: Observed, within: str | None = None) -> tuple[
     the inputs and the rules' code are the same, so a converged plan imports no rule and no engine.
     `within`: the repository `validate` checks (inputs_from)."""
     from reconcile.preflight.paths import path_findings
+    from reconcile.preflight.startable import start_findings
 
     inputs = inputs_from(spec, obs, within)
-    found = path_findings(spec)  # reads the paths' owners and modes now: never remembered
+    found = path_findings(spec) + start_findings(spec)  # reads the paths now: never remembered
     if spec.server is None:
         return found
     from reconcile.preflight.memo import remembered
@@ -285,8 +286,9 @@ def findings_for(spec: Spec, obs: Observed, within: str | None = None) -> tuple[
 def run_preflight(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
     """The path rule's findings for every spec; every other rule's for a spec with a [server]."""
     from reconcile.preflight.paths import path_findings
+    from reconcile.preflight.startable import start_findings
 
-    found = path_findings(spec)
+    found = path_findings(spec) + start_findings(spec)
     if spec.server is None:
         return found
     return found + rule_findings(spec, inputs)
