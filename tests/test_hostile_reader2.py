@@ -172,6 +172,8 @@ def test_a_source_tree_nested_past_the_recursion_limit_is_walked_not_a_crash(
     finally:  # shutil.rmtree (the fixture's) recurses too
         for top in (tree.source, tree.dir):
             subprocess.run(["rm", "-rf", str(top / "a")], check=False, timeout=60)
+        # The store: the realization's copy and its snapshot in huggingface_hub's layout, as deep.
+        subprocess.run(["rm", "-rf", str(tree.root / "state" / "store")], check=False, timeout=60)
 
 
 def _deep_tree_cases(tree: Tree, command: str) -> None:

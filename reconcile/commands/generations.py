@@ -64,17 +64,19 @@ def cmd_rollback(args: Args) -> int:
 def cmd_gc(args: Args) -> int:
     from reconcile.apply.gc import collect
     from reconcile.apply.lock import apply_lock
-    from reconcile.apply.store import store_of
+    from reconcile.apply.store import spec_store
     from reconcile.commands.deployments import one_deployment
 
     loaded = one_deployment(args, load_spec(args))
-    store = store_of(loaded.spec.venv)
-    if store is None or loaded.spec.venv is None:
-        print(f"{loaded.path}: no [venv] store: nothing to collect")
+    spec = loaded.spec
+    store = spec_store(spec)
+    if store is None:
+        print(f"{loaded.path}: [venv] store = false: nothing to collect")
         return 0
-    state_dir = loaded.spec.machine.state_dir
+    state_dir = spec.machine.state_dir
+    own = tuple(p for p in (spec.venv and spec.venv.path, spec.model and spec.model.dir) if p)
     with apply_lock(state_dir, timeout=args.lock_timeout):
-        done = collect(state_dir, store, keep=args.keep, extra_keep=(loaded.spec.venv.path,))
+        done = collect(state_dir, store, keep=args.keep, extra_keep=own)
     for path, why in sorted(done.kept.items()):
         print(f"  kept     {path}: {why}")
     for path in done.removed:

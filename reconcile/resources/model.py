@@ -66,7 +66,9 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                     "files", f"{len(wrong)} missing or wrong size ({', '.join(wrong[:3])})", "as recorded"
                 )
             )
-        if want.source and not want.repo:
+        # A sealed realization is addressed by its source's content when it was made: a source edited
+        # since makes another realization (a rollback to this one must not copy the edit into it).
+        if want.source and not want.repo and not m.sealed:
             if record.source != want.source:
                 diffs.append(FieldDiff("source", record.source, want.source))
             from probes.model_source import source_drift  # by content: a same-size edit is drift

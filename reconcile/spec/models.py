@@ -248,10 +248,17 @@ class Venv(_Model):
     installer: Literal["auto", "pip", "uv"] = Field(
         "auto", description="auto: uv when it is on PATH, else pip."
     )
-    store: DeletePath | None = Field(
+    store: Annotated[
+        DeletePath | Literal[False] | None,
+        Expect(
+            "a store directory or false", 'an absolute path, e.g. "/var/lib/reconcile/store"; false: no store'
+        ),
+    ] = Field(
         None,
-        description="Build each venv once at <store>/<hash>-venv (hash of the interpreter, packages and "
-        "indexes or wheelhouse) and make `path` a link to it: generations switch and roll back offline.",
+        description="Where realizations live (default <state_dir>/store): each venv built once at "
+        "<store>/<hash>-venv, each model at <store>/<hash>-model over its blobs in <store>/hub, and `path` "
+        "and [model].dir links to the current ones, so generations switch and roll back offline. false: "
+        "no store (one venv and one model dir, changed in place: a rollback reinstalls and downloads).",
     )
 
 
