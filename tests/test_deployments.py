@@ -276,6 +276,20 @@ def test_machine_generation_records_are_private_and_a_changed_one_is_refused(tmp
     assert mg.record(str(tmp_path), {"chat": 2, "draft": 1}, reason="apply") == (3, True)  # never 2's
 
 
+def test_lock_says_what_floats_in_a_deployments_own_venv(multi: Multi) -> None:
+    def own_venv(doc: Any) -> None:
+        doc["venv"]["packages"] = {}  # the machine's: nothing to lock (no resolver run offline)
+        venv = tomlkit.table()
+        venv.update(path=str(multi.root / "draft-venv"), packages={"ninja": "*"})
+        doc["deployments"]["draft"]["venv"] = venv
+
+    multi.write(own_venv)
+    locked = multi.cli("lock")
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    assert "note: deployments.draft.venv floats: `reconcile lock` does not pin" in locked.stderr
+    assert "deployments.chat" not in locked.stderr and "nothing floats in the machine's" in locked.stdout
+
+
 def _shared_gpu(share: float) -> Any:
     def edit(doc: Any) -> None:
         gpu = tomlkit.table()
