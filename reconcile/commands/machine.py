@@ -160,12 +160,30 @@ def _target(machine_dir: str, wanted: int | None) -> int:
     return below[-1]
 
 
+def _split(
+    every: list[Deployment], wants: Mapping[str, int], target: int, notes: list[str]
+) -> tuple[list[tuple[Deployment, int]], list[tuple[Deployment, int]]]:
+    """(the deployments whose serving generation differs from machine generation `target`'s, the
+    others), each with its number there; one not in it is noted and left as it is."""
+    moves, stays = [], []
+    for d in every:
+        want = wants.get(d.name)
+        if want is None:
+            notes.append(f"{d.name}: not in machine generation {target}: left as it is")
+        elif _serving(d) == want:
+            stays.append((d, want))
+        else:
+            moves.append((d, want))
+    return moves, stays
+
+
 def machine_rollback(
     args: Args, loaded: LoadedSpec, progress: Any
 ) -> tuple[int, list[tuple[str, ApplyReport]]]:
     """`reconcile rollback [N]` of the machine: every deployment whose generation serving differs from
     machine generation N's is rolled back to it (its own rollback: one restart, held); the others are
     held at theirs, untouched. Then machine generation N is current again."""
+    from reconcile.apply.approval import wants_question
     from reconcile.apply.realization import generation_spec, who
     from reconcile.apply.rollback import rollback
     from reconcile.commands.common import ask_approval
@@ -178,19 +196,18 @@ def machine_rollback(
     gone = sorted(set(wants) - {d.name for d in every})
     notes = [f"{name}: in machine generation {target} but not in the spec: left out" for name in gone]
     out: list[tuple[str, ApplyReport]] = []
+    first = _split(every, wants, target, [])[0]
+    for d, want in first:  # every question first, before the lock (a person may take a while)
+        state_dir = d.loaded.spec.machine.state_dir
+        ask_approval(args, generation_spec(generations.read(state_dir, want), d.loaded)[0], "rollback")
+    asked = {d.name for d, _ in first} if wants_question(args) else None
     with machine_switch(loaded, f"rollback to machine generation {target}", args.lock_timeout, notes):
-        moves, stays = [], []
-        for d in every:
-            want = wants.get(d.name)
-            if want is None:
-                notes.append(f"{d.name}: not in machine generation {target}: left as it is")
-            elif _serving(d) == want:
-                stays.append((d, want))
-            else:
-                moves.append((d, want))
-        for d, want in moves:  # every question before anything switches
-            state_dir = d.loaded.spec.machine.state_dir
-            ask_approval(args, generation_spec(generations.read(state_dir, want), d.loaded)[0], "rollback")
+        moves, stays = _split(every, wants, target, notes)  # again, under the lock
+        if asked is not None and not {d.name for d, _ in moves} <= asked:
+            raise ReconcileError(
+                "what serves changed while you were asked (another apply ran): nothing was switched; "
+                "run the rollback again"
+            )
         for d, want in moves:
             progress(f"deployment {d.name}: rollback to its generation {want}")
             out.append(
