@@ -221,6 +221,7 @@ def test_machine_generations_roll_the_whole_machine_back_and_history_follows(mul
     chat = multi.pid("chat")
     assert multi.cli("apply", "--auto-approve").returncode == 2
     assert _serving(multi) == (3, "chat 2, draft 2") and multi.pid("chat") == chat
+    assert json.loads((multi.state_dir / "last-run.json").read_text())["machine_generation"] == 3
     assert _seqs(multi) == {"chat": "5", "draft": "3"}
     history = multi.cli("history").stdout
     assert "chat: generation 1 -> 2\n          args: --max-num-seqs 4 -> 5" in history, history

@@ -271,9 +271,10 @@ def record_runs(
         }
         for r in records
     }
-    record_run(
-        args, command, started, exit_code([c for _, c, _, _ in runs]), loaded, extra={"deployments": summary}
-    )
+    from reconcile.apply.machine_generations import current
+
+    extra = {"deployments": summary, "machine_generation": current(loaded.spec.machine.state_dir)}
+    record_run(args, command, started, exit_code([c for _, c, _, _ in runs]), loaded, extra=extra)
     textfile = getattr(args, "textfile", None)
     if textfile:
         write_textfile(textfile, records)
