@@ -257,7 +257,11 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         _one,
         "reconcile check --spec specs/gpu-box.toml",
     ),
-    "history": ("list generations", _one, "reconcile history"),
+    "history": (
+        "list generations (a spec with [deployments]: the machine's, and which deployment changed)",
+        _one,
+        "reconcile history\nreconcile history --deployment chat   # one deployment's own",
+    ),
     "diff": (
         "compare generation N with generation M: the spec text and the resolved versions",
         _diff,
@@ -268,7 +272,8 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         "once and hold it until the spec changes or `reconcile resume` (asks first on a terminal)",
         _rollback,
         "reconcile rollback        # back to the generation below the current one\n"
-        "reconcile rollback 3 --auto-approve",
+        "reconcile rollback 3 --auto-approve\n"
+        "reconcile rollback 2 --deployment chat   # one deployment; without: the machine's generation",
     ),
     "gc": (
         "remove venv realizations no current, held or recent generation (or running process) uses",
