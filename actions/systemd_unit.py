@@ -146,6 +146,7 @@ def render_unit(spec: Spec, command: LaunchCommand, env_file: str) -> str:
             "StandardError=inherit",
             "KillMode=control-group",
             "KillSignal=SIGTERM",
+            # stop_timeout: the preflight holds it above the drain (--shutdown-timeout) plus vLLM's exit.
             f"TimeoutStopSec={max(1, round(server.stop_timeout))}",
             "SendSIGKILL=yes",
             "Restart=on-failure",

@@ -42,6 +42,17 @@ def _describe(p: object) -> str:
     return f"pid {pid} ({cmd})"
 
 
+def stopping(cmdline: tuple[str, ...]) -> str:
+    """How the running server will stop, from its own command line: its drain, or an abort."""
+    flag = "--shutdown-timeout"
+    value = next((a.split("=", 1)[1] for a in cmdline if a.startswith(flag + "=")), None)
+    if value is None and flag in cmdline[:-1]:
+        value = cmdline[cmdline.index(flag) + 1]
+    if value is None or not value.isdigit() or int(value) == 0:
+        return "in-flight requests are aborted (it runs without --shutdown-timeout)"
+    return f"it drains in-flight requests first (up to {int(value)}s)"
+
+
 def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if spec.server is None:
         return None
@@ -85,7 +96,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         why = explain_change(old, desired.components)
         return change(
             Action.RESTART,
-            f"restart {want.name}: {why}",
+            f"restart {want.name}: {why}; {stopping(running.cmdline)}",
             why,
             (FieldDiff("identity", running.identity, desired.digest), *stray_diffs),
         )
