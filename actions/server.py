@@ -92,7 +92,9 @@ def ensure_running(
     elif pid is not None:
         reason = explain_change(record.get("components") or {}, command.identity.components)
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
-    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
+    down = time.monotonic()  # from here the deployment refuses new connections until the new one is ready
+    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, leader=pid)
+    drained = time.monotonic() - down
     holder = _port_holder(server.port)
     if holder is not None:
         raise ActionError(
@@ -103,6 +105,8 @@ def ensure_running(
     new_pid = _start(spec, command, record, reason, progress)
     note = f"; before it: {stopped.describe()}" if stopped.terminated else ""
     healthy = f"healthy after {time.monotonic() - started:.1f}s"
+    if stopped.terminated:
+        healthy += f"; down for {time.monotonic() - down:.1f}s (the old one stopped in {drained:.1f}s)"
     return ActionResult(
         True,
         f"started {server.name} (pid {new_pid}; why: {reason}); {healthy}{_kv_note(spec, record)}{note}",
@@ -160,7 +164,8 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     server = _server(spec)
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
-    outcome = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
+    leader = server_records.current_pid(spec)
+    outcome = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, leader=leader)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
     if not outcome.terminated:
