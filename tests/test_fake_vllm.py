@@ -293,3 +293,110 @@ def status_at(port: int, path: str) -> int | None:
         return http_request("GET", "127.0.0.1", port, path, timeout=2).status
     except HttpUnreachable:
         return None
+
+
+def stream(d: Deployment, path: str, body: dict[str, object]) -> list[str]:
+    """The `data:` payloads of a streamed answer, read as they come (chunked SSE over HTTP/1.1)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+    conn.request("POST", path, json.dumps(body), {"Authorization": f"Bearer {d.key}",
+                                                   "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("content-type", "").startswith("text/event-stream")
+    events = [line[len(b"data: "):].decode().strip() for line in resp if line.startswith(b"data: ")]
+    conn.close()
+    return events
+
+
+def metric(d: Deployment, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http_request("GET", "127.0.0.1", d.port, "/metrics").body.decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def test_streamed_chat_has_vllms_chunks_usage_last_then_done(deployment: Deployment) -> None:
+    d = deployment
+    serve(d, "--served-model-name", "m")
+    body = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "stream": True,
+            "max_tokens": 12, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    events = stream(d, "/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                     "logprobs": None, "finish_reason": None}]
+    content = chunks[1:-1]
+    assert len(content) == 12  # ignore_eos: max_tokens tokens, one a chunk
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None] * 11 + ["length"]
+    assert "stop_reason" in content[-1]["choices"][0] and "stop_reason" not in content[0]["choices"][0]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 11, "total_tokens": 23, "completion_tokens": 12}
+    assert metric(d, "vllm:generation_tokens_total") == 12.0
+    assert metric(d, "vllm:prompt_tokens_total") == 11.0
+    assert metric(d, "vllm:time_to_first_token_seconds_count") == 1.0
+    assert metric(d, "vllm:request_success_total") == 1.0
+
+
+def test_streamed_completion_without_eos_stops_at_the_answer(deployment: Deployment) -> None:
+    d = deployment
+    serve(d)
+    body = {"prompt": "The capital of France is", "stream": True, "max_tokens": 100}
+    events = stream(d, "/v1/completions", body)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]" and all("usage" not in c for c in chunks)  # no include_usage
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "The capital of France is Paris."
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_prompt_past_max_model_len_is_refused_like_vllm(deployment: Deployment) -> None:
+    d = deployment
+    serve(d, "--max-model-len", "64")
+    status, body = chat(d, {"messages": [{"role": "user", "content": "w " * 60}], "max_tokens": 10}, d.key)
+    assert status == 400 and "maximum context length is 64 tokens" in str(body)
+
+
+def test_max_num_seqs_queues_the_rest_and_metrics_show_it(deployment: Deployment) -> None:
+    import threading
+
+    d = deployment
+    serve(d, "--max-num-seqs", "2", FAKE_VLLM_TOKEN_S="0.02")
+    firsts: list[int] = []
+
+    def one(i: int) -> None:
+        stream(d, "/v1/chat/completions", {"messages": [{"role": "user", "content": f"n{i}"}],
+                                            "stream": True, "max_tokens": 40, "ignore_eos": True})
+        firsts.append(i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: metric(d, "vllm:num_requests_waiting") == 3.0, 10, "three waiting")
+    assert metric(d, "vllm:num_requests_running") == 2.0
+    for t in threads:
+        t.join(30)
+    assert len(firsts) == 5 and metric(d, "vllm:num_requests_running") == 0.0
+    assert metric(d, "vllm:generation_tokens_total") == 200.0
+    assert metric(d, "vllm:request_queue_time_seconds_count") == 5.0
+
+
+def test_a_stopped_engine_core_moves_no_token_while_health_answers(deployment: Deployment) -> None:
+    import threading
+
+    d = deployment
+    proc = serve(d, FAKE_VLLM_TOKEN_S="0.01")
+    (engine,) = children_of(proc.pid)
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        done = threading.Event()
+        threading.Thread(target=lambda: (chat(d, {"messages": [{"role": "user", "content": "hi"}]}, d.key),
+                                         done.set()), daemon=True).start()
+        wait_for(lambda: metric(d, "vllm:num_requests_running") == 1.0, 5, "a running request")
+        before = metric(d, "vllm:generation_tokens_total")
+        assert status(d, "/health") == 200 and not done.wait(1.0)
+        assert metric(d, "vllm:generation_tokens_total") == before == 0.0
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert done.wait(10)
+    assert metric(d, "vllm:generation_tokens_total") > 0

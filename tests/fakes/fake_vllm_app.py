@@ -182,6 +182,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
     engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port)])
+    state.engine_pid = engine.pid  # type: ignore[attr-defined]
     log(
         "INFO",
         "core.py:93",
@@ -398,11 +399,23 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
         message["reasoning_content"] = thought
     if v >= (0, 11, 1):
         message["reasoning"] = thought
-    prompt_tokens, completion_tokens = len(prompt.split()) + 8, len((answer or "").split())
-    with st.lock:
-        st.counts["success"] += 1
-        st.counts["prompt"] += prompt_tokens
-        st.counts["generation"] += completion_tokens
+    prompt_tokens = tokens_of(prompt) + 8
+    max_tokens, err = max_tokens_of(req, st, prompt_tokens)
+    if err:
+        return 400, err
+    spoken = message["content"] or message["tool_calls"][0]["function"]["arguments"]
+    words, reason = spoken.split() or ["."], "tool_calls" if forced is not None else "stop"
+    completion_tokens, said = 0, ""
+    try:
+        ignore_eos = bool(req.get("ignore_eos"))
+        for _, text, finished in engine_of(st).generate(prompt_tokens, words, max_tokens, ignore_eos):
+            completion_tokens += 1  # each token timed and counted by the engine
+            said += text
+            reason = "length" if finished == "length" else reason
+    except EngineDead:
+        return 500, error(500, "EngineDeadError", "EngineCore encountered an issue. See stack trace")
+    if message["content"]:
+        message["content"] = said
     return 200, {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -413,7 +426,7 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": "tool_calls" if forced is not None else "stop",
+                "finish_reason": reason,
             }
         ],
         "usage": {
@@ -422,3 +435,380 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+# --- The engine's work: timed tokens, a bounded batch, streaming, and the /metrics it moves -------------
+#
+# Timing (env, read per request so a test can set it at launch):
+#   FAKE_VLLM_TOKEN_S          seconds per generated token (decode), default 0.002
+#   FAKE_VLLM_PREFILL_BASE_S   seconds of every prefill, default 0.005
+#   FAKE_VLLM_PREFILL_TOKEN_S  seconds per prompt token of prefill, default 0.00002 (50k tok/s)
+# Concurrency: `--max-num-seqs N` (vLLM's flag; FAKE_VLLM_MAX_NUM_SEQS when the flag is absent, else 256):
+# at most N requests run, the rest wait in order (vllm:num_requests_waiting). A stopped EngineCore
+# (SIGSTOP) moves no token while /health still answers 200, as seen on the H200 with vLLM 0.26.0.
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
+FINISHED_REASONS = ["stop", "length", "abort", "error", "repetition"]
+FILLER = ["and", "then", "the", "fake", "model", "keeps", "talking", "about", "nothing", "in", "particular"]
+
+
+def buckets_1_2_5(maximum: int) -> list:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to the maximum."""
+    out, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > maximum:
+                return out
+            out.append(float(value))
+        exponent += 1
+
+
+class Histogram:
+    def __init__(self, buckets: list) -> None:
+        self.buckets, self.counts, self.sum, self.count = buckets, [0] * len(buckets), 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def lines(self, name: str, label: str) -> list:
+        pairs = zip(self.buckets, self.counts, strict=True)
+        out = [f'{name}_bucket{{{label},le="{b}"}} {float(c)}' for b, c in pairs]
+        out.append(f'{name}_bucket{{{label},le="+Inf"}} {float(self.count)}')
+        return [*out, f"{name}_count{{{label}}} {float(self.count)}", f"{name}_sum{{{label}}} {self.sum}"]
+
+
+class EngineDead(Exception):
+    """The EngineCore died under a request."""
+
+
+class Engine:
+    """What the EngineCore does for the API server: admits up to max_num_seqs, prefills, decodes."""
+
+    def __init__(self, max_num_seqs: int, max_model_len: int) -> None:
+        self.max_num_seqs = max(1, max_num_seqs)
+        self.cond = threading.Condition()
+        self.running = 0
+        self.waiting = 0
+        self.queue: list = []
+        self.pid = 0  # the EngineCore's pid, once serve() started it
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.hist = {
+            "time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
+            "inter_token_latency_seconds": Histogram(ITL_BUCKETS),
+            "request_time_per_output_token_seconds": Histogram(ITL_BUCKETS),
+            "e2e_request_latency_seconds": Histogram(LATENCY_BUCKETS),
+            "request_queue_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_prefill_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_decode_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_inference_time_seconds": Histogram(LATENCY_BUCKETS),
+            "request_prompt_tokens": Histogram(buckets_1_2_5(max_model_len)),
+            "request_generation_tokens": Histogram(buckets_1_2_5(max_model_len)),
+        }
+
+    def stopped(self) -> bool:
+        """The EngineCore is stopped (SIGSTOP: state T); EngineDead when it is gone."""
+        if not self.pid:
+            return False
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            state = b"X"
+        if state in (b"Z", b"X"):
+            raise EngineDead
+        return state in (b"T", b"t")
+
+    def step(self, seconds: float) -> None:
+        """One engine step of `seconds`; it does not finish while the EngineCore makes no progress."""
+        time.sleep(seconds)
+        while self.stopped():
+            time.sleep(0.05)
+
+    def admit(self) -> None:
+        ticket = object()
+        with self.cond:
+            self.queue.append(ticket)
+            self.waiting += 1
+            while self.running >= self.max_num_seqs or self.queue[0] is not ticket:
+                self.cond.wait()
+            self.queue.pop(0)
+            self.waiting -= 1
+            self.running += 1
+            self.cond.notify_all()
+
+    def release(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def generate(self, prompt_tokens: int, words: list, max_tokens: int | None, ignore_eos: bool):
+        """Yields (index, text, finish_reason or None) per token, timed like an engine: queue, prefill
+        (grows with the prompt), then one decode step per token. The caller must exhaust or close it."""
+        token_s = float(os.environ.get("FAKE_VLLM_TOKEN_S", "0.002"))
+        prefill_s = float(os.environ.get("FAKE_VLLM_PREFILL_BASE_S", "0.005")) + prompt_tokens * float(
+            os.environ.get("FAKE_VLLM_PREFILL_TOKEN_S", "0.00002")
+        )
+        limit = max_tokens if max_tokens is not None else len(words)
+        if not ignore_eos:
+            limit = min(limit, len(words))
+        limit = max(1, limit)
+        arrived = time.monotonic()
+        self.admit()
+        started = time.monotonic()
+        first = last = started
+        produced, reason = 0, "abort"
+        try:
+            self.step(prefill_s)
+            first = last = time.monotonic()
+            for i in range(limit):
+                if i:
+                    self.step(token_s)
+                    now = time.monotonic()
+                    with self.cond:
+                        self.hist["inter_token_latency_seconds"].observe(now - last)
+                    last = now
+                word = words[i] if i < len(words) else FILLER[(i - len(words)) % len(FILLER)]
+                produced += 1
+                with self.cond:
+                    self.generation_tokens += 1
+                    if i == 0:
+                        self.prompt_tokens += prompt_tokens
+                        self.hist["time_to_first_token_seconds"].observe(first - arrived)
+                done = i == limit - 1
+                reason = ("stop" if limit >= len(words) and not ignore_eos else "length") if done else reason
+                yield i, (" " if i else "") + word, reason if done else None
+        finally:
+            end = time.monotonic()
+            self.release()
+            with self.cond:
+                self.success[reason] += 1
+                h = self.hist
+                h["e2e_request_latency_seconds"].observe(end - arrived)
+                h["request_queue_time_seconds"].observe(started - arrived)
+                h["request_prefill_time_seconds"].observe(first - started)
+                h["request_decode_time_seconds"].observe(last - first)
+                h["request_inference_time_seconds"].observe(end - started)
+                h["request_prompt_tokens"].observe(prompt_tokens)
+                h["request_generation_tokens"].observe(produced)
+                if produced > 1:
+                    h["request_time_per_output_token_seconds"].observe((last - first) / (produced - 1))
+
+
+def engine_of(st: object) -> Engine:
+    """The server's Engine, made on first use from --max-num-seqs and max_model_len."""
+    with st.lock:  # type: ignore[attr-defined]
+        engine = getattr(st, "engine", None)
+        if engine is None:
+            seqs = getattr(st.args, "max_num_seqs", None) or int(  # type: ignore[attr-defined]
+                os.environ.get("FAKE_VLLM_MAX_NUM_SEQS", "256")
+            )
+            engine = Engine(int(seqs), st.max_model_len)  # type: ignore[attr-defined]
+            engine.pid = getattr(st, "engine_pid", 0)
+            st.engine = engine  # type: ignore[attr-defined]
+        return engine
+
+
+def tokens_of(text: str) -> int:
+    """The fake tokenizer: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+def max_tokens_of(req: dict, st: object, prompt_tokens: int) -> tuple:
+    """(max_tokens, error): vLLM's check that prompt + max_tokens fit in max_model_len."""
+    value = req.get("max_completion_tokens") or req.get("max_tokens")
+    room = st.max_model_len - prompt_tokens  # type: ignore[attr-defined]
+    if value is not None and (not isinstance(value, int) or value < 1):
+        return None, error(400, "BadRequestError", f"max_tokens must be at least 1, got {value}.")
+    if room <= 0 or (value is not None and value > room):
+        return None, error(
+            400,
+            "BadRequestError",
+            f"This model's maximum context length is {st.max_model_len} tokens. However, you requested "  # type: ignore[attr-defined]
+            f"{(value or 0) + prompt_tokens} tokens ({prompt_tokens} in the messages, {value or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+        )
+    return value, None
+
+
+def sse(handler: object, events) -> None:
+    """Server-Sent Events as uvicorn sends vLLM's stream: chunked, one `data: ...` event per chunk."""
+    h = handler
+    h.send_response(200)  # type: ignore[attr-defined]
+    h.send_header("content-type", "text/event-stream; charset=utf-8")  # type: ignore[attr-defined]
+    h.send_header("transfer-encoding", "chunked")  # type: ignore[attr-defined]
+    h.end_headers()  # type: ignore[attr-defined]
+    try:
+        for data in events:
+            text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))  # pydantic's
+            raw = f"data: {text}\n\n".encode()
+            h.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")  # type: ignore[attr-defined]
+            h.wfile.flush()  # type: ignore[attr-defined]
+        h.wfile.write(b"0\r\n\r\n")  # type: ignore[attr-defined]
+        h.wfile.flush()  # type: ignore[attr-defined]
+    except (BrokenPipeError, ConnectionResetError, EngineDead):
+        h.close_connection = True  # type: ignore[attr-defined]
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # a client gone mid-stream: the engine frees its slot (an "abort")
+
+
+def chat_prompt(req: dict) -> str:
+    prompt = ""
+    for m in req.get("messages") or []:
+        content = m.get("content")
+        if m.get("role") == "user":
+            parts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+            prompt = " ".join(parts)
+    return prompt
+
+
+def answer_words(prompt: str) -> list:
+    answer = (
+        "The capital of France is Paris."
+        if "France" in prompt
+        else f"This is the fake vLLM's answer to: {prompt[:60]}"
+    )
+    return answer.split()
+
+
+def stream_chat(st: object, req: dict) -> tuple:
+    """(status, body or event iterator) for a chat completion with `stream: true`, in vLLM's chunks:
+    the role chunk, content deltas, finish_reason (and stop_reason) on the last content chunk, with
+    `stream_options.include_usage` a chunk with empty choices and the usage, then [DONE]."""
+    if os.environ.get("FAKE_VLLM_CHAT_FAIL") == "1":
+        return 500, error(500, "InternalServerError", "EngineCore encountered an issue. See stack trace")
+    if req.get("model") is not None and req["model"] not in st.names:  # type: ignore[attr-defined]
+        return 404, error(404, "NotFoundError", f"The model `{req['model']}` does not exist.")
+    prompt = chat_prompt(req)
+    prompt_tokens = tokens_of(prompt) + 8  # the chat template's tokens
+    max_tokens, err = max_tokens_of(req, st, prompt_tokens)
+    if err:
+        return 400, err
+    return 200, chunks(st, req, "chat", prompt_tokens, answer_words(prompt), max_tokens)
+
+
+def stream_completion(st: object, req: dict) -> tuple:
+    """/v1/completions with `stream: true`: text deltas (no role chunk, no "object" key on the deltas,
+    as vLLM's exclude_unset leaves it), the usage chunk, then [DONE]."""
+    if req.get("model") is not None and req["model"] not in st.names:  # type: ignore[attr-defined]
+        return 404, error(404, "NotFoundError", f"The model `{req['model']}` does not exist.")
+    prompt = req.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    if not isinstance(prompt, str):
+        return 400, error(400, "BadRequestError", "prompt must be a string")
+    prompt_tokens = tokens_of(prompt) + 1  # BOS
+    max_tokens, err = max_tokens_of(req, st, prompt_tokens)
+    if err:
+        return 400, err
+    limit = 16 if max_tokens is None else max_tokens  # the completions API's default
+    return 200, chunks(st, req, "completion", prompt_tokens, answer_words(prompt), limit)
+
+
+def chunks(st: object, req: dict, kind: str, prompt_tokens: int, words: list, max_tokens: int | None):
+    engine = engine_of(st)
+    ident = f"chatcmpl-{uuid.uuid4().hex}" if kind == "chat" else f"cmpl-{uuid.uuid4().hex}"
+    created, model = int(time.time()), req.get("model") or st.names[0]  # type: ignore[attr-defined]
+    head: dict = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model}
+    if kind == "completion":
+        head = {"id": ident, "created": created, "model": model}
+    include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+    produced = 0
+    gen = engine.generate(prompt_tokens, words, max_tokens, bool(req.get("ignore_eos")))
+    try:
+        for i, text, reason in gen:
+            produced += 1
+            if kind == "chat":
+                if i == 0:
+                    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}
+                    yield {**head, "choices": [role]}
+                choice: dict = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                                "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            if reason is not None or kind == "completion":
+                choice["stop_reason"] = None
+            yield {**head, "choices": [choice]}
+    finally:
+        gen.close()
+    if include_usage:
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + produced,
+                 "completion_tokens": produced}
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        yield {"id": ident, "object": obj, "created": created, "model": model, "choices": [], "usage": usage}
+    yield "[DONE]"
+
+
+def complete(st: object, req: dict) -> tuple:
+    """/v1/completions without streaming, timed through the engine like a streamed one."""
+    status, events = stream_completion(st, {**req, "stream_options": {"include_usage": True}})
+    if status != 200:
+        return status, events
+    text, reason, usage, ident, created = "", None, {}, "", 0
+    try:
+        seen = list(events)
+    except EngineDead:
+        return 500, error(500, "EngineDeadError", "EngineCore encountered an issue. See stack trace")
+    for event in seen:
+        if isinstance(event, dict):
+            ident, created = event["id"], event["created"]
+            for c in event["choices"]:
+                text += c["text"]
+                reason = c["finish_reason"] or reason
+            usage = event.get("usage") or usage
+    model = req.get("model") or st.names[0]  # type: ignore[attr-defined]
+    return 200, {
+        "id": ident, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None,
+                     "prompt_logprobs": None}],
+        "usage": usage,
+    }
+
+
+def metrics_text(st: object) -> str:
+    """/metrics as prometheus_client writes vLLM's: HELP, TYPE, then samples, from the engine's work."""
+    engine = engine_of(st)
+    label = f'engine="0",model_name="{st.names[0]}"'  # type: ignore[attr-defined]
+    usage = float(os.environ.get("FAKE_VLLM_KV_CACHE_USAGE", "0"))  # what a loaded server shows
+    with engine.cond:
+        rows = [("num_requests_running", "gauge", engine.running),
+                ("num_requests_waiting", "gauge", engine.waiting),
+                ("kv_cache_usage_perc", "gauge", usage), ("num_preemptions_total", "counter", 0.0),
+                ("prompt_tokens_total", "counter", engine.prompt_tokens + st.counts["prompt"]),  # type: ignore[attr-defined]
+                ("generation_tokens_total", "counter", engine.generation_tokens)]
+        success = dict(engine.success)
+        hists = {name: (list(h.counts), h.count, h.sum, h.buckets) for name, h in engine.hist.items()}
+    import re as _re
+
+    v = tuple(int(x) for x in _re.findall(r"\d+", st.version)[:3])  # type: ignore[attr-defined]
+    if v < (0, 12, 0):
+        rows.append(("gpu_cache_usage_perc", "gauge", 0.0))
+    out = []
+    for name, kind, value in rows:
+        base = name[: -len("_total")] if kind == "counter" else name
+        out += [f"# HELP vllm:{base} {base.replace('_', ' ')}", f"# TYPE vllm:{base} {kind}",
+                f"vllm:{name}{{{label}}} {float(value)}"]
+    out += ["# HELP vllm:request_success Count of successfully processed requests.",
+            "# TYPE vllm:request_success counter"]
+    out += [f'vllm:request_success_total{{engine="0",finished_reason="{r}",model_name="{st.names[0]}"}} '  # type: ignore[attr-defined]
+            f"{float(n)}" for r, n in success.items()]
+    for name, (counts, count, total, buckets) in hists.items():
+        h = Histogram(buckets)
+        h.counts, h.count, h.sum = counts, count, total
+        out += [f"# HELP vllm:{name} Histogram of {name.replace('_', ' ')}.", f"# TYPE vllm:{name} histogram"]
+        out += h.lines(f"vllm:{name}", label)
+    return "\n".join(out) + "\n"
