@@ -153,7 +153,8 @@ def stop_marked(
 
     try:
         deadline = time.monotonic() + timeout
-        if leader is not None and leader in marked_pids(scope, spare_pgid=spare_pgid):
+        members = set(marked_pids(scope, spare_pgid=spare_pgid)) if leader is not None else set()
+        if leader in members:
             first = _Held.take(leader, scope)
             if first is not None:
                 held[leader] = first
@@ -182,8 +183,9 @@ def stop_marked(
         if ours(scope.cgroup):
             empty_and_remove(scope.cgroup)
     killed += [pid for pid in held if pid not in termed]
-    gpu = confirm_gpu_released(list(held), budget=gpu_budget) if held else ""
-    return StopOutcome(tuple(held), tuple(killed), gpu)
+    ended = [*held, *sorted(members - set(held))]  # with a leader: its children it stopped itself, too
+    gpu = confirm_gpu_released(ended, budget=gpu_budget) if ended else ""
+    return StopOutcome(tuple(ended), tuple(killed), gpu)
 
 
 def confirm_gpu_released(pids: list[int], *, budget: float = 10.0) -> str:
