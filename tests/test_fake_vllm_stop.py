@@ -37,8 +37,8 @@ class Stream(threading.Thread):
             conn = http.client.HTTPConnection("127.0.0.1", self.d.port, timeout=60)
             body = {"messages": [{"role": "user", "content": "go"}], "stream": True,
                     "max_tokens": TOKENS, "ignore_eos": True}  # fmt: skip
-            conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                         {"Authorization": f"Bearer {self.d.key}", "Content-Type": "application/json"})  # fmt: skip
+            headers = {"Authorization": f"Bearer {self.d.key}", "Content-Type": "application/json"}
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
             for line in conn.getresponse():
                 if not line.startswith(b"data: "):
                     continue
@@ -99,7 +99,10 @@ def test_sigterm_with_shutdown_timeout_refuses_new_connections_and_finishes_the_
     for s in streams:
         assert s.error == "" and s.done and s.reason == "length" and s.tokens == TOKENS, (s.error, s.tokens)
     log = d.log_text()
-    assert "stopping engine client mode=drain timeout=60s" in log and "draining in-flight requests count=8" in log
+    assert (
+        "stopping engine client mode=drain timeout=60s" in log
+        and "draining in-flight requests count=8" in log
+    )
 
 
 def test_a_drain_that_runs_out_of_time_aborts_the_rest(deployment: Deployment) -> None:

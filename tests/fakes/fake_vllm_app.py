@@ -286,7 +286,8 @@ def shut_down(httpd: ThreadingHTTPServer, state: object, drain: int) -> None:
     with engine.cond:
         count = engine.inflight
     if drain > 0:
-        log("INFO", "core.py:1210", f"draining in-flight requests count={count}", "EngineCore_DP0", engine.pid)
+        core = ("EngineCore_DP0", engine.pid)
+        log("INFO", "core.py:1210", f"draining in-flight requests count={count}", *core)
         if engine.wait_idle(drain):
             return
         log("WARNING", "core.py:1224", f"drain timed out after {drain}s: aborting the rest", "EngineCore_DP0")
