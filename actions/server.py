@@ -30,11 +30,14 @@ from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, checkpoint, http_request
 from reconcile.identity import (
+    COLORS,
     IDENTITY,
+    color_spec,
     explain_change,
     pidfile_path,
     read_record,
     redact_argv,
+    serving_spec,
     state_file_path,
 )
 from reconcile.ownership.membership import (
@@ -64,6 +67,11 @@ def apply(
     """Make the server Change true. The spec's `running` decides, not the Change's kind: a `-` Change
     while running = true removes strays only, which ensure_running does without touching the server."""
     del change  # re-planned by the executor right before; the spec says what must be true
+    if getattr(spec, "front", None) is not None:  # behind [front]: each color is a deployment
+        if not _server(spec).running:
+            results = [ensure_stopped(color_spec(spec, c)) for c in COLORS]
+            return ActionResult(any(r.changed for r in results), "; ".join(r.message for r in results))
+        spec = serving_spec(spec)  # a drain-restart in place, on the active color
     if not _server(spec).running:
         return ensure_stopped(spec)
     return ensure_running(spec, inputs, progress=progress)
