@@ -5,8 +5,11 @@ Prints, per phase, whole requests, cut in-flight requests, failed requests, refu
 and the gap (longest run from a refused connection to the next accepted one), plus apply's own
 "prepared in X s, down for Y s".
 
-    .venv/bin/python benchmarks/bench_switch_load.py [--tokens 150] [--token-s 0.02] [--startup-s 1.0]
-        [--json OUT]
+    .venv/bin/python benchmarks/bench_switch_load.py [--mode drain-restart|blue-green] [--tokens 150]
+        [--token-s 0.02] [--startup-s 1.0] [--json OUT]
+
+blue-green puts apt's haproxy in front ([front]); the fake's "GPU memory" is then a lock per port,
+so both colors fit, as on a GPU with room.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.apply_support import Demo, stop_servers  # noqa: E402
-from tests.switch_load_support import Load  # noqa: E402
+from tests.switch_load_support import Load, stop_front  # noqa: E402
 from tests.test_server_support import free_port, wait_for  # noqa: E402
 
 
@@ -33,15 +36,23 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=150)
     parser.add_argument("--token-s", default="0.02")
     parser.add_argument("--startup-s", default="1.0", help="the fake vLLM's load time (the gap's floor)")
+    parser.add_argument("--mode", choices=("drain-restart", "blue-green"), default="drain-restart")
     parser.add_argument("--json", metavar="OUT")
     args = parser.parse_args()
     demo = Demo(Path(tempfile.mkdtemp(prefix="bench-switch-")), f"bench-{uuid.uuid4().hex[:8]}", free_port())
+    ports = [free_port(), free_port()]
 
     def spec(seqs: int) -> None:
         def edit(doc: Any) -> None:
             doc["server"]["args"]["max-num-seqs"] = seqs
             doc["server"]["env"]["FAKE_VLLM_TOKEN_S"] = args.token_s
             doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = args.startup_s
+            if args.mode == "blue-green":
+                import tomlkit
+
+                del doc["server"]["env"]["FAKE_VLLM_HOLD"]
+                doc["front"] = tomlkit.table()
+                doc["front"]["ports"] = ports
 
         demo.write_spec(edit)
 
@@ -71,9 +82,10 @@ def main() -> int:
         result = load.summary()
         result["apply_says"] = said
         result["setup"] = {"clients": 8, "tokens": args.tokens, "token_s": args.token_s,
-                           "startup_s": args.startup_s, "mode": "drain-restart"}  # fmt: skip
+                           "startup_s": args.startup_s, "mode": args.mode}  # fmt: skip
     finally:
         stop_servers(demo)
+        stop_front(str(demo.spec_path))
     print(f"{'phase':<16}{'whole':>7}{'cut':>6}{'failed':>8}{'refused':>9}")
     for phase, t in result["phases"].items():  # type: ignore[union-attr]
         print(f"{phase:<16}{t['ok']:>7}{t['cut']:>6}{t['failed']:>8}{t['refused']:>9}")

@@ -124,3 +124,24 @@ class Load:
             total.refused += t.refused
         return {"phases": phases, "ok": total.ok, "cut": total.cut, "failed": total.failed,
                 "refused": total.refused, "gap_s": round(self.gap(), 2)}  # fmt: skip
+
+
+def stop_front(spec_path: str) -> None:
+    """Teardown of a fronted demo: both colors' servers, then its HAProxy master (ours: proven by its
+    pidfile, exe and config), with SIGTERM."""
+    import os
+    import signal
+
+    from actions import supervising
+    from reconcile.identity import COLORS, color_spec
+    from reconcile.ownership.membership import front_master, scope_of
+    from reconcile.spec.loader import load_spec
+
+    spec = load_spec(spec_path).spec
+    if getattr(spec, "front", None) is None:
+        return
+    for color in COLORS:
+        supervising.stop_marked(scope_of(color_spec(spec, color)), timeout=5.0)
+    pid = front_master(spec)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)

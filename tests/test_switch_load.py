@@ -4,18 +4,27 @@ cut; new connections during the gap are refused and counted."""
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
+import pytest
+import tomlkit
+
 from tests.apply_support import Demo
-from tests.switch_load_support import Load
-from tests.test_server_support import wait_for
+from tests.switch_load_support import Load, stop_front
+from tests.test_server_support import free_port, wait_for
 
 
-def _spec(demo: Demo, seqs: int) -> None:
+def _spec(demo: Demo, seqs: int, front: list[int] | None = None) -> None:
     def edit(doc: Any) -> None:
         doc["server"]["args"]["max-num-seqs"] = seqs
         doc["server"]["env"]["FAKE_VLLM_TOKEN_S"] = "0.02"  # 150 tokens: 3 s per stream
         doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "1.0"
+        if front is not None:
+            # The fake's "GPU memory" is then a lock per port: both colors fit, as on a GPU with room.
+            del doc["server"]["env"]["FAKE_VLLM_HOLD"]
+            doc["front"] = tomlkit.table()
+            doc["front"]["ports"] = front
 
     demo.write_spec(edit)
 
@@ -44,3 +53,35 @@ def test_a_drain_restart_under_load_cuts_no_request_and_counts_the_refused(demo:
     assert load.tally("switch").ok > 0  # the streams in flight at the stop finished whole
     assert "it drains in-flight requests first (up to 20s)" in switched.output
     assert "prepared in" in switched.output and "down for" in switched.output
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs apt's haproxy (.ci/run installs it)")
+def test_a_blue_green_switch_and_rollback_under_load_fail_no_request(demo: Demo) -> None:
+    ports = [free_port(), free_port()]
+    _spec(demo, 8, ports)
+    try:
+        first = demo.cli("apply")
+        assert first.returncode == 2, first.output
+        assert "started haproxy" in first.output
+        key = demo.key_file.read_text().strip()
+        with Load(demo.port, key, demo.name) as load:  # through HAProxy on the public port
+            wait_for(lambda: load.tally("before").ok >= 8, 30, "8 whole requests before the switch")
+            load.phase = "switch"
+            _spec(demo, 9, ports)
+            plan = demo.cli("plan")
+            assert "switch: drain-restart -> blue/green" in plan.output, plan.output
+            switched = demo.cli("apply")
+            assert switched.returncode == 2, switched.output
+            load.phase = "after switch"
+            wait_for(lambda: load.tally("after switch").ok >= 8, 30, "requests served by green")
+            load.phase = "rollback"
+            back = demo.cli("rollback")
+            assert back.returncode in (0, 2), back.output
+            load.phase = "after rollback"
+            wait_for(lambda: load.tally("after rollback").ok >= 8, 30, "requests served after the rollback")
+        s = load.summary()
+        assert s["failed"] == 0 and s["cut"] == 0 and s["refused"] == 0, s  # zero downtime
+        assert "traffic moved to green" in switched.output and "down for 0.0s" in switched.output
+        assert "traffic moved to blue" in back.output, back.output
+    finally:
+        stop_front(str(demo.spec_path))
