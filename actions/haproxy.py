@@ -20,7 +20,8 @@ from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import COLORS, front_paths, front_ports, front_state_path
 from reconcile.ownership.membership import front_master
-from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
+from reconcile.safety import statefiles
+from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -69,32 +70,26 @@ def render(spec: Spec, active: str) -> str:
 
 
 def write_config(spec: Spec, text: str) -> bool:
-    """Check `text` with `haproxy -c` and put it in place atomically; False when it is already there."""
+    """Check `text` with `haproxy -c` (from stdin), then put it in place atomically; False when it is
+    already there. A config haproxy refuses never replaces the one in use."""
     config, _pidfile, _sock = front_paths(spec)
     ensure_dir(os.path.dirname(config), PRIVATE_DIR)
-    try:
-        with open(config, encoding="utf-8") as f:
-            if f.read() == text:
-                return False
-    except OSError:
-        pass
-    candidate = config + ".new"
-    atomic_write(candidate, text.encode(), mode=0o600)
-    check = _haproxy(spec, "-c", "-q", "-f", candidate)
+    if statefiles.read_state(config, max_bytes=65536) == text.encode():
+        return False
+    check = _haproxy(spec, "-c", "-q", "-f", "/dev/stdin", input=text)
     if check.returncode != 0:
-        os.unlink(candidate)
-        raise ActionError(f"haproxy -c refused the front's config: {check.stdout.strip()[-400:]}")
-    os.replace(candidate, config)
+        raise ActionError(
+            f"haproxy -c refused the front's config: {(check.stdout + check.stderr).strip()[-400:]}"
+        )
+    atomic_write(config, text.encode(), mode=0o600)
     return True
 
 
-def _haproxy(spec: Spec, *args: str) -> subprocess.CompletedProcess[str]:
+def _haproxy(spec: Spec, *args: str, input: str = "") -> subprocess.CompletedProcess[str]:
     front = spec.front
     assert front is not None
     try:
-        return subprocess.run(
-            [front.haproxy, *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
-        )
+        return subprocess.run([front.haproxy, *args], capture_output=True, text=True, timeout=30, input=input)
     except FileNotFoundError:
         raise ActionError(
             f"[front] haproxy = {front.haproxy}: not found (apt-get install haproxy, or fix the path)"
@@ -106,7 +101,7 @@ def start(spec: Spec) -> int:
     front = spec.front
     assert front is not None
     config, pidfile, _sock = front_paths(spec)
-    log = os.open(config[: -len(".cfg")] + ".log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    log = open_append(config[: -len(".cfg")] + ".log", 0o600)
     try:
         done = subprocess.run(
             [front.haproxy, "-W", "-D", "-f", config, "-p", pidfile],
