@@ -5,8 +5,9 @@ after 50 ms; tests/switch_load_support.py), runs through: A -> B (`reconcile app
 drains with reconcile's default --shutdown-timeout), B -> A (`reconcile rollback`, drains too), then
 the same switch with `shutdown-timeout = 0` (vLLM's own default: abort) for comparison. Per switch:
 whole, cut and failed requests, refused connections, the gap, and apply's "prepared in X s, down
-for Y s". Figures in $OUT/gpu-lab-switch.json. Blue/green (both generations side by side behind
-HAProxy) is not built yet: there is no such figure.
+for Y s". Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on 8001/8002;
+gpu-memory-utilization 0.3 leaves room for both), the same load through a switch and a rollback.
+Figures in $OUT/gpu-lab-switch.json.
 
     GPU_LAB_TESTS=tests/test_gpu_lab_switch.py tools/gpu_lab.sh
 """
@@ -33,8 +34,12 @@ TOKENS = 400  # the tiny Llama's max-model-len is 1024
 UTIL = "gpu-memory-utilization = 0.3"
 
 
-def spec(name: str, util: str, drain: str = "") -> str:
-    return variant(f"switch-{name}", {UTIL: f"gpu-memory-utilization = {util}{drain}"})
+FRONT_AT = 'VLLM_USE_FLASHINFER_SAMPLER = "0"'
+FRONT = {FRONT_AT: f"{FRONT_AT}\n\n[front]\nports = [8001, 8002]"}
+
+
+def spec(name: str, util: str, drain: str = "", extra: dict[str, str] | None = None) -> str:
+    return variant(f"switch-{name}", {UTIL: f"gpu-memory-utilization = {util}{drain}", **(extra or {})})
 
 
 def wait_ok(load: Load, phase: str, count: int = 8, timeout: float = 120) -> None:
@@ -63,7 +68,25 @@ def figures() -> Iterator[None]:
     print("\nFIGURES " + json.dumps(FIGURES, indent=2))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "gpu-lab-switch.json").write_text(json.dumps(FIGURES, indent=2))
-    cli("apply", "--spec", variant("switch-stop", {'\nname = "tiny"': '\nname = "tiny"\nrunning = false'}))
+    stop_all()
+
+
+STOP = {'\nname = "tiny"': '\nname = "tiny"\nrunning = false'}
+
+
+def stop_all() -> None:
+    """Both the plain server and the fronted colors stopped; our HAProxy master (root's haproxy whose
+    command line names the lab's front config) ended."""
+    cli("apply", "--spec", variant("switch-stop", STOP))
+    cli("apply", "--spec", variant("switch-stop-front", {**STOP, **FRONT}))
+    pidfile, config = LAB / "state" / "front-tiny.pid", str(LAB / "state" / "front-tiny.cfg")
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if os.readlink(f"/proc/{pid}/exe").endswith("haproxy") and config.encode() in argv:
+            os.kill(pid, 15)
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def test_drain_restart_cuts_no_stream_and_abort_cuts_them() -> None:
@@ -84,3 +107,20 @@ def test_drain_restart_cuts_no_stream_and_abort_cuts_them() -> None:
     assert drain["cut"] == 0 and drain["failed"] == 0, drain
     assert back["cut"] == 0 and back["failed"] == 0, back
     FIGURES["abort_cut_some"] = abort["cut"] > 0  # expected with a load in flight; a figure, not a rule
+
+
+def test_blue_green_fails_no_request_across_a_switch_and_a_rollback() -> None:
+    stop_all()  # port 8000 is the front's from here on
+    code, out, err, _took = cli("apply", "--spec", spec("bg-a", "0.3", extra=FRONT))
+    assert code in (0, 2), out + err
+    assert "started haproxy" in out
+    code, out, err, _took = cli("plan", "--spec", spec("bg-b", "0.31", extra=FRONT))
+    FIGURES["bg_plan_switch_line"] = next((ln.strip() for ln in out.splitlines() if "switch:" in ln), "")
+    assert "-> blue/green" in FIGURES["bg_plan_switch_line"], out
+    with Load(8000, key(), "tiny", tokens=TOKENS) as load:
+        wait_ok(load, "before")
+        bg = switched(load, "bg_switch", "apply", "--spec", spec("bg-b", "0.31", extra=FRONT))
+        bg_back = switched(load, "bg_rollback", "rollback", "--spec", spec("bg-b", "0.31", extra=FRONT))
+    FIGURES["bg_gap_s_longest"] = load.gap()
+    for figure in (bg, bg_back):
+        assert figure["failed"] == 0 and figure["cut"] == 0 and figure["refused"] == 0, figure
