@@ -16,6 +16,13 @@ if TYPE_CHECKING:
 
 
 def apply(spec: Spec) -> ActionResult:
+    assert spec.server is not None
+    if not spec.server.running:
+        pid = front_master(spec)
+        if pid is None:
+            return ActionResult(False, "haproxy is not running")
+        haproxy.stop(pid)
+        return ActionResult(True, f"stopped haproxy (master pid {pid})")
     color = active_color(spec)
     changed = haproxy.write_config(spec, haproxy.render(spec, color))
     haproxy.write_active(spec, color)

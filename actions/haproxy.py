@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import COLORS, front_paths, front_ports, front_state_path
-from reconcile.ownership.membership import front_master
+from reconcile.ownership.membership import front_master, read_stat
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
 
@@ -129,6 +129,17 @@ def reload(spec: Spec, pid: int) -> None:
     """A graceful reload: the master re-reads the config and starts new workers; the old ones keep
     their connections until they end (at most hard-stop-after)."""
     os.kill(pid, signal.SIGUSR2)
+
+
+def stop(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM to our master (it stops its workers), waited for; SIGKILL if it will not go."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_stat(pid) is None:  # gone, or a zombie its parent has not reaped
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
 
 
 def runtime(spec: Spec, command: str) -> str:

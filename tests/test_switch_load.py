@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 import tomlkit
 
+from reconcile.ownership.membership import front_master
+from reconcile.spec.loader import load_spec
 from tests.apply_support import Demo
 from tests.switch_load_support import Load, stop_front
+from tests.test_fake_vllm_stop import refused
 from tests.test_server_support import free_port, wait_for
 
 
@@ -55,6 +58,13 @@ def test_a_drain_restart_under_load_cuts_no_request_and_counts_the_refused(demo:
     assert "prepared in" in switched.output and "down for" in switched.output
 
 
+def _stopped(doc: Any, ports: list[int]) -> None:
+    doc["server"]["running"] = False
+    del doc["server"]["env"]["FAKE_VLLM_HOLD"]
+    doc["front"] = tomlkit.table()
+    doc["front"]["ports"] = ports
+
+
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs apt's haproxy (.ci/run installs it)")
 def test_a_blue_green_switch_and_rollback_under_load_fail_no_request(demo: Demo) -> None:
     ports = [free_port(), free_port()]
@@ -83,5 +93,13 @@ def test_a_blue_green_switch_and_rollback_under_load_fail_no_request(demo: Demo)
         assert s["failed"] == 0 and s["cut"] == 0 and s["refused"] == 0, s  # zero downtime
         assert "traffic moved to green" in switched.output and "down for 0.0s" in switched.output
         assert "traffic moved to blue" in back.output, back.output
+        master = front_master(load_spec(str(demo.spec_path)).spec)
+        assert master is not None
+        demo.write_spec(lambda doc: _stopped(doc, ports))
+        stopped = demo.cli("apply")
+        assert stopped.returncode == 2 and f"stopped haproxy (master pid {master})" in stopped.output, (
+            stopped.output
+        )
+        assert refused(demo.port) and not demo.server_pids()
     finally:
         stop_front(str(demo.spec_path))

@@ -31,6 +31,12 @@ def plan_front(spec: Spec, obs: Observed) -> Item | None:
         why = f"cannot be checked: {getattr(seen, 'reason', seen)}"
         return change(Action.CHANGE, why, "the probe failed", actionable=False)
     where = f"{spec.server.host}:{spec.server.port}"
+    if not spec.server.running:
+        if seen.master is None:
+            return ok("haproxy stopped, as [server] running = false says")
+        return change(
+            Action.REMOVE, f"stop haproxy (pid {seen.master}) on {where}", "the spec says running = false"
+        )
     port = color_spec(spec, seen.active).server.port  # type: ignore[union-attr]
     to = f"{seen.active} (127.0.0.1:{port})"
     if seen.master is None:
