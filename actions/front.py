@@ -21,7 +21,7 @@ def apply(spec: Spec) -> ActionResult:
         pid = front_master(spec)
         if pid is None:
             return ActionResult(False, "haproxy is not running")
-        haproxy.stop(pid)
+        haproxy.stop(spec, pid)
         return ActionResult(True, f"stopped haproxy (master pid {pid})")
     color = active_color(spec)
     changed = haproxy.write_config(spec, haproxy.render(spec, color))

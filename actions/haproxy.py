@@ -16,6 +16,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
+from actions import cgroups
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import COLORS, front_paths, front_ports, front_state_path
@@ -102,6 +103,10 @@ def start(spec: Spec) -> int:
     assert front is not None
     config, pidfile, _sock = front_paths(spec)
     log = open_append(config[: -len(".cfg")] + ".log", 0o600)
+    # A cgroup of its own, as the server's (actions.cgroups): a timer's oneshot apply unit would
+    # otherwise take HAProxy down with it when apply exits.
+    group = cgroups.prepare(_holder(spec))
+    entry = cgroups.Entry(group.path) if group.path is not None else None
     try:
         done = subprocess.run(
             [front.haproxy, "-W", "-D", "-f", config, "-p", pidfile],
@@ -111,9 +116,12 @@ def start(spec: Spec) -> int:
             timeout=30,
             start_new_session=True,
             cwd="/",
+            preexec_fn=entry.enter if entry is not None else None,
         )
     finally:
         os.close(log)
+        if entry is not None:
+            entry.close()
     pid = None
     for _ in range(50):  # the daemon writes its pidfile a moment after the launcher returns
         pid = front_master(spec)
@@ -131,15 +139,28 @@ def reload(spec: Spec, pid: int) -> None:
     os.kill(pid, signal.SIGUSR2)
 
 
-def stop(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM to our master (it stops its workers), waited for; SIGKILL if it will not go."""
+def _holder(spec: Spec) -> Spec:
+    """The spec whose cgroup HAProxy runs in: <cgroup2>/reconcile/<name>-front@<state_dir>."""
+    server = spec.server
+    assert server is not None
+    update = {"name": f"{server.name}-front", "supervisor": "process"}
+    return spec.model_copy(update={"server": server.model_copy(update=update)})
+
+
+def stop(spec: Spec, pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM to our master (it stops its workers), waited for; then its cgroup emptied and removed
+    (SIGKILL to whatever is left of it)."""
+    from reconcile.ownership.cgroups import cgroup_path
+
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if read_stat(pid) is None:  # gone, or a zombie its parent has not reaped
-            return
+    while time.monotonic() < deadline and read_stat(pid) is not None:  # None: gone, or a zombie
         time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+    path = cgroup_path(_holder(spec))
+    if path is not None and cgroups.ours(path):
+        cgroups.empty_and_remove(path)
+    elif read_stat(pid) is not None:
+        os.kill(pid, signal.SIGKILL)
 
 
 def runtime(spec: Spec, command: str) -> str:
