@@ -354,6 +354,8 @@ def install(venv: Venv, wanted: Mapping[str, str]) -> ActionResult:
         return ActionResult(False, f"already satisfied: {seen or '(nothing asked)'}")
 
     installer = installer_for(venv)
+    if getattr(venv, "closure", None):
+        return _install_closure(venv, installer, todo, before)
     requirements = [name if spec == "*" else f"{name}{spec}" for name, spec in todo.items()]
     if installer == "pip" and run([python, "-c", "import pip"], timeout=60).returncode != 0:
         raise ActionError(f'{venv.path} has no pip: set [venv].installer = "uv" or re-create the venv')
@@ -387,3 +389,68 @@ def install(venv: Venv, wanted: Mapping[str, str]) -> ActionResult:
         for n in todo
     ]
     return ActionResult(True, f"installed with {installer}: {', '.join(changes)}")
+
+
+_HASH_MISMATCH = re.compile(r"DO NOT MATCH THE HASHES|[Hh]ash mismatch|hash.*does not match", re.S)
+
+
+def _install_closure(
+    venv: Venv, installer: str, todo: Mapping[str, str], before: Mapping[str, str]
+) -> ActionResult:
+    """Install the lock's whole closure in hash-checking mode (`--require-hashes -r`): every file must
+    have a sha256 the lock recorded, and nothing outside the lock is installed."""
+    import tempfile
+
+    from reconcile.safety.names import LOCKED
+
+    python = _python(venv)
+    if installer == "pip" and run([python, "-c", "import pip"], timeout=60).returncode != 0:
+        raise ActionError(f'{venv.path} has no pip: set [venv].installer = "uv" or re-create the venv')
+    locked = {m.group(1): m.group(2) for m in (re.fullmatch(LOCKED, ln) for ln in venv.closure) if m}
+    # A private 0700 directory: the file there names what root installs.
+    with tempfile.TemporaryDirectory(prefix="reconcile-closure-") as directory:
+        path = os.path.join(directory, "requirements.txt")
+        atomic_write(path, ("\n".join(venv.closure) + "\n").encode(), mode=0o600)
+        checkpoint("venv.pip.before")
+        with netrc_env(index_urls(venv)[2] if venv.wheelhouse is None else []) as netrc:
+            out = _run(
+                _install_argv(venv, installer, ["--require-hashes", "-r", path]),
+                INSTALL_TIMEOUT_S,
+                f"{installer} install",
+                netrc,
+                stream=True,
+            )
+        checkpoint("venv.pip.after")
+    if not out.ok and _HASH_MISMATCH.search(text := out.stdout + "\n" + out.stderr):
+        # uv: "Hash mismatch for `toydep==1.1`"; pip: "    toydep==1.1 from file:///...:" under its banner
+        named = re.findall(r"[Hh]ash mismatch for `([^`]+)`", text) or re.findall(
+            r"^\s+(\S+==\S+) from ", text, re.M
+        )
+        raise ActionError(
+            f"{installer} refused {', '.join(dict.fromkeys(named)) or 'a file'}: a file whose sha256 is not "
+            "the lock's (the source serves other bytes than when `reconcile lock` ran); if that change "
+            "is expected, run `reconcile lock` again"
+        )
+    if not out.ok:
+        raise ActionError(f"{installer} install of the locked closure failed:\n{_tail(out)}")
+    log.info("%s install of the locked closure: %s", installer, _summary(out))
+    after = installed_versions(python, list(locked))
+    wrong = [
+        f"{n} is {after.get(_norm(n), 'absent')}"
+        for n, v in locked.items()
+        if not _satisfies(after.get(_norm(n)), f"=={v}")
+    ]
+    if wrong:
+        raise ActionError(f"{installer} finished but {'; '.join(wrong)} (the lock's closure says otherwise)")
+    own = {_norm(n) for n in venv.packages}
+    moved = sorted((n for n in todo if _norm(n) in after), key=lambda n: _norm(n) not in own)
+    changes = [
+        f"{n} {before[_norm(n)]} -> {after[_norm(n)]}" if _norm(n) in before else f"{n} {after[_norm(n)]}"
+        for n in moved
+    ]
+    others = len([n for n in moved if _norm(n) not in own])
+    if others > 3:  # a vLLM closure is ~150: the spec's own packages, and a count of the rest
+        changes = [*changes[: len(changes) - others], f"{others} more from the lock"]
+    shown = ", ".join(changes) or "(nothing new)"
+    what = f"the lock's closure ({len(locked)}, hashes checked)"
+    return ActionResult(True, f"installed {what} with {installer}: {shown}")

@@ -58,6 +58,9 @@ class Option(Record):
 
 
 SPEC = Option("--spec", "PATH", "spec file (default: specs/<hostname>.toml)")
+DEPLOYMENT = Option(
+    "--deployment", "NAME", "only this deployment of a spec with [deployments] (default: all of them)"
+)
 SCHEDULED = Option(
     "--scheduled",
     None,
@@ -68,6 +71,7 @@ TEXTFILE = Option(
 )
 PLAN_OPTIONS = (
     SPEC,
+    DEPLOYMENT,
     Option("--json", None, "print the plan as JSON (format reconcile-plan/2)"),
     Option("--out", "FILE", "also save the plan for `reconcile apply FILE`"),
     Option("--quiet", None, "one line when converged"),
@@ -122,24 +126,30 @@ def _plan(p: argparse.ArgumentParser) -> None:
 
 def _apply(p: argparse.ArgumentParser) -> None:
     SPEC.add_to(p)
+    DEPLOYMENT.add_to(p)
     p.add_argument("planfile", nargs="?", help="run exactly this saved plan (from plan --out)")
     for option in APPLY_OPTIONS[1:]:
         option.add_to(p)
 
 
-def _status(p: argparse.ArgumentParser) -> None:
+def _one(p: argparse.ArgumentParser) -> None:
     _spec(p)
+    DEPLOYMENT.add_to(p)
+
+
+def _status(p: argparse.ArgumentParser) -> None:
+    _one(p)
     p.add_argument("--json", action="store_true", help="print the status as JSON (format reconcile-status/1)")
 
 
 def _diff(p: argparse.ArgumentParser) -> None:
-    _spec(p)
+    _one(p)
     p.add_argument("a", type=int, metavar="N", help="the older generation's number (see `reconcile history`)")
     p.add_argument("b", type=int, metavar="M", help="the newer generation's number")
 
 
 def _rollback(p: argparse.ArgumentParser) -> None:
-    _spec(p)
+    _one(p)
     p.add_argument(
         "generation", type=int, nargs="?", metavar="N", help="generation (default: the one before)"
     )
@@ -155,7 +165,7 @@ def _schema(p: argparse.ArgumentParser) -> None:
 
 
 def _gc(p: argparse.ArgumentParser) -> None:
-    _spec(p)
+    _one(p)
     p.add_argument("--keep", type=int, default=3, metavar="N", help="also keep the last N generations (3)")
     p.add_argument("--lock-timeout", type=float, default=60.0, metavar="SECONDS")
 
@@ -190,7 +200,7 @@ def _timer(p: argparse.ArgumentParser) -> None:
 
 
 def _pause(p: argparse.ArgumentParser) -> None:
-    _spec(p)
+    _one(p)
     p.add_argument("--reason", required=True, help="why: shown to the next person and in every report")
     p.add_argument("--for", dest="duration", metavar="DURATION", help="end by itself after this (e.g. 4h)")
 
@@ -231,10 +241,10 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
     ),
     "check": (
         "one chat completion (and reasoning / tool call) through the key",
-        _spec,
+        _one,
         "reconcile check --spec specs/gpu-box.toml",
     ),
-    "history": ("list generations", _spec, "reconcile history"),
+    "history": ("list generations", _one, "reconcile history"),
     "diff": (
         "compare generation N with generation M: the spec text and the resolved versions",
         _diff,
@@ -277,7 +287,7 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
     ),
     "resume": (
         "end a pause or a rollback's hold: scheduled applies follow the spec again",
-        _spec,
+        _one,
         "reconcile resume",
     ),
     "init": (

@@ -3,6 +3,7 @@ lists every command, and each command's help describes its arguments with exampl
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -61,8 +62,8 @@ def test_each_command_help_has_examples(name: str, capsys: pytest.CaptureFixture
 def test_diff_describes_its_two_generations(capsys: pytest.CaptureFixture[str]) -> None:
     main(["diff", "--help"])
     out = capsys.readouterr().out
-    assert "N            the older generation's number" in out
-    assert "M            the newer generation's number" in out
+    assert re.search(r"\n  N +the older generation's number", out), out  # the column: the longest option's
+    assert re.search(r"\n  M +the newer generation's number", out), out
 
 
 def test_only_the_invoked_command_gets_its_arguments() -> None:

@@ -400,3 +400,40 @@ def test_a_stopped_engine_core_moves_no_token_while_health_answers(deployment: D
         os.kill(engine, signal.SIGCONT)
     assert done.wait(10)
     assert metric(d, "vllm:generation_tokens_total") > 0
+
+
+def test_servers_share_a_gpu_by_their_gpu_memory_utilization_as_vllm_does(deployment: Deployment) -> None:
+    """vLLM's worker refuses to start when less than gpu-memory-utilization x total is free: two at 0.4
+    fit one GPU, a third at 0.4 does not (0.2 free), and says so in vLLM's words."""
+    d = deployment
+    first = serve(d, "--gpu-memory-utilization", "0.4")
+    ports = [free_port(), free_port()]
+    second = d.run_fake(
+        ["serve", str(d.model_dir), "--port", str(ports[0]), "--gpu-memory-utilization", "0.4"],
+        {"VLLM_API_KEY": d.key},
+    )
+    wait_for(
+        lambda: status_at(ports[0], "/health") == 200 or second.poll() is not None, 10, "the second /health"
+    )
+    assert second.poll() is None and first.poll() is None, d.log_text()
+    third = d.run_fake(
+        ["serve", str(d.model_dir), "--port", str(ports[1]), "--gpu-memory-utilization", "0.4"],
+        {"VLLM_API_KEY": d.key},
+    )
+    assert third.wait(10) == 1
+    assert (
+        "Free memory on device cuda:0 (28.0/139.8 GiB) on startup is less than desired GPU memory "
+        "utilization (0.4, 55.9 GiB)" in d.log_text()
+    )
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(10) == 0
+    again = d.run_fake(
+        ["serve", str(d.model_dir), "--port", str(ports[1]), "--gpu-memory-utilization", "0.4"],
+        {"VLLM_API_KEY": d.key},
+    )
+    wait_for(
+        lambda: status_at(ports[1], "/health") == 200 or again.poll() is not None,
+        10,
+        "/health after the release",
+    )
+    assert again.poll() is None, d.log_text()

@@ -158,8 +158,9 @@ def test_a_running_server_gives_its_args_but_never_its_key(
 
     text = out.read_text()
     assert SECRET not in text and "hf_never_copied" not in text
-    block = text[text.index("# [model]") :]
-    server = tomlkit.parse("\n".join(ln[2:] for ln in block.splitlines() if ln.startswith("# ")))["server"]
+    block = text[text.index("# [deployments.tiny.model]") :]
+    drafted = tomlkit.parse("\n".join(ln[2:] for ln in block.splitlines() if ln.startswith("# ")))
+    server = drafted["deployments"]["tiny"]["server"]
     assert (server["port"], server["served_model_name"], server["log"]) == (
         port,
         "tiny",
@@ -199,7 +200,9 @@ def test_manage_server_writes_the_found_server_as_live_sections(
         == 0
     )
 
-    spec = load_spec(str(out)).spec
+    whole = load_spec(str(out)).spec
+    assert list(whole.deployments) == ["tiny"]  # the new form: one deployment, named after the server
+    spec = whole.deployments["tiny"]
     assert spec.server is not None and spec.model is not None and spec.api_key is not None
     assert (spec.server.name, spec.server.port, spec.server.served_model_name) == ("tiny", port, "tiny")
     assert spec.server.args == {

@@ -38,9 +38,9 @@ EXPECTED = {
     "(a [table] header ends with ])",
     # unknown keys
     "unknown_top_level_section.toml": "unknown_top_level_section.toml:4: sever: unknown key, did you mean "
-    "server? (allowed: machine, gpu, cuda, apt, venv, model, api_key, server, front, health, extends)",
+    "server? (allowed: machine, gpu, cuda, apt, venv, model, api_key, server, front, health, deployments, extends)",
     "unknown_venv_key.toml": "unknown_venv_key.toml:3: venv.pakages: unknown key, did you mean packages? "
-    "(allowed: path, python, index_url, extra_index_urls, packages, wheelhouse, no_deps, "
+    "(allowed: path, python, index_url, extra_index_urls, packages, closure, wheelhouse, no_deps, "
     "system_site_packages, extra_site_packages, installer, store)",
     "unknown_apt_repository_key.toml": "unknown_apt_repository_key.toml:8: apt.repositories[0].keyrings: "
     "unknown key, did you mean keyring? "
@@ -513,7 +513,8 @@ def test_schema_text_lists_every_key_with_default_and_description() -> None:
             )
             if sub is not None:
                 many = "list" in str(ann)
-                out += keys(sub, f"{prefix}{name}{'[]' if many else ''}.")
+                keyed = str(ann).startswith("dict")  # [deployments.<name>]
+                out += keys(sub, f"{prefix}{name}{'[]' if many else ''}{'.<name>' if keyed else ''}.")
             else:
                 out.append(f"{prefix}{name} = ")
         return out

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 8's end-to-end run on an offline GPU lab machine (shared/gpu-lab/README.md), repeatable.
 # Needs: the vLLM 0.26.0 wheelhouse unpacked in /tmp/wheelhouse (gpu-lab/stage.sh), reconcile's
-# own extra wheels (tomlkit, deepdiff, orderly-set, tenacity; see README "GPU lab") in
+# own extra wheels (tomlkit, deepdiff, orderly-set, tenacity, uv; see README "GPU lab") in
 # $RECONCILE_WHEELS (default .whl/), and gpu-lab/make_tiny_model.py ($TINY_MODEL_SCRIPT).
 # usage: [GPU_LAB_TESTS='tests/x.py ...'] tools/gpu_lab.sh [extra pytest args]
 #        figures land in $OUT/gpu-lab*.json when $OUT is set

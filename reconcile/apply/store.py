@@ -52,7 +52,19 @@ def _wheelhouse(path: str | None) -> list[str]:
 
 def realization_inputs(venv: Venv) -> dict[str, Any]:
     """What a realization is addressed by: the interpreter, the package set (exact once `reconcile
-    lock` pins it), where packages come from (indexes, or the wheelhouse's files) and how it is built."""
+    lock` pins it), where packages come from (indexes, or the wheelhouse's files) and how it is built.
+    With the lock's closure (every distribution's version and file hashes) the content is fixed by it,
+    so where the files come from is left out: one lock gives one realization path on every machine."""
+    closure = list(getattr(venv, "closure", None) or [])
+    if closure:
+        return {
+            "python": _interpreter(venv.python),
+            "packages": sorted(venv.packages.items()),
+            "closure": sorted(closure),
+            "no_deps": venv.no_deps,
+            "system_site_packages": venv.system_site_packages,
+            "extra_site_packages": list(venv.extra_site_packages),
+        }
     return {
         "python": _interpreter(venv.python),
         "packages": sorted(venv.packages.items()),

@@ -159,7 +159,6 @@ def _server_sections(s: FoundServer) -> tomlkit.TOMLDocument:
         key.add("file", KEY_FILE)
         doc.add("api_key", key)
     server = _table(f"The `vllm serve` process: from pid {s.pid}'s command line (the key left out).")
-    server.add("name", name or "vllm")
     if s.venv is None:
         vllm = next((a for a in s.argv if os.path.basename(a) == "vllm"), "vllm")
         server.add(
@@ -174,7 +173,15 @@ def _server_sections(s: FoundServer) -> tomlkit.TOMLDocument:
     if s.env:
         server.add("env", _inline(s.env))
     doc.add("server", server)
-    return doc
+    # The spec's form for any number of deployments (docs/deployments.md): this one, named after it.
+    deployment = tomlkit.table(is_super_table=True)
+    for key, value in doc.items():
+        deployment.add(key, value)
+    deployments = tomlkit.table(is_super_table=True)
+    deployments.add(name or "vllm", deployment)
+    out = tomlkit.document()
+    out.add("deployments", deployments)
+    return out
 
 
 def render_spec(facts: MachineFacts, *, state_dir: str, manage_server: bool = False) -> str:

@@ -1,8 +1,10 @@
-"""`reconcile lock`: resolve what floats in a spec (package ranges, the model's branch) and write
-`specs/<name>.lock`, which `reconcile.spec.pins` reads back.
+"""`reconcile lock`: resolve what floats in a spec (the venv's whole dependency closure, the model's
+branch) and write `specs/<name>.lock`, which `reconcile.spec.pins` reads back.
 
-Called by the CLI's lock command. Package versions come from `pip index versions` against the
-spec's own sources (never a wheel download); the model's commit from the hub's API.
+Called by the CLI's lock command. The closure is uv's resolution (`uv pip compile --format
+pylock.toml --generate-hashes`, PEP 751) against the spec's own sources, for the venv's interpreter:
+every distribution at one version with the sha256 of each file it may come as, kept as pip's and uv's
+hash-checking requirement lines; the model's commit comes from the hub's API.
 """
 
 from __future__ import annotations
@@ -10,102 +12,155 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 from reconcile.record import Record
-from reconcile.safety.untrusted import load_json
-from reconcile.spec.pins import FORMAT, floating_model, floating_packages, lock_path, read_lock
+from reconcile.safety.names import LOCKED
+from reconcile.spec.pins import (
+    FORMAT,
+    closure_request,
+    floating_model,
+    floating_packages,
+    lock_path,
+    read_lock,
+)
 
 if TYPE_CHECKING:
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Model, Venv
+
+COMPILE_TIMEOUT_S = 900.0  # a cold resolution of vLLM's closure reads ~150 index pages
 
 
 def _redact(url: str) -> str:
     return re.sub(r"(://)[^/@\s]+@", r"\1***@", url)
 
 
-def index_args(venv: Venv) -> list[str]:
-    """Where pip looks, exactly as actions.venv installs: the wheelhouse offline, else the indexes."""
+def find_uv() -> str:
+    """uv: the operator's on PATH, else the one installed with reconcile (a dependency of it)."""
+    found = shutil.which("uv")
+    if found is not None:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        raise ReconcileError(
+            "reconcile lock resolves the closure with uv, and there is none: pip install uv"
+        ) from None
+
+
+def _source_args(venv: Venv) -> list[str]:
+    """Where uv looks, exactly as actions.venv installs: the wheelhouse offline, else the indexes."""
+    from actions.venv_index import index_urls
+
     if venv.wheelhouse is not None:
         return ["--no-index", "--find-links", venv.wheelhouse]
-    args = ["--index-url", venv.index_url] if venv.index_url else []
-    for url in venv.extra_index_urls:
+    index, extra, _ = index_urls(venv)
+    args = ["--index-url", index] if index else []
+    for url in extra:
         args += ["--extra-index-url", url]
-    return args
+    return args + (["--index-strategy", "unsafe-best-match"] if extra else [])
 
 
-def target_python(venv: Venv) -> str | None:
-    """major.minor of the venv's interpreter: wheels are picked for it, not for reconcile's own."""
-    from probes.venv import VenvObservation, read_venv
+def _sources(venv: Venv) -> list[str]:
+    if venv.wheelhouse:
+        return [venv.wheelhouse]
+    return [_redact(u) for u in ([venv.index_url] if venv.index_url else []) + venv.extra_index_urls]
 
-    seen = read_venv(venv.path)
-    if isinstance(seen, VenvObservation) and seen.version:
-        return ".".join(seen.version.split(".")[:2])
+
+def target_interpreter(venv: Venv) -> tuple[str, str, str]:
+    """(path, major.minor, platform) of the interpreter the venv is made from: the closure is resolved
+    for it (its markers and wheel tags), not for reconcile's own."""
+    found = venv.python if os.path.isabs(venv.python) else shutil.which(venv.python)
+    probe = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sysconfig.get_platform())"
     try:
-        done = run([venv.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=30)
+        done = run([found or venv.python, "-c", probe], timeout=30)
     except (ToolMissing, CommandTimeout):
-        return None
-    return done.stdout.strip() if done.ok and re.fullmatch(r"\d+\.\d+", done.stdout.strip()) else None
+        done = None
+    words = done.stdout.split() if done is not None and done.ok else []
+    if found is None or len(words) != 2 or not re.fullmatch(r"\d+\.\d+", words[0]):
+        raise ReconcileError(
+            f"[venv].python = {venv.python!r} does not run here: the closure is locked for the venv's "
+            "interpreter, so run `reconcile lock` where it is installed (the target machine, or one like it)"
+        )
+    return os.path.realpath(found), words[0], words[1]
 
 
-def available_versions(venv: Venv, name: str, python: str | None) -> list[str]:
-    """Every version the spec's index (or wheelhouse) offers, from `pip index versions --pre`: it reads
-    only the index page, never downloads a wheel (a vLLM wheel is hundreds of MB)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "pip",
-        "index",
-        "versions",
-        name,
-        "--pre",
-        "--disable-pip-version-check",
-        *(["--python-version", python] if python else []),
-        *index_args(venv),
-    ]
-    env = {**os.environ, "PIP_NO_INPUT": "1", "NO_COLOR": "1"}
-    try:
-        done = run([*argv, "--json"], env=env, timeout=180)
-        if not done.ok and "no such option: --json" in done.stderr:  # pip < 23.3
-            done = run(argv, env=env, timeout=180)
-    except (ToolMissing, CommandTimeout) as exc:
-        raise ReconcileError(_redact(f"pip index versions {name}: {exc}")) from None
+def parse_pylock(text: str) -> list[str]:
+    """uv's PEP 751 `pylock.toml` answer as one `name==version --hash=sha256:...` line per
+    distribution: the sha256 of every wheel and sdist it lists for that version."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        doc: dict[str, Any] = tomllib.loads(text)
+    else:  # 3.10: the spec's own TOML parser
+        import tomlkit
+
+        doc = tomlkit.parse(text).unwrap()
+    entries = []
+    for package in doc.get("packages") or []:
+        files = [*(package.get("wheels") or []), *([package["sdist"]] if package.get("sdist") else [])]
+        hashes = sorted(
+            {f"--hash=sha256:{f['hashes']['sha256']}" for f in files if "sha256" in f.get("hashes", {})}
+        )
+        entry = " ".join([f"{_norm(str(package.get('name')))}=={package.get('version')}", *hashes])
+        if not package.get("version") or not re.fullmatch(LOCKED, entry):
+            raise ReconcileError(
+                f"uv's resolution has {package.get('name')} {package.get('version') or '(no version)'} "
+                "without sha256 hashes: a direct URL, a directory or a source without hashes cannot be locked"
+            )
+        entries.append(entry)
+    return sorted(entries)
+
+
+def compile_closure(venv: Venv, python: str) -> list[str]:
+    """The closure of the spec's packages, resolved by uv for interpreter `python` (no wheel installed,
+    wheels are read only as far as uv needs their metadata and hashes)."""
+    from actions.venv_index import index_urls, netrc_env
+
+    uv = find_uv()
+    with tempfile.TemporaryDirectory(prefix="reconcile-lock-") as tmp:
+        wanted = os.path.join(tmp, "requirements.in")
+        text = "".join(f"{n}{'' if s == '*' else s}\n" for n, s in venv.packages.items())
+        atomic_write(wanted, text.encode(), mode=0o600)
+        argv = [
+            uv, "pip", "compile", wanted, "--format", "pylock.toml", "--generate-hashes",
+            "--python", python, "--no-header", "--no-progress", "--color", "never",
+            "--refresh",  # what the sources offer today, not uv's cached index pages (revalidated)
+            *(["--no-deps"] if venv.no_deps else []), *_source_args(venv),
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        with netrc_env(index_urls(venv)[2] if venv.wheelhouse is None else []) as netrc:
+            try:
+                done = run(argv, env={**env, **netrc, "NO_COLOR": "1"}, timeout=COMPILE_TIMEOUT_S)
+            except (ToolMissing, CommandTimeout) as exc:
+                raise ReconcileError(_redact(f"uv pip compile: {exc}")) from None
     if not done.ok:
-        tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
+        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
         raise ReconcileError(
             _redact(
-                f"pip index versions {name} ({' '.join(index_args(venv)) or 'pip config'}):"
-                f" {tail or f'exit {done.returncode}'}"
+                f"uv pip compile ({', '.join(_sources(venv)) or 'the configured index'}) found no "
+                f"closure for {', '.join(f'{n}{s}' for n, s in venv.packages.items())}: "
+                + (" ".join(lines[-4:]) or f"exit {done.returncode}")
             )
         )
-    text = done.stdout.strip()
-    if text.startswith("{"):
-        return [str(v) for v in load_json(text).get("versions", [])]
-    m = re.search(r"^Available versions: (.*)$", text, re.M)
-    if m is None:
-        raise ReconcileError(f"pip index versions {name}: unexpected output: {text[:200]}")
-    return [v.strip() for v in m.group(1).split(",") if v.strip()]
+    return parse_pylock(done.stdout)
 
 
-def best_version(specifier: str, versions: list[str]) -> str | None:
-    """The highest version pip would install for `specifier` (pre-releases only when it names one,
-    or when nothing else matches: packaging's rule, which pip follows)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
+def _versions(lines: list[str]) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in (re.fullmatch(LOCKED, ln) for ln in lines) if m}
 
-    parsed = []
-    for v in versions:
-        try:
-            parsed.append(Version(v))
-        except InvalidVersion:
-            continue
-    matching = list(SpecifierSet("" if specifier.strip() == "*" else specifier).filter(parsed))
-    return str(max(matching)) if matching else None
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def resolve_model(model: Model) -> str:
@@ -126,36 +181,67 @@ class LockResult(Record):
     lines: tuple[str, ...]  # one per pin: what floats -> what it is now
 
 
+def _closure_lines(old: list[str], new: list[str]) -> list[str]:
+    """What moved in the closure: `name 1.0 -> 1.1`, `+ name 2.0`, `- name 1.0`, or a hash changed."""
+    was, now = _versions(old), _versions(new)
+    moved = [f"  {n} {was[n]} -> {now[n]}" for n in sorted(set(was) & set(now)) if was[n] != now[n]]
+    moved += [f"  + {n} {now[n]}" for n in sorted(set(now) - set(was))]
+    moved += [f"  - {n} {was[n]}" for n in sorted(set(was) - set(now))]
+    same_version = {ln.split(" ", 1)[0] for ln in old} & {ln.split(" ", 1)[0] for ln in new}
+    rehashed = sorted({ln.split(" ", 1)[0] for ln in set(new) - set(old)} & same_version)
+    moved += [f"  {pin}: other file hashes" for pin in rehashed]
+    return moved
+
+
 def make_lock(loaded: LoadedSpec) -> LockResult:
     """Resolve what floats in `loaded` (the spec as written, without the lock) and write the lock."""
     spec, path = loaded.spec, lock_path(loaded)
+    if (loaded.resolved.get("venv") or {}).get("closure"):
+        raise ReconcileError(
+            f"{loaded.files[0] if loaded.files else loaded.path}: [venv].closure is written by "
+            f"`reconcile lock` into {os.path.basename(path)}, not in a spec: remove it"
+        )
     try:
         old = read_lock(path) or {}
     except ReconcileError:
         old = {"damaged": True}  # rewritten below: `reconcile lock` is how a damaged lock is repaired
-    floating = floating_packages(spec)
     packages: dict[str, dict[str, Any]] = {}
+    closure: dict[str, Any] | None = None
     lines: list[str] = []
-    if floating and spec.venv is not None:
-        venv, python = spec.venv, target_python(spec.venv)
-        source = (
-            [venv.wheelhouse]
-            if venv.wheelhouse
-            else [_redact(u) for u in ([venv.index_url] if venv.index_url else []) + venv.extra_index_urls]
-        )
-        for name, specifier in floating.items():
-            version = best_version(specifier, available_versions(venv, name, python))
-            if version is None:
+    resolver = None
+    if spec.venv is not None and spec.venv.packages:
+        venv = spec.venv
+        interpreter, python, platform = target_interpreter(venv)
+        started = time.monotonic()
+        requirements = compile_closure(venv, interpreter)
+        took = time.monotonic() - started
+        versions = _versions(requirements)
+        closure = {
+            "for": closure_request(venv),
+            "python": python,
+            "platform": platform,
+            "from": _sources(venv),
+            "requirements": requirements,
+        }
+        for name, specifier in floating_packages(spec).items():
+            version = versions.get(_norm(name))
+            if version is None:  # uv resolved it, so only a name uv spells otherwise
                 raise ReconcileError(
-                    f"[venv].packages.{name} = {specifier!r}: no version on "
-                    f"{', '.join(source) or 'the configured index'} matches"
-                    + (f" for Python {python}" if python else "")
+                    f"[venv].packages.{name}: not in uv's resolution; name it as the index does"
                 )
-            packages[name] = {"specifier": specifier, "version": version, "from": source}
+            packages[name] = {"specifier": specifier, "version": version, "from": _sources(venv)}
             was = (old.get("packages") or {}).get(name, {}).get("version")
             lines.append(
                 f"{name} {specifier} -> {version}" + (f" (was {was})" if was and was != version else "")
             )
+        old_closure = (old.get("closure") or {}).get("requirements") or []
+        lines.append(
+            f"closure: {len(requirements)} distributions with sha256 hashes for Python {python} {platform} "
+            f"(uv, {took:.1f} s)"
+        )
+        if old_closure:
+            lines += _closure_lines(old_closure, requirements)
+        resolver = uv_version()
     model: dict[str, Any] | None = None
     if floating_model(spec):
         assert spec.model is not None and spec.model.repo is not None
@@ -166,16 +252,26 @@ def make_lock(loaded: LoadedSpec) -> LockResult:
             f"model {spec.model.repo}@{spec.model.revision} -> {commit[:12]}"
             + (f" (was {was[:12]})" if was and was != commit else "")
         )
-    if not packages and model is None and not old:
+    if not packages and closure is None and model is None and not old:
         return LockResult(path, False, ())  # nothing floats and no lock to empty: none is needed
     body = {
         "format": FORMAT,
         "spec": os.path.basename(loaded.files[0] if loaded.files else loaded.path),
         "packages": packages,
+        "closure": closure,
         "model": model,
     }
     same = {k: old.get(k) for k in body} == body
     if not same:
         body["resolved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        body["resolver"] = resolver
         atomic_write(path, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode(), mode=0o644)
     return LockResult(path, not same, tuple(lines))
+
+
+def uv_version() -> str | None:
+    try:
+        done = run([find_uv(), "--version"], timeout=30)
+    except (ToolMissing, CommandTimeout, ReconcileError):
+        return None
+    return done.stdout.strip() or None if done.ok else None

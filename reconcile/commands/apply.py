@@ -35,6 +35,10 @@ def cmd_apply(args: Args) -> int:
             report = apply_plan_file(args.planfile, lock_timeout=args.lock_timeout)
         else:
             loaded = load_spec(args)
+            if getattr(loaded.spec, "deployments", None) or getattr(args, "deployment", None):
+                from reconcile.commands.deployments import cmd_apply_all
+
+                return cmd_apply_all(args, loaded)
             if getattr(args, "reset_crash_loop", False) and loaded.spec.server is not None:
                 from actions.launching import reset_crash_loop
 

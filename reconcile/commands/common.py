@@ -114,9 +114,24 @@ def record_run(
         print(f"reconcile: warning: could not write the run report: {exc}", file=sys.stderr)
 
 
-def spec_state_dir(args: Args) -> str:
-    """The spec's state_dir, without the lock: a damaged lock must not keep a person from pausing."""
+def spec_state_dir(args: Args, *, one: bool = False) -> str:
+    """The spec's state_dir, without the lock: a damaged lock must not keep a person from pausing. With
+    [deployments]: the named deployment's (`one`: a deployment must be named), else the machine's."""
     from reconcile.spec.cache import load
     from reconcile.spec.loader import find_spec
 
-    return load(find_spec(args.spec)).spec.machine.state_dir
+    loaded = load(find_spec(args.spec))
+    if not getattr(loaded.spec, "deployments", None) and getattr(args, "deployment", None) is None:
+        return loaded.spec.machine.state_dir
+    from reconcile.spec.deployments import chosen
+
+    name = getattr(args, "deployment", None)
+    if name is None and not one:  # pause, resume: the machine's (every deployment's) scheduled applies
+        return loaded.spec.machine.state_dir
+    every = chosen(loaded, name)
+    if len(every) > 1:
+        names = ", ".join(d.name for d in every)
+        raise ReconcileError(
+            f"{loaded.path} has several deployments ({names}): name one with --deployment NAME"
+        )
+    return every[0].loaded.spec.machine.state_dir

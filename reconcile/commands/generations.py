@@ -15,13 +15,33 @@ if TYPE_CHECKING:
 def cmd_history(args: Args) -> int:
     from reconcile.apply.history import render_history
 
-    return render_history(spec_state_dir(args), sys.stdout)
+    if getattr(args, "deployment", None) is None:
+        every = _every_deployment(args)
+        if every is not None:  # a spec with [deployments]: each one's generations, by name
+            codes = []
+            for name, state_dir in every:
+                sys.stdout.write(f"── deployment {name}\n")
+                codes.append(render_history(state_dir, sys.stdout))
+            return max(codes)
+    return render_history(spec_state_dir(args, one=True), sys.stdout)
+
+
+def _every_deployment(args: Args) -> list[tuple[str, str]] | None:
+    from reconcile.spec.cache import load
+    from reconcile.spec.loaded import find_spec
+
+    loaded = load(find_spec(args.spec))
+    if not getattr(loaded.spec, "deployments", None):
+        return None
+    from reconcile.spec.deployments import deployments
+
+    return [(d.name, d.loaded.spec.machine.state_dir) for d in deployments(loaded)]
 
 
 def cmd_diff(args: Args) -> int:
     from reconcile.apply.history import render_diff
 
-    return render_diff(spec_state_dir(args), args.a, args.b, sys.stdout)
+    return render_diff(spec_state_dir(args, one=True), args.a, args.b, sys.stdout)
 
 
 def cmd_rollback(args: Args) -> int:
@@ -31,7 +51,9 @@ def cmd_rollback(args: Args) -> int:
     def ask(old: LoadedSpec) -> None:  # on a terminal: generation N's plan shown, then only `yes`
         ask_approval(args, old, "rollback")
 
-    loaded = load_spec(args)
+    from reconcile.commands.deployments import one_deployment
+
+    loaded = one_deployment(args, load_spec(args))
     with showing(sys.stderr, quiet=False) as progress:
         target, report = rollback(
             loaded, args.generation, lock_timeout=args.lock_timeout, progress=progress, approve=ask
@@ -46,8 +68,9 @@ def cmd_gc(args: Args) -> int:
     from reconcile.apply.gc import collect
     from reconcile.apply.lock import apply_lock
     from reconcile.apply.store import store_of
+    from reconcile.commands.deployments import one_deployment
 
-    loaded = load_spec(args)
+    loaded = one_deployment(args, load_spec(args))
     store = store_of(loaded.spec.venv)
     if store is None or loaded.spec.venv is None:
         print(f"{loaded.path}: no [venv] store: nothing to collect")

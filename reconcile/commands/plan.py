@@ -25,6 +25,10 @@ def cmd_plan(args: Args) -> int:
         if reported:
             record_failure(args, "plan", started, None, exc)
         raise
+    if getattr(loaded.spec, "deployments", None) or getattr(args, "deployment", None):
+        from reconcile.commands.deployments import cmd_plan_all
+
+        return cmd_plan_all(args, loaded)
     loaded, held = with_hold(loaded)
     plan = make_plan(loaded)
     if held:

@@ -259,11 +259,21 @@ def run_check(loaded: LoadedSpec, stream: TextIO) -> int:
 
 
 def cmd_status(args: Args) -> int:
-    loaded, held = with_hold(load_spec(args))
+    loaded = load_spec(args)
+    if getattr(loaded.spec, "deployments", None) or getattr(args, "deployment", None):
+        from reconcile.commands.deployments import status_all
+
+        return status_all(args, loaded, sys.stdout)
+    loaded, held = with_hold(loaded)
     report = status_of(loaded)
     render_status(report, sys.stdout, as_json=args.json, notes=held)
     return report.exit_code
 
 
 def cmd_check(args: Args) -> int:
-    return run_check(with_hold(load_spec(args))[0], sys.stdout)
+    loaded = load_spec(args)
+    if getattr(loaded.spec, "deployments", None) or getattr(args, "deployment", None):
+        from reconcile.commands.deployments import check_all
+
+        return check_all(args, loaded, sys.stdout)
+    return run_check(with_hold(loaded)[0], sys.stdout)

@@ -93,7 +93,18 @@ def check_spec(path: str, root: str) -> SpecVerdict:
     except ReconcileError as exc:
         return SpecVerdict(path, str(exc), ())
     nothing_probed = Observed()
-    found = findings_for(loaded.spec, nothing_probed, within=root)
+    found = list(findings_for(loaded.spec, nothing_probed, within=root))
+    if getattr(loaded.spec, "deployments", None):  # each deployment's rules, then those across them
+        from reconcile.preflight.deployments import cross_findings
+        from reconcile.spec.deployments import deployments
+
+        every = deployments(loaded)
+        for d in every:
+            found += [
+                f._replace(message=f"[{d.name}] {f.message}")
+                for f in findings_for(d.loaded.spec, nothing_probed, within=root)
+            ]
+        found += cross_findings(every)
     return SpecVerdict(path, None, tuple(f for f in found if f.rule not in MACHINE_RULES))
 
 

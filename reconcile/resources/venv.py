@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 from probes.common import Absent, Invalid, ProbeFailure
 from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
@@ -88,28 +89,53 @@ def plan_venv_packages(spec: Spec, obs: Observed) -> Item | None:
 
     v = obs.venv
     installed = v if isinstance(v, VenvObservation) else None
+    named = {_norm(k) for k in spec.venv.packages}
     wanted: dict[str, str] = {}
     diffs: list[FieldDiff] = []
-    for name, spec_text in spec.venv.packages.items():
+    locked = closure_pins(spec.venv)
+    for name, spec_text in {**locked, **spec.venv.packages}.items():
+        if name in locked and _norm(name) in named and name not in spec.venv.packages:
+            continue  # the spec names it (perhaps spelt otherwise): its own line says what it needs
         have = installed.version_of(name) if installed else None
         if not _satisfies(have, spec_text):
             wanted[name] = spec_text
             diffs.append(FieldDiff(name, have, spec_text))
     _answers().save()
     n = len(spec.venv.packages)
+    locked_note = f"; {len(locked)} locked with hashes" if locked else ""
     if not wanted:
         assert installed is not None
         shown = ", ".join(f"{k} {installed.version_of(k)}" for k in list(spec.venv.packages)[:3])
-        return ok(f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''})")
+        return ok(
+            f"{n} package{'s' if n != 1 else ''} satisfied ({shown}{', …' if n > 3 else ''}){locked_note}"
+        )
     kind: ChangeKind = Action.CREATE if all(d.old is None for d in diffs) else Action.CHANGE
-    shown = ", ".join(f"{k}{'' if s == '*' else s}" for k, s in wanted.items())
+    own = [k for k in wanted if k in spec.venv.packages]
+    rest = [k for k in wanted if k not in spec.venv.packages]
+    listed = own + rest if len(rest) <= 3 else own
+    shown = ", ".join(f"{k}{'' if wanted[k] == '*' else wanted[k]}" for k in listed)
+    if len(rest) > 3:
+        shown += f"{', ' if own else ''}{len(rest)} more from the lock"
     return change(
         kind,
         f"install {shown}",
-        f"{len(wanted)} of {n} packages missing or not satisfying the spec",
+        f"{len(wanted)} of {len(set(locked) | {_norm(k) for k in spec.venv.packages})} packages missing "
+        f"or not satisfying the {'lock' if locked else 'spec'}",
         tuple(diffs),
         params={"packages": wanted},
     )
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def closure_pins(venv: Venv) -> dict[str, str]:
+    """{name: "==version"} of every distribution the lock's closure holds (empty without one)."""
+    from reconcile.safety.names import LOCKED
+
+    found = (re.match(LOCKED, line) for line in getattr(venv, "closure", None) or ())
+    return {m.group(1): f"=={m.group(2)}" for m in found if m}
 
 
 def _satisfies(version: str | None, spec_text: str) -> bool:

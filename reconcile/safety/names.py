@@ -7,6 +7,11 @@ from __future__ import annotations
 import os
 import re
 
+# One distribution of a locked closure (a lock file is data from outside), as pip's and uv's
+# hash-checking mode read it: `name==version --hash=sha256:<64 hex> ...`.
+LOCKED = (
+    r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9.+!_-]+)((?: --hash=sha256:[0-9a-f]{64})+)"
+)
 # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader (a unit, an
 # EnvironmentFile, cron, apt, a terminal). And the invisible format characters that change what a
 # terminal or a reviewer sees without showing themselves: the bidi marks, embeddings, overrides and

@@ -128,6 +128,11 @@ def show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _model_of(ann: Any) -> type:
+    """The model a dict's values are (a [deployments.<name>] table), else `object`."""
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else object
+
+
 def schema_text() -> str:
     """Every section.key with its type, default and meaning (`reconcile schema`)."""
     out = [
@@ -143,9 +148,10 @@ def schema_text() -> str:
         for name, field in cls.model_fields.items():
             ann = unwrap(field.annotation, [])[0]
             many = get_origin(ann) is list
-            sub = get_args(ann)[0] if many else ann
+            keyed = get_origin(ann) is dict and issubclass(_model_of(get_args(ann)[1]), BaseModel)
+            sub = get_args(ann)[0] if many else _model_of(get_args(ann)[1]) if keyed else ann
             if isinstance(sub, type) and issubclass(sub, BaseModel):
-                sections.append((name, field, sub, many))
+                sections.append((name + (".<name>" if keyed else ""), field, sub, many))
                 continue
             default = field.get_default(call_default_factory=True)
             shown = "(required)" if field.is_required() else "(unset)" if default is None else show(default)

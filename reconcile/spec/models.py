@@ -35,6 +35,7 @@ from reconcile.spec.values import (
     apt_word,
     env_name,
     flag_names,
+    locked_line,
     no_bool,
     own_dir,
     package_name,
@@ -105,6 +106,11 @@ GpuArch = Annotated[
 def _at(key: str, message: str) -> PydanticCustomError:
     """A model-level error pinned to one of the model's keys (the loader reports that key's line)."""
     return PydanticCustomError("spec", message, {"at": tuple(key.split("."))})
+
+
+def _at_parts(parts: tuple[str | int, ...], message: str) -> PydanticCustomError:
+    """`_at` for a key whose parts may hold dots (a deployment's name)."""
+    return PydanticCustomError("spec", message, {"at": parts})
 
 
 class _Model(BaseModel):
@@ -219,6 +225,17 @@ class Venv(_Model):
         dict[PackageName, VersionSpec],
         Expect("a table", 'name = "version specifier" pairs, e.g. { vllm = ">=0.26", ninja = "*" }'),
     ] = Field(default_factory=dict, description='Distribution -> version specifier ("*" for any).')
+    closure: list[
+        Annotated[
+            str,
+            AfterValidator(locked_line),
+            Expect("a locked distribution", '"name==version --hash=sha256:<64 hex>"'),
+        ]
+    ] = Field(
+        default_factory=list,
+        description="Not written in a spec: plan and apply fill it in from the lock file (`reconcile lock`): "
+        "every distribution of the dependency closure, installed with hash checking.",
+    )
     wheelhouse: ReadPath | None = Field(
         None, description="Install offline from this directory (--no-index --find-links)."
     )
@@ -373,6 +390,50 @@ class Health(_Model):
     )
 
 
+DeploymentName = Annotated[
+    str,
+    Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
+    Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first"),
+]
+GpuIndex = Annotated[int, BeforeValidator(no_bool), Field(ge=0), Expect("a GPU index", "an integer from 0")]
+
+
+class DeploymentServer(Server):
+    # Filled in with the deployment's name before validation (Spec._deployment_names): editors
+    # (`reconcile schema --json`) must not ask for it.
+    name: Annotated[
+        str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
+    ] = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Server name (marker, unit); default: the deployment's name.",
+    )
+
+
+class Deployment(_Model):
+    venv: Venv | None = Field(None, description="Its Python environment (None: the machine's [venv]).")
+    model: Model | None = Field(None, description="Its model's files and config.json patch.")
+    api_key: ApiKey | None = Field(None, description="Its API key file (None: the machine's [api_key]).")
+    server: DeploymentServer = Field(
+        description="Its `vllm serve` process (name: the deployment's by default)."
+    )
+    gpus: list[GpuIndex] | None = Field(
+        None,
+        description="The GPUs it may use, by index (CUDA_VISIBLE_DEVICES); None: every GPU. The preflight "
+        "sums the gpu-memory-utilization of every deployment placed on a GPU.",
+    )
+
+    @model_validator(mode="after")
+    def _gpus(self) -> Deployment:
+        if self.gpus is not None and len(set(self.gpus)) != len(self.gpus):
+            raise _at("gpus", f"{self.gpus} names a GPU twice (each index once)")
+        if self.gpus is not None and "CUDA_VISIBLE_DEVICES" in self.server.env:
+            raise _at(
+                "server.env.CUDA_VISIBLE_DEVICES", "is set with gpus too (give the GPUs once: gpus = [...])"
+            )
+        return self
+
+
 class Spec(_Model):
     machine: Machine = Field(default_factory=Machine, description="Which machine, and where state lives.")
     gpu: Gpu | None = Field(None, description="GPUs and driver.")
@@ -384,9 +445,32 @@ class Spec(_Model):
     server: Server | None = Field(None, description="The `vllm serve` process.")
     front: Front | None = Field(None, description="HAProxy in front of the server (blue/green switches).")
     health: Health = Field(default_factory=Health, description="Health checks.")
+    deployments: dict[DeploymentName, Deployment] = Field(
+        default_factory=dict,
+        description="Several deployments on this machine, by name: each its own [venv] (or the machine's), "
+        "[model], [api_key] (or the machine's), [server] and gpus. Without it, [model] and [server] are "
+        'the one deployment, "default".',
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deployment_names(cls, data: Any) -> Any:
+        """A deployment's server is named after the deployment unless it says otherwise."""
+        deployments = data.get("deployments") if isinstance(data, dict) else None
+        if not isinstance(deployments, dict):
+            return data
+        named = {}
+        for key, table in deployments.items():
+            server = table.get("server") if isinstance(table, dict) else None
+            if isinstance(server, dict) and "name" not in server:
+                table = {**table, "server": {"name": key, **server}}
+            named[key] = table
+        return {**data, "deployments": named}
 
     @model_validator(mode="after")
     def _server_needs(self) -> Spec:
+        if self.deployments:
+            return self._deployments_need()
         if self.server is not None and self.server.executable is None and self.venv is None:
             raise _at("server", "nothing to run (set executable, or add a [venv] holding vllm)")
         if self.server is not None and self.server.model is None and self.model is None:
@@ -397,4 +481,37 @@ class Spec(_Model):
             ports = self.front.ports or [self.server.port + 1, self.server.port + 2]
             if len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports or max(ports) > 65535:
                 raise _at("front.ports", "two different ports, neither of them [server] port: [8001, 8002]")
+        return self
+
+    def _deployments_need(self) -> Spec:
+        for section in ("model", "server"):
+            if getattr(self, section) is not None:
+                raise _at(
+                    section, "is set beside [deployments.*] (move it into a [deployments.<name>] table)"
+                )
+        names: dict[str, str] = {}
+        for key, d in self.deployments.items():
+            if d.server.executable is None and d.venv is None and self.venv is None:
+                raise _at_parts(
+                    ("deployments", key, "server"),
+                    "nothing to run (set executable, or add a [venv] holding vllm)",
+                )
+            if d.server.model is None and d.model is None:
+                raise _at_parts(
+                    ("deployments", key, "server"), "nothing to serve (set model, or add its [model] table)"
+                )
+            if d.server.name in names:
+                raise _at_parts(
+                    ("deployments", key, "server", "name"),
+                    f"{quoted(d.server.name)} is deployment {names[d.server.name]}'s server name too "
+                    "(one name each)",
+                )
+            names[d.server.name] = key
+            count = self.gpu.count if self.gpu is not None else None
+            for n, index in enumerate(d.gpus or ()):
+                if count is not None and index >= count:
+                    raise _at_parts(
+                        ("deployments", key, "gpus", n),
+                        f"GPU {index} is not on this machine ([gpu] count = {count}: 0-{count - 1})",
+                    )
         return self

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
-from reconcile.safety.names import name_problem
+from reconcile.safety.names import LOCKED, name_problem
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 DURATION_PATTERN = _DURATION.pattern
@@ -157,6 +157,15 @@ def specifier(value: str) -> str:
 def package_name(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
         raise ValueError(f"{quoted(value)} is not a package name (letters, digits, '.', '_', '-')")
+    return value
+
+
+def locked_line(value: str) -> str:
+    if not re.fullmatch(LOCKED, value):
+        raise ValueError(
+            f"{quoted(value)} is not a locked distribution (name==version --hash=sha256:<64 hex>): "
+            "run `reconcile lock` to write the lock again"
+        )
     return value
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from reconcile.host import atomic_write
 from reconcile.plan.records import Result
@@ -35,8 +35,9 @@ def _num(value: float | int | bool) -> str:
 
 
 class _Text:
-    def __init__(self) -> None:
+    def __init__(self, base: Mapping[str, object] | None = None) -> None:
         self.lines: list[str] = []
+        self.base = base or {}  # labels every sample carries (a deployment's name)
 
     def metric(
         self,
@@ -47,13 +48,14 @@ class _Text:
     ) -> None:
         self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for labels, value in samples:
+            labels = {**self.base, **labels}
             shown = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
             self.lines.append(f"{name}{{{shown}}} {_num(value)}" if shown else f"{name} {_num(value)}")
 
 
 def render_textfile(record: Mapping[str, Any]) -> str:
     """The metrics of one run, in the Prometheus text exposition format (0.0.4)."""
-    t = _Text()
+    t = _Text({"deployment": record["deployment"]} if record.get("deployment") is not None else None)
     g = "gauge"
     t.metric(
         "reconcile_last_run_timestamp_seconds",
@@ -173,9 +175,31 @@ def previous_from_textfile(path: str) -> dict[str, Any]:
     return out
 
 
-def write_textfile(path: str, record: Mapping[str, Any]) -> None:
-    """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.reconcile-PID-XXXX.tmp`."""
+def render_textfiles(records: Sequence[Mapping[str, Any]]) -> str:
+    """Several deployments' runs in one file: each metric's HELP and TYPE once, then every deployment's
+    samples (labelled by deployment), as the exposition format wants a family together."""
+    families: dict[str, list[str]] = {}
+    for record in records:
+        name = ""
+        for line in render_textfile(record).splitlines():
+            if line.startswith("# HELP "):
+                name = line.split(" ", 3)[2]
+                if name in families:
+                    continue
+                families[name] = [line]
+            elif line.startswith("# TYPE "):
+                if len(families[name]) == 1:
+                    families[name].append(line)
+            else:
+                families[name].append(line)
+    return "".join(line + "\n" for lines in families.values() for line in lines)
+
+
+def write_textfile(path: str, record: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+    """Atomically: node_exporter reads only *.prom, and the temp file is `.NAME.reconcile-PID-XXXX.tmp`.
+    A list: every deployment's run in the one file."""
     directory = os.path.dirname(os.path.abspath(path))
     ensure_dir(directory, 0o755)  # node_exporter (often nobody) must reach it under our 077 umask
     statefiles.clear_non_file(path)  # rename() cannot replace a directory
-    atomic_write(path, render_textfile(record).encode(), mode=0o644)
+    text = render_textfile(record) if isinstance(record, Mapping) else render_textfiles(record)
+    atomic_write(path, text.encode(), mode=0o644)

@@ -110,6 +110,50 @@ def on_stop(stop: threading.Event) -> None:
         signal.signal(signal.SIGINT, lambda *_: stop.set())
 
 
+GPU_GIB = 139.8  # an H200 as vLLM reports it
+
+
+def claim_gpu(hold: str, rank: int, util: float) -> list | str:
+    """Take `util` of fake GPU `rank` as vLLM's worker does (vllm/v1/worker/gpu_worker.py): it refuses to
+    start when less than gpu-memory-utilization x total is free. Each holder keeps a shared flock on
+    cuda<rank>.lock (held while any process holds the GPU) and an exclusive one on its own claim file
+    holding its fraction; returns the open files to keep, or vLLM's error line."""
+    with open(os.path.join(hold, f"cuda{rank}.admit"), "a") as admit:
+        fcntl.flock(admit, fcntl.LOCK_EX)  # one admission at a time: the sum and the claim together
+        used = 0.0
+        for name in os.listdir(hold):
+            if not name.startswith(f"cuda{rank}.claim."):
+                continue
+            other = os.path.join(hold, name)
+            with open(other, "a+") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # a live holder
+                    f.seek(0)
+                    used += float(f.read().strip() or "0.9")
+                    continue
+            os.unlink(other)  # its holder is gone
+        if used + util > 1.0 + 1e-9:
+            free = GPU_GIB * max(0.0, 1.0 - used)
+            return (
+                f"ValueError: Free memory on device cuda:{rank} ({free:.1f}/{GPU_GIB} GiB) on startup is "
+                f"less than desired GPU memory utilization ({util}, {util * GPU_GIB:.1f} GiB). Decrease GPU "
+                "memory utilization or reduce GPU memory used by other processes."
+            )
+        gpu = open(os.path.join(hold, f"cuda{rank}.lock"), "a+")  # noqa: SIM115 - held for life, like GPU memory
+        fcntl.flock(gpu, fcntl.LOCK_SH)
+        if used == 0.0:  # the first holder names itself
+            gpu.truncate(0)
+            gpu.write(f"{os.getpid()}\n")
+            gpu.flush()
+        mine = open(os.path.join(hold, f"cuda{rank}.claim.{os.getpid()}"), "a+")  # noqa: SIM115
+        fcntl.flock(mine, fcntl.LOCK_EX)
+        mine.truncate(0)
+        mine.write(f"{util}\n")
+        mine.flush()
+        return [gpu, mine]
+
+
 def child_main(argv: list) -> None:
     """EngineCore (holds cuda:0 at TP 1, else starts Worker_TP<i>) or a worker holding cuda:<rank>."""
     title, ready_fd = argv[0], int(argv[2])
@@ -125,27 +169,18 @@ def child_main(argv: list) -> None:
     ok = True
     if title == "VLLM::EngineCore" and tp > 1:
         for i in range(tp):
-            proc, ready = spawn(f"VLLM::Worker_TP{i}", ["--tp", str(tp), "--rank", str(i), "--port", port])
+            extra = ["--tp", str(tp), "--rank", str(i), "--port", port, "--util", opts.get("--util", "0.9")]
+            proc, ready = spawn(f"VLLM::Worker_TP{i}", extra)
             workers.append(proc)
             ok = ok and ready
     else:
-        path = os.path.join(hold_dir(port), f"cuda{rank}.lock")
-        f = open(path, "a+")  # noqa: SIM115 - held for the life of the process, like GPU memory
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            f.truncate(0)
-            f.write(f"{os.getpid()}\n")
-            f.flush()
-            locks.append(f)
-        except BlockingIOError:
+        claim = claim_gpu(hold_dir(port), rank, float(opts.get("--util", "0.9")))
+        if isinstance(claim, str):
             log("ERROR", "core.py:708", "EngineCore failed to start.", who)
-            print(
-                f"ValueError: Free memory on device cuda:{rank} (1.2/139.8 GiB) on startup is less than "
-                "desired GPU memory utilization (0.9, 125.8 GiB). Decrease GPU memory utilization or "
-                "reduce GPU memory used by other processes.",
-                flush=True,
-            )
+            print(claim, flush=True)
             ok = False
+        else:
+            locks += claim
     child_port = os.environ.get("FAKE_VLLM_CHILD_PORT")  # an engine-side socket, like its ZMQ ports
     if ok and child_port and title == "VLLM::EngineCore":
         import socket
@@ -181,7 +216,8 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         shown["api_key"] = "(secret)"
     log("INFO", "utils.py:253", f"non-default args: {shown}")
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
-    engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port)])
+    util = getattr(args, "gpu_memory_utilization", None) or 0.9
+    engine, ready = spawn("VLLM::EngineCore", ["--tp", str(tp), "--port", str(port), "--util", str(util)])
     state.engine_pid = engine.pid  # type: ignore[attr-defined]
     log(
         "INFO",

@@ -124,7 +124,8 @@ ansible_facts:
   contains:
     reconcile:
       description: gpus (index, name, compute_capability, memory_total), vllm_version, model_commit,
-        generation, converged, spec.
+        generation, converged, spec; for a spec with [deployments], also deployments (by name, each
+        its vllm_version, model_commit, generation and converged).
       type: dict
 """
 
@@ -143,6 +144,14 @@ def _data(stdout: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def each(data: dict[str, Any] | None) -> list[tuple[str | None, dict[str, Any] | None]]:
+    """(deployment, its output) for a spec with [deployments]; (None, the output) otherwise."""
+    deployments = (data or {}).get("deployments")
+    if isinstance(deployments, dict) and deployments:
+        return [(name, d if isinstance(d, dict) else None) for name, d in deployments.items()]
+    return [(None, data)]
 
 
 def _plan_of(data: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -185,6 +194,19 @@ def first_error(data: dict[str, Any] | None, stderr: str) -> str:
 
 
 def facts(data: dict[str, Any] | None, spec: str) -> dict[str, Any]:
+    parts = each(data)
+    if parts[0][0] is None:
+        return _facts(data, spec)
+    out = _facts(parts[0][1], spec)
+    out["deployments"] = {
+        name: {k: v for k, v in _facts(d, spec).items() if k not in ("spec", "gpus")} for name, d in parts
+    }
+    out["converged"] = all(d["converged"] for d in out["deployments"].values())
+    out["generation"] = None  # each deployment has its own
+    return out
+
+
+def _facts(data: dict[str, Any] | None, spec: str) -> dict[str, Any]:
     plan = _plan_of(data) or {}
     observed = plan.get("observed") or {}
     gpu = observed.get("gpu") or {}
@@ -273,7 +295,15 @@ def main() -> None:
             argv.append("--scheduled")
     rc, stdout, stderr = module.run_command(argv, environ_update={"NO_COLOR": "1", "TERM": "dumb"})
     data = _data(stdout)
-    plan = _plan_of(data)
+    parts = each(data)
+    plan = _plan_of(parts[0][1])
+    if parts[0][0] is not None:  # several deployments: their rows together, each naming its own
+        plan = {
+            key: [
+                {"deployment": name, **row} for name, d in parts for row in (_plan_of(d) or {}).get(key) or []
+            ]
+            for key in ("resources", "findings")
+        }
     result: dict[str, Any] = {
         "exit_code": rc,
         "stdout": stdout,
@@ -285,16 +315,27 @@ def main() -> None:
         result["resources"] = plan.get("resources") or []
         result["findings"] = plan.get("findings") or []
         result["ansible_facts"] = {"reconcile": facts(data, p["spec"])}
-    if data is not None and not module.check_mode:
+    if data is not None and not module.check_mode and parts[0][0] is not None:
+        result["results"] = [{"deployment": n, **r} for n, d in parts for r in (d or {}).get("results") or []]
+        result["generation"] = {n: (d or {}).get("generation") for n, d in parts}
+    elif data is not None and not module.check_mode:
         result["results"] = data.get("results") or []
         result["generation"] = data.get("generation")
         if data.get("paused"):
             result["paused"] = data["paused"]
     if module._diff:
-        result["diff"] = plan_diffs(plan) if module.check_mode else result_diffs(data)
+        result["diff"] = plan_diffs(plan) if module.check_mode else result_diffs(result)
     if rc in (0, 2):
         module.exit_json(**result)
-    module.fail_json(msg=first_error(data, stderr), **result)
+    failed = [
+        (n, d) for n, d in parts if n is not None and d is not None and d.get("exit_code") not in (0, 2)
+    ]
+    msg = (
+        f"deployment {failed[0][0]}: {first_error(failed[0][1], stderr)}"
+        if failed
+        else first_error(data, stderr)
+    )
+    module.fail_json(msg=msg, **result)
 
 
 if __name__ == "__main__":
