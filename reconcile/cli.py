@@ -217,6 +217,19 @@ def _init(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _bench(p: argparse.ArgumentParser) -> None:
+    _spec(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (format reconcile-bench/1)")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        type=int,
+        metavar=("N", "M"),
+        help="set generations N and M's figures side by side",
+    )
+    LOCK_TIMEOUT.add_to(p)
+
+
 # name: (one-line help, its arguments, examples shown by `reconcile NAME --help`)
 COMMANDS: dict[str, tuple[str, Builder, str]] = {
     "plan": (
@@ -299,6 +312,12 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         "pin what floats (package ranges, the model's branch): specs/<name>.lock",
         _spec,
         "reconcile lock && git add specs/*.lock",
+    ),
+    "bench": (
+        "the reference benchmark table against the running server (`vllm bench serve`), kept per generation",
+        _bench,
+        "reconcile bench --spec specs/gpu-box.toml\nreconcile bench --json | jq .headline\n"
+        "reconcile bench --compare 3 4   # two generations' figures side by side",
     ),
 }
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_fake_vllm import metric, serve
+from tests.test_fake_vllm import serve
+from tests.test_fake_vllm_streaming import metric
 from tests.test_server_support import Deployment, deployment_in, wait_for
 
 TOKENS = 150

@@ -124,3 +124,15 @@ def test_the_planner_reads_the_venv_and_the_dirs_its_pth_files_add(tmp_path: Pat
     assert inputs.venv_distributions is not None
     assert {"vllm", "xgrammar", "lm-format-enforcer"} <= set(inputs.venv_distributions)
     assert inputs.vllm_requires == VLLM_REQUIRES and inputs.venv_python == "3.12.3"
+
+
+def test_a_bench_profile_without_aiohttp_in_a_no_deps_venv_is_a_warning_not_an_error() -> None:
+    data = no_deps().model_dump()
+    data["bench"] = {"gate": True}
+    found = findings(Spec.model_validate(data), venv_distributions=LAB)
+    (bench,) = [f for f in of(found, "venv.features") if "vllm bench serve" in f.message]
+    assert bench.severity == "warning"
+    assert "needs aiohttp, aiosignal" in bench.message and "every switch fails its gate" in bench.message
+    assert bench.fix is not None and bench.fix.startswith('add aiohttp = "*"')
+    without = findings(no_deps(), venv_distributions=LAB)
+    assert not [f for f in of(without, "venv.features") if "vllm bench serve" in f.message]

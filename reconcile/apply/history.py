@@ -100,6 +100,7 @@ def render_history(state_dir: str, stream: TextIO) -> int:
         return 0
     now, hold = generations.current(state_dir), generations.read_hold(state_dir)
     previous: Mapping[str, Any] | None = None
+    measured = _bench_figures(state_dir)
     for n, g in found:
         if isinstance(g, str):  # not verified, or malformed: never compared, never rolled back to
             stream.write(f" {n:>3}  skipped: {g}\n")
@@ -112,6 +113,8 @@ def render_history(state_dir: str, stream: TextIO) -> int:
         stream.write(f"{mark}{n:>3}  {when}  {judged:<10}  {g.get('reason', '')}\n")
         if verdict.get("good") is False:
             stream.write(f"        {verdict.get('why')}\n")
+        if n in measured:
+            stream.write(f"        bench: {measured[n]}\n")
         what = differences(state_dir, previous, g) if previous is not None else ["first generation"]
         for line in what[:8]:
             stream.write(f"        {line}\n")
@@ -130,3 +133,19 @@ def render_diff(state_dir: str, a: int, b: int, stream: TextIO) -> int:
     for line in lines or ["no difference in what serving depends on"]:
         stream.write(f"  {line}\n")
     return 0
+
+
+def _bench_figures(state_dir: str) -> dict[int, str]:
+    """Each measured generation's headline (`reconcile bench`, or the gate): TTFT and decode tok/s."""
+    from reconcile.apply.bench_records import headline, latest_by_generation, runs
+
+    out = {}
+    for n, run in latest_by_generation(runs(state_dir)).items():
+        h = headline(run)
+        parts = [
+            f"TTFT {h['ttft_s']:.3f}s" if h["ttft_s"] is not None else "",
+            f"decode {h['decode_tok_s']:.1f} tok/s" if h["decode_tok_s"] is not None else "",
+            f"{h['aggregate_tok_s']:.0f} tok/s concurrent" if h["aggregate_tok_s"] is not None else "",
+        ]
+        out[n] = ", ".join(p for p in parts if p)
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from reconcile.apply import generations
+from reconcile.apply import bench_gate, generations
 from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization, who
 from reconcile.errors import ReconcileError
@@ -94,6 +94,9 @@ def finish(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, *, re
     try:
         number, new = generations.record(state_dir, realized_state(applied), reason=reason)
         report.generation = number if new else None
+        problem = problem or bench_gate.after_switch(
+            applied.spec, state_dir, number, judged=judged, reason=reason
+        )
         if judged:
             generations.set_verdict(
                 state_dir, number, problem is None, problem or "ready, acceptance check passed"

@@ -30,6 +30,8 @@ _WITHOUT = {
     "flashinfer-attention": "the engine fails at start (ImportError)",
     "tool-parser": "the server fails at start: the parser's module does not import",
     "reasoning-parser": "the server fails at start: the parser's module does not import",
+    "bench-serve": "`vllm bench serve` fails with ModuleNotFoundError, so `reconcile bench` measures nothing "
+    "and, with [bench] gate = true, every switch fails its gate and rolls back",
 }
 
 
@@ -83,6 +85,8 @@ def enabled(c: RuleContext, table: Mapping[str, Any]) -> list[tuple[str, str, tu
         name = c.args.get(flag)
         if isinstance(name, str) and plugin not in c.args and fid in table:
             add(fid, f"{flag} {name!r}", list(table[fid]["by_name"].get(name, [])))
+    if c.spec.bench is not None and "bench-serve" in table:
+        add("bench-serve", table["bench-serve"]["what"], table["bench-serve"]["dists"])
     return out
 
 
@@ -110,7 +114,8 @@ def _features(c: RuleContext) -> list[Finding]:
         if fid == "flashinfer-sampler":
             fix += ', or set [server] env VLLM_USE_FLASHINFER_SAMPLER = "0"'
         # Packages visible through the system site-packages are not scanned: the rule cannot be sure.
-        severity: Severity = "warning" if venv.system_site_packages else "error"
+        # The bench is not what serves: its missing modules never stop an apply.
+        severity: Severity = "warning" if venv.system_site_packages or fid == "bench-serve" else "error"
         out.append(finding(rule, severity, msg, fix, feature=fid, missing=missing, where=table[fid]["where"]))
     return out
 

@@ -404,3 +404,38 @@ def read_textfile(path: str) -> str | None:
         move_aside_corrupt(path, exc.why, then="its counters start afresh")
         return None
     return None if raw is None else raw.decode("utf-8", errors="replace")
+
+
+BENCH_FORMAT = "reconcile-bench/1"
+_FIGURES = Obj(
+    {"prompt": NUM, "gen": NUM, "ttft_s": NUM, "total_s": NUM, "decode_tok_s": NUM, "aggregate_tok_s": NUM},
+    required=("ttft_s", "total_s", "decode_tok_s"),
+)
+BENCH_RUN = Obj(
+    {
+        "generation": OPT_INT,
+        "at": NUM,
+        "machine": Obj({"gpu": OPT_STR, "gpus": INT, "driver": OPT_STR, "vllm": OPT_STR}),
+        "rows": ListOf(
+            Obj(
+                {
+                    "name": STR,
+                    "prompt": INT,
+                    "gen": INT,
+                    "concurrency": INT,
+                    "requests": INT,
+                    "figures": _FIGURES,
+                },
+                required=("name", "figures"),
+            )
+        ),
+    },
+    required=("at", "rows"),
+)
+BENCH = Obj({"format": Const(BENCH_FORMAT), "runs": ListOf(BENCH_RUN)}, required=("format", "runs"))
+
+
+def read_bench(path: str) -> list[dict[str, Any]]:
+    """bench/results.json's runs, oldest first; [] when absent or damaged (moved aside)."""
+    data, _ = read_json(path, BENCH, max_bytes=RECORD, then="the figures start afresh")
+    return list(data["runs"]) if data is not None else []

@@ -272,6 +272,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     bound = type("Handler", (handler,), {"state": state})
     ThreadingHTTPServer.allow_reuse_address = True
     ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connects is not dropped
     try:
         httpd = ThreadingHTTPServer((host, port), bound)
     except OSError as exc:
@@ -512,6 +513,25 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISHED_REASONS = ["stop", "length", "abort", "error", "repetition"]
+HELP = {  # tests/fixtures/vllm-metrics/0.26.0-captured.txt
+    "num_requests_running": "Number of requests in model execution batches.",
+    "num_requests_waiting": "Number of requests waiting to be processed.",
+    "kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "num_preemptions_total": "Cumulative number of preemption from the engine.",
+    "prompt_tokens_total": "Number of prefill tokens processed.",
+    "generation_tokens_total": "Number of generation tokens processed.",
+    "request_success_total": "Count of successfully processed requests.",
+    "request_prompt_tokens": "Number of prefill tokens processed.",
+    "request_generation_tokens": "Number of generation tokens processed.",
+    "time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+    "request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds per request.",
+    "e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
+    "request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
+    "request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+}
 FILLER = ["and", "then", "the", "fake", "model", "keeps", "talking", "about", "nothing", "in", "particular"]
 
 
@@ -539,9 +559,10 @@ class Histogram:
                 self.counts[i] += 1
 
     def lines(self, name: str, label: str) -> list:
+        engine, model = label.split(",", 1)  # prometheus_client sorts the labels: engine, le, model_name
         pairs = zip(self.buckets, self.counts, strict=True)
-        out = [f'{name}_bucket{{{label},le="{b}"}} {float(c)}' for b, c in pairs]
-        out.append(f'{name}_bucket{{{label},le="+Inf"}} {float(self.count)}')
+        out = [f'{name}_bucket{{{engine},le="{b}",{model}}} {float(c)}' for b, c in pairs]
+        out.append(f'{name}_bucket{{{engine},le="+Inf",{model}}} {float(self.count)}')
         return [*out, f"{name}_count{{{label}}} {float(self.count)}", f"{name}_sum{{{label}}} {self.sum}"]
 
 
@@ -896,17 +917,17 @@ def metrics_text(st: object) -> str:
     if v < (0, 12, 0):
         rows.append(("gpu_cache_usage_perc", "gauge", 0.0))
     out = []
-    for name, kind, value in rows:
-        base = name[: -len("_total")] if kind == "counter" else name
-        out += [f"# HELP vllm:{base} {base.replace('_', ' ')}", f"# TYPE vllm:{base} {kind}",
+    for name, kind, value in rows:  # HELP and TYPE named as vLLM 0.26's prometheus_client writes them
+        helptext = HELP.get(name, name.replace("_", " "))
+        out += [f"# HELP vllm:{name} {helptext}", f"# TYPE vllm:{name} {kind}",
                 f"vllm:{name}{{{label}}} {float(value)}"]
-    out += ["# HELP vllm:request_success Count of successfully processed requests.",
-            "# TYPE vllm:request_success counter"]
+    out += [f"# HELP vllm:request_success_total {HELP['request_success_total']}",
+            "# TYPE vllm:request_success_total counter"]
     out += [f'vllm:request_success_total{{engine="0",finished_reason="{r}",model_name="{st.names[0]}"}} '  # type: ignore[attr-defined]
             f"{float(n)}" for r, n in success.items()]
     for name, (counts, count, total, buckets) in hists.items():
         h = Histogram(buckets)
         h.counts, h.count, h.sum = counts, count, total
-        out += [f"# HELP vllm:{name} Histogram of {name.replace('_', ' ')}.", f"# TYPE vllm:{name} histogram"]
+        out += [f"# HELP vllm:{name} {HELP.get(name, name)}", f"# TYPE vllm:{name} histogram"]
         out += h.lines(f"vllm:{name}", label)
     return "\n".join(out) + "\n"
