@@ -8,8 +8,8 @@ and the gap (longest run from a refused connection to the next accepted one), pl
     .venv/bin/python benchmarks/bench_switch_load.py [--mode drain-restart|blue-green] [--tokens 150]
         [--token-s 0.02] [--startup-s 1.0] [--json OUT]
 
-blue-green puts apt's haproxy in front ([front]); the fake's "GPU memory" is then a lock per port,
-so both colors fit, as on a GPU with room.
+blue-green puts apt's haproxy in front ([front]); gpu-memory-utilization 0.4 lets both colors share
+the fake's GPU, as on a GPU with room.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> int:
             if args.mode == "blue-green":
                 import tomlkit
 
-                del doc["server"]["env"]["FAKE_VLLM_HOLD"]
+                doc["server"]["args"]["gpu-memory-utilization"] = 0.4  # both colors fit the fake GPU
                 doc["front"] = tomlkit.table()
                 doc["front"]["ports"] = ports
 

@@ -1,5 +1,6 @@
 """A load of streamed chats through a switch, as the reference's 8 concurrent streams: each client
-opens a new connection per request and retries a refused one after 50 ms. Counts, per phase: requests
+opens a new connection per request and retries a refused one (ECONNREFUSED, or a reset before any
+byte was sent: one the closing listener had queued) after 50 ms. Counts, per phase: requests
 that finished whole, cut ones (finish_reason abort, or the stream broke off), failed ones (an error
 status, a reset before any answer), refused connections, and the longest run of refusals (the gap).
 Used by tests/test_switch_load.py, tests/test_gpu_lab_switch.py and benchmarks/bench_switch_load.py."""
@@ -73,7 +74,7 @@ class Load:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
             try:
                 conn.connect()
-            except ConnectionRefusedError:
+            except (ConnectionRefusedError, ConnectionResetError):  # no request sent: a refusal
                 with self.lock:
                     self.attempts.append((time.monotonic(), False))
                 self._count(phase, "refused")

@@ -57,7 +57,7 @@ class Stream(threading.Thread):
 def refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):  # RST at connect: one queued as it closed
         return True
     return False
 

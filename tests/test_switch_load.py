@@ -24,8 +24,8 @@ def _spec(demo: Demo, seqs: int, front: list[int] | None = None) -> None:
         doc["server"]["env"]["FAKE_VLLM_TOKEN_S"] = "0.02"  # 150 tokens: 3 s per stream
         doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "1.0"
         if front is not None:
-            # The fake's "GPU memory" is then a lock per port: both colors fit, as on a GPU with room.
-            del doc["server"]["env"]["FAKE_VLLM_HOLD"]
+            # Two colors share the fake's GPU as vLLMs do: 0.4 + 0.4 of it fit, as on a GPU with room.
+            doc["server"]["args"]["gpu-memory-utilization"] = 0.4
             doc["front"] = tomlkit.table()
             doc["front"]["ports"] = front
 
@@ -60,7 +60,7 @@ def test_a_drain_restart_under_load_cuts_no_request_and_counts_the_refused(demo:
 
 def _stopped(doc: Any, ports: list[int]) -> None:
     doc["server"]["running"] = False
-    del doc["server"]["env"]["FAKE_VLLM_HOLD"]
+    doc["server"]["args"]["gpu-memory-utilization"] = 0.4
     doc["front"] = tomlkit.table()
     doc["front"]["ports"] = ports
 
