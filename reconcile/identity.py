@@ -341,4 +341,3 @@ def front_paths(spec: Spec) -> tuple[str, str, str]:
     """(config, pidfile, runtime socket) of the deployment's HAProxy, in the 0700 state dir."""
     base = front_state_path(spec)[: -len(".json")]
     return f"{base}.cfg", f"{base}.pid", f"{base}.sock"
-
