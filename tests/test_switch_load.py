@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import tomlkit
 
-from reconcile.ownership.membership import front_master
+from actions.supervising import marked_pids
+from reconcile.identity import COLORS, color_spec
+from reconcile.ownership.membership import front_master, scope_of
 from reconcile.spec.loader import load_spec
 from tests.apply_support import Demo
 from tests.switch_load_support import Load, stop_front
@@ -19,17 +21,18 @@ from tests.test_server_support import free_port, wait_for
 
 
 def _spec(demo: Demo, seqs: int, front: list[int] | None = None) -> None:
-    def edit(doc: Any) -> None:
-        doc["server"]["args"]["max-num-seqs"] = seqs
-        doc["server"]["env"]["FAKE_VLLM_TOKEN_S"] = "0.02"  # 150 tokens: 3 s per stream
-        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "1.0"
-        if front is not None:
-            # Two colors share the fake's GPU as vLLMs do: 0.4 + 0.4 of it fit, as on a GPU with room.
-            doc["server"]["args"]["gpu-memory-utilization"] = 0.4
-            doc["front"] = tomlkit.table()
-            doc["front"]["ports"] = front
+    demo.write_spec(lambda doc: _spec_edit(doc, seqs, front))
 
-    demo.write_spec(edit)
+
+def _spec_edit(doc: Any, seqs: int, front: list[int] | None = None) -> None:
+    doc["server"]["args"]["max-num-seqs"] = seqs
+    doc["server"]["env"]["FAKE_VLLM_TOKEN_S"] = "0.02"  # 150 tokens: 3 s per stream
+    doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "1.0"
+    if front is not None:
+        # Two colors share the fake's GPU as vLLMs do: 0.4 + 0.4 of it fit, as on a GPU with room.
+        doc["server"]["args"]["gpu-memory-utilization"] = 0.4
+        doc["front"] = tomlkit.table()
+        doc["front"]["ports"] = front
 
 
 def test_a_drain_restart_under_load_cuts_no_request_and_counts_the_refused(demo: Demo) -> None:
@@ -100,6 +103,37 @@ def test_a_blue_green_switch_and_rollback_under_load_fail_no_request(demo: Demo)
         assert stopped.returncode == 2 and f"stopped haproxy (master pid {master})" in stopped.output, (
             stopped.output
         )
-        assert refused(demo.port) and not demo.server_pids()
+        spec = load_spec(str(demo.spec_path)).spec
+        assert refused(demo.port)
+        assert not any(marked_pids(scope_of(color_spec(spec, c))) for c in COLORS)
+    finally:
+        stop_front(str(demo.spec_path))
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs apt's haproxy (.ci/run installs it)")
+def test_a_blue_green_switch_that_fails_acceptance_never_takes_the_old_one_away(demo: Demo) -> None:
+    ports = [free_port(), free_port()]
+    _spec(demo, 8, ports)
+    try:
+        assert demo.cli("apply").returncode == 2
+        key = demo.key_file.read_text().strip()
+        with Load(demo.port, key, demo.name) as load:
+            wait_for(lambda: load.tally("before").ok >= 8, 30, "8 whole requests before the switch")
+            load.phase = "switch"
+
+            def broken(doc: Any) -> None:
+                _spec_edit(doc, 9, ports)
+                doc["server"]["env"]["FAKE_VLLM_CHAT_FAIL"] = "1"  # healthy, but every chat fails
+
+            demo.write_spec(broken)
+            failed = demo.cli("apply")
+            load.phase = "after"
+            wait_for(lambda: load.tally("after").ok >= 8, 30, "requests still served by blue")
+        assert failed.returncode == 4, failed.output
+        assert "green failed its acceptance check" in failed.output and "blue still serves" in failed.output
+        s = load.summary()
+        assert s["failed"] == 0 and s["cut"] == 0 and s["refused"] == 0, s
+        spec = load_spec(str(demo.spec_path)).spec
+        assert not marked_pids(scope_of(color_spec(spec, "green")))  # the failed color was stopped
     finally:
         stop_front(str(demo.spec_path))
