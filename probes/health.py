@@ -11,6 +11,7 @@ import json
 import time
 
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
+from reconcile.identity import serving_spec
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 from reconcile.safety.display import shown
@@ -101,6 +102,7 @@ def _json(resp: HttpResponse) -> Any:
 
 
 def probe(spec: Spec) -> HealthObservation:
+    spec = serving_spec(spec)  # behind [front]: the active color's own port
     host, port = _target(spec)
     url, timeout = f"http://{host}:{port}", spec.health.timeout
     try:
@@ -202,6 +204,7 @@ def _message(data: Any) -> dict[str, Any]:
 def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     """One chat completion; its reasoning text when a reasoning parser is set; a forced tool call when
     the server enables auto tool choice."""
+    spec = serving_spec(spec)
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")

@@ -308,6 +308,7 @@ def rule_findings(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
         memory,
         parallel,
         serving,
+        stopping,
         toolchain,
     )
     from reconcile.preflight.context import context
@@ -324,6 +325,7 @@ def rule_findings(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
         features,
         toolchain,
         serving,
+        stopping,
     )
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
         # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.
