@@ -11,7 +11,7 @@ import stat
 from typing import TYPE_CHECKING
 
 from reconcile.errors import ActionError
-from reconcile.host import atomic_write
+from reconcile.host import temp_prefix
 from reconcile.plan.records import ActionResult
 from reconcile.safety.untrusted import NotRegular, open_regular
 
@@ -56,13 +56,15 @@ def _names(uid: int, gid: int) -> str:
     return f"{user}:{group}"
 
 
-def _make_parent(directory: str, uid: int, gid: int) -> bool:
-    """Create the key's directory 0700 and owned like the key (else its owner could not reach it).
+def _key_dir(directory: str, uid: int, gid: int) -> tuple[int, bool]:
+    """An O_RDONLY descriptor of the key's directory, and whether it was made now (0700, owned like
+    the key, else its owner could not reach it).
 
     By descriptor (the path-trust layer's walk, then mkdirat and fchmod/fchown on the new directory
     opened O_NOFOLLOW), never by name: the directories above may be the key owner's (the path rule
-    allows them), and between a mkdir and a chown by name they could put a link to any of root's
-    directories in its place, which root would then chown to them."""
+    allows them, but follows no link in them), and between a mkdir and a chown by name they could put
+    a link to any of root's directories in its place, which root would then chown to them. The key is
+    then written through the same descriptor (write_new_at)."""
     from reconcile.safety.filesafety import UnsafePath, owners, walk
 
     try:
@@ -70,38 +72,53 @@ def _make_parent(directory: str, uid: int, gid: int) -> bool:
     except UnsafePath as exc:
         raise ActionError(f"[api_key].file {directory}: {exc}") from None
     try:
-        if w.st is not None:
-            if not stat.S_ISDIR(os.stat(w.name, dir_fd=w.dir_fd).st_mode):
-                raise ActionError(f"{w.real} is not a directory: move it aside or fix [api_key].file")
-            return False
+        make = w.st is None
+        names = [w.name, *w.missing] if w.name else []
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=w.dir_fd)
     finally:
         w.close()
     try:
-        for name in [w.name, *w.missing]:
+        for name in names:
             try:
-                os.mkdir(name, 0o700, dir_fd=fd)
-                made = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                if make:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except OSError as exc:
+                if not make:
+                    raise ActionError(
+                        f"{w.real}: not a directory ({exc.strerror}): move it aside or fix [api_key].file"
+                    ) from None
                 raise ActionError(
                     f"{directory}: cannot make {name} ({exc.strerror}; another user may have put "
                     "something there): nothing was chowned, check that directory"
                 ) from None
             os.close(fd)
-            fd = made
-            os.fchmod(fd, 0o700)  # mkdir's mode is filtered by the umask
-            os.fchown(fd, uid, gid)
-    finally:
+            fd = nxt
+            if make:
+                os.fchmod(fd, 0o700)  # mkdir's mode is filtered by the umask
+                os.fchown(fd, uid, gid)
+    except BaseException:
         os.close(fd)
-    return True
+        raise
+    return fd, make
 
 
 def _generate(api_key: ApiKey, mode: int, uid: int, gid: int, why: str) -> ActionResult:
     import secrets
 
-    made_dir = _make_parent(os.path.dirname(api_key.file), uid, gid)
-    # A trailing newline, like `print(token) > file`: readers strip() it.
-    atomic_write(api_key.file, (secrets.token_urlsafe(32) + "\n").encode(), mode=mode, uid=uid, gid=gid)
+    from reconcile.safety.filesafety import write_new_at
+
+    fd, made_dir = _key_dir(os.path.dirname(api_key.file), uid, gid)
+    try:  # A trailing newline, like `print(token) > file`: readers strip() it.
+        data = (secrets.token_urlsafe(32) + "\n").encode()
+        name = os.path.basename(api_key.file)
+        write_new_at(fd, name, data, mode=mode, uid=uid, gid=gid, prefix=temp_prefix(api_key.file))
+    except OSError as exc:
+        if exc.filename is None:  # ENOSPC on write names no file: name the key's
+            raise OSError(exc.errno, exc.strerror, api_key.file) from exc
+        raise
+    finally:
+        os.close(fd)
     where = f" (created {os.path.dirname(api_key.file)} 0700)" if made_dir else ""
     return ActionResult(
         True, f"{why}: generated a new key in {api_key.file}, mode {mode:04o}, {_names(uid, gid)}{where}"

@@ -32,6 +32,7 @@ from reconcile.safety.display import shown
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.sensitive import SENSITIVE, is_secret_name
 from reconcile.safety.untrusted import JSON_LIMIT, KEY_LIMIT, read_regular
+from reconcile.vllm.draining import Drain, drain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,8 +107,10 @@ def executable(spec: Spec) -> str:
     return f"{spec.venv.path.rstrip('/')}/bin/vllm"
 
 
-def build_argv(spec: Spec) -> list[str]:
-    """[vllm, serve, MODEL, --host H, --port P, (--served-model-name N), ...args]; never --api-key."""
+def build_argv(spec: Spec, packages: Mapping[str, str] | None = None) -> list[str]:
+    """[vllm, serve, MODEL, --host H, --port P, (--served-model-name N), ...args, (--shutdown-timeout
+    N)]; never --api-key. The drain flag is reconcile's default unless args sets it (`packages`: the
+    venv's distributions, to leave it out for a vLLM that has no such flag)."""
     server = _server(spec)
     twice = sorted(a for a in server.args if a in _DEDICATED)
     if twice:
@@ -119,7 +122,15 @@ def build_argv(spec: Spec) -> list[str]:
     argv = [executable(spec), "serve", model, "--host", server.host, "--port", str(server.port)]
     if server.served_model_name:
         argv += ["--served-model-name", server.served_model_name]
-    return argv + render_args(server.args)
+    return argv + render_args(server.args) + drain_of(server, packages).flag
+
+
+def drain_of(server: Server, packages: Mapping[str, str] | None = None) -> Drain:
+    """How this server stops: its drain (reconcile.vllm.draining), on the venv's vLLM if known."""
+    from reconcile.vllm.flags import release
+
+    version = (packages or {}).get("vllm")
+    return drain(server.args, server.stop_timeout, release(version) if version else None)
 
 
 def read_api_key(spec: Spec, *, required: bool = True) -> str | None:
@@ -206,7 +217,7 @@ def launch_command(
         declared.pop(marker, None)
     marked = {KEY_ENV, *server.secret_env, *server.secret_files}
     secret = frozenset(k for k in declared if is_secret_name(k, marked))
-    argv = build_argv(spec)
+    argv = build_argv(spec, inputs.packages)
     identity = launch_identity(
         argv, declared, secret, inputs.packages, inputs.model_revision, inputs.config_json
     )
@@ -279,9 +290,13 @@ def wait_ready(
     mask: Collection[str] = (),
     progress: ProgressFn | None = None,
     poll: float = 0.25,
+    guard: Callable[[], None] | None = None,
 ) -> ReadinessFailure | None:
-    """Poll GET /health until 200 (None), the process exits, or `timeout` passes (a failure report)."""
+    """Poll GET /health until 200 (None), the process exits, or `timeout` passes (a failure report).
+    `guard` (the listener check: raises ForeignListener) runs on a 200: a listener that took the port
+    while the server loaded answers /health too, and is not the server."""
     from reconcile.host import HttpUnreachable, http_request
+    from reconcile.ownership.sockets import ForeignListener
 
     started = time.monotonic()
     while True:
@@ -292,9 +307,14 @@ def wait_ready(
             break
         try:
             if http_request("GET", host, port, "/health", timeout=min(2.0, poll * 8)).status == 200:
+                if guard is not None:
+                    guard()
                 return None
         except HttpUnreachable:
             pass  # the port refuses until the model is loaded
+        except ForeignListener as exc:
+            reason = f"/health was answered by {exc.holder}, not by the server started (port {port} taken)"
+            break
         if elapsed >= timeout:
             reason = f"/health did not answer 200 within {timeout:g}s"
             break

@@ -24,11 +24,11 @@ from actions.model_config import (
 from actions.model_copying import copy_files, inside_model_dir, source_files
 from actions.model_resuming import partials, resume_partials
 from reconcile.errors import ActionError
-from reconcile.host import atomic_write
+from reconcile.host import atomic_write, download_deadline_s, hub_deadline
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import source_content
-from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, umask
+from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, open_dir, umask
 from reconcile.safety.names import name_problem
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
@@ -39,6 +39,7 @@ __all__ = ["MANIFEST", "desired_config", "download", "patch_config", "resolve_re
 
 MANIFEST = ".reconcile-model.json"
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_REALIZATION = re.compile(r"^[0-9a-f]{32}-model$")  # reconcile.apply.store's name for a model realization
 _ATTEMPTS = 3
 T = TypeVar("T")
 
@@ -89,7 +90,17 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
     if on_disk and recorded == manifest:
         return ActionResult(False, f"{repo}@{commit[:12]}: all {len(sizes)} files present")
     etags = {n: f.etag for n, f in wanted.items()}
-    if not on_disk:
+    hub_cache = store_hub_cache(model.dir)
+    if not on_disk and hub_cache is not None:
+        # A store realization: huggingface_hub's own cache keeps the files by content, the realization
+        # links to its blobs (reconcile.apply.model_store seals it when it converged).
+        _refuse_past_free_space(f"{repo}@{commit[:12]}", model.dir, sizes)
+        ensure_dir(model.dir, 0o755)
+        quiet = _bars() if progress else _quiet_tqdm()
+        snap = _retrying(lambda: _snapshot(model, commit, endpoint, quiet, cache_dir=hub_cache), repo, commit)
+        assert snap is not None
+        link_snapshot(snap, model.dir, sizes)
+    elif not on_disk:
         _refuse_past_free_space(f"{repo}@{commit[:12]}", model.dir, sizes)  # the hub's listing
         ensure_dir(model.dir, 0o755)
         paths = {name: inside_model_dir(model.dir, name) for name in sizes}
@@ -98,8 +109,10 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
             if name != "config.json" and os.path.isfile(path) and os.path.getsize(path) != size:
                 os.unlink(path)
         quiet = _bars() if progress else _quiet_tqdm()
-        _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
-        _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
+        # One deadline around all of it (retries too): a mirror that drips keeps no read past it.
+        with hub_deadline(download_deadline_s(sizes.values()), "the download", sizes):
+            _retrying(lambda: resume_partials(repo, commit, model.dir, etags, endpoint, quiet), repo, commit)
+            _retrying(lambda: _snapshot(model, commit, endpoint, quiet), repo, commit)
     drop_stale_backup(model.dir, wanted["config.json"].blob_id if "config.json" in wanted else None)
     problems = _size_problems(model.dir, sizes)
     if problems:
@@ -169,12 +182,64 @@ def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[
     return _retrying(call, repo, revision, endpoint)
 
 
-def _snapshot(model: Model, commit: str, endpoint: str | None, tqdm_class: Any) -> None:
+def store_hub_cache(model_dir: str) -> str | None:
+    """`<store>/hub` when `model_dir` is a store realization (`<store>/<hash>-model`, as
+    reconcile.apply.store names them), else None: the files go straight into the model dir."""
+    if not _REALIZATION.match(os.path.basename(os.path.normpath(model_dir))):
+        return None
+    return os.path.join(os.path.dirname(os.path.normpath(model_dir)), "hub")
+
+
+def link_snapshot(snapshot: str, model_dir: str, sizes: Mapping[str, int]) -> None:
+    """Each file of a huggingface_hub snapshot (`snapshots/<commit>/<name>` -> `../../blobs/<etag>`)
+    hard-linked into the realization: the blob's bytes, no copy. A config.json already patched there
+    stays (its backup is the original, judged by drop_stale_backup)."""
+    blobs = os.path.realpath(os.path.join(snapshot, "..", "..", "blobs"))
+    for name in sorted(sizes):
+        target = inside_model_dir(model_dir, name)
+        if name == "config.json" and os.path.exists(os.path.join(model_dir, BACKUP)):
+            continue
+        blob = os.path.realpath(os.path.join(snapshot, name))
+        if os.path.dirname(blob) != blobs:  # the library's own links: a blob of this repo, nothing else
+            raise ActionError(
+                f"{snapshot}/{name}: not a link into {blobs}; remove that snapshot and apply again"
+            )
+        ensure_dir(os.path.dirname(target), 0o755)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samefile(blob, target):
+                continue
+        dfd, base = open_dir(os.path.dirname(target)), os.path.basename(target)  # the walked directory
+        try:
+            tmp = f".{base}.reconcile-link.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.link(blob, tmp, dst_dir_fd=dfd, follow_symlinks=False)
+            os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
+
+def _snapshot(
+    model: Model, commit: str, endpoint: str | None, tqdm_class: Any, cache_dir: str | None = None
+) -> str | None:
     from huggingface_hub import snapshot_download
 
     from reconcile.host import bound_hub_session
 
     bound_hub_session()  # a least rate for every file's transfer
+    if cache_dir is not None:
+        ensure_dir(cache_dir, 0o755)
+        return str(
+            snapshot_download(
+                model.repo or "",
+                revision=commit,
+                cache_dir=cache_dir,
+                allow_patterns=list(model.allow_patterns) or None,
+                max_workers=model.max_workers,
+                endpoint=endpoint,
+                tqdm_class=tqdm_class,
+            )
+        )
     # The commit, never the branch: a branch that moves mid-download cannot mix two commits' files.
     snapshot_download(
         model.repo or "",
@@ -185,6 +250,7 @@ def _snapshot(model: Model, commit: str, endpoint: str | None, tqdm_class: Any) 
         endpoint=endpoint,
         tqdm_class=tqdm_class,
     )
+    return None
 
 
 def _retrying(fn: Callable[[], T], repo: str, revision: str, endpoint: str | None = None) -> T:

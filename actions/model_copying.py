@@ -25,6 +25,7 @@ from reconcile.safety.untrusted import (
     open_regular,
     reduced_mode,
     sha256_fd,
+    source_roots,
     walk_tree,
 )
 
@@ -65,14 +66,7 @@ def _refusal(source: str, name: str, what: str) -> str:
     return f"[model].source {source}: {name} is {what}: refused, nothing copied (remove it from the source)"
 
 
-def _allowed_roots(source: str) -> list[str]:
-    """Where the source's symlinks may lead: inside it, and for a huggingface_hub cache snapshot
-    (<repo>/snapshots/<rev>, every file a link to ../../blobs/...) into that repo's blobs."""
-    real = os.path.realpath(source)
-    roots = [real]
-    if os.path.basename(os.path.dirname(real)) == "snapshots":
-        roots.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
-    return roots
+_allowed_roots = source_roots  # where its links may lead
 
 
 def inside_model_dir(model_dir: str, name: str) -> str:

@@ -30,11 +30,14 @@ from actions.supervising import ProgressFn
 from reconcile.errors import ActionError
 from reconcile.host import HttpUnreachable, checkpoint, http_request
 from reconcile.identity import (
+    COLORS,
     IDENTITY,
+    color_spec,
     explain_change,
     pidfile_path,
     read_record,
     redact_argv,
+    serving_spec,
     state_file_path,
 )
 from reconcile.ownership.membership import (
@@ -65,6 +68,11 @@ def apply(
     while running = true removes strays only, which ensure_running does without touching the server.
     The one thing a Change adds (re-planned by the executor right before): an engine the planner found
     hung (`engine_hung`, reconcile.liveness), which /health cannot show, is restarted."""
+    if getattr(spec, "front", None) is not None:  # behind [front]: each color is a deployment
+        if not _server(spec).running:
+            results = [ensure_stopped(color_spec(spec, c)) for c in COLORS]
+            return ActionResult(any(r.changed for r in results), "; ".join(r.message for r in results))
+        spec = serving_spec(spec)  # a drain-restart in place, on the active color
     if not _server(spec).running:
         return ensure_stopped(spec)
     hung = change.params.get("engine_hung")
@@ -101,7 +109,9 @@ def ensure_running(
     refuse_crash_loop(spec, record)  # before the stop: a refused start must not leave the server down
     if pid is not None and hung is not None:  # (a held guard leaves a hung server as it is, and says so)
         _record_hang(spec, record, pid, hung)
-    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
+    down = time.monotonic()  # from here the deployment refuses new connections until the new one is ready
+    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, leader=pid)
+    drained = time.monotonic() - down
     holder = _port_holder(server.port)
     if holder is not None:
         raise ActionError(
@@ -112,6 +122,8 @@ def ensure_running(
     new_pid = _start(spec, command, record, reason, progress)
     note = f"; before it: {stopped.describe()}" if stopped.terminated else ""
     healthy = f"healthy after {time.monotonic() - started:.1f}s"
+    if stopped.terminated:
+        healthy += f"; down for {time.monotonic() - down:.1f}s (the old one stopped in {drained:.1f}s)"
     return ActionResult(
         True,
         f"started {server.name} (pid {new_pid}; why: {reason}); {healthy}{_kv_note(spec, record)}{note}",
@@ -186,7 +198,8 @@ def ensure_stopped(spec: Spec) -> ActionResult:
     server = _server(spec)
     if server.supervisor == "systemd":
         systemd_unit.stop_unit(spec)
-    outcome = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout)
+    leader = server_records.current_pid(spec)
+    outcome = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, leader=leader)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pidfile_path(spec))
     if not outcome.terminated:
@@ -322,6 +335,11 @@ def _wait(
             return systemd_unit.unit_exit_status(spec)
         return None if supervising.is_alive(pid) else -1
 
+    def guard() -> None:  # the answer to /health must come from this deployment's process
+        from reconcile.ownership.sockets import key_holder_check
+
+        key_holder_check(server.port, scope_of(spec), f"deployment {server.name}")
+
     mask = [command.env[k] for k in command.secret_keys if command.env.get(k)]
     return wait_ready(
         connect_host(spec),
@@ -332,6 +350,7 @@ def _wait(
         log_offset=offset,
         mask=mask,
         progress=progress,
+        guard=guard,
     )
 
 

@@ -131,13 +131,16 @@ def stop_marked(
     timeout: float,
     spare_pgid: int | None = None,
     gpu_budget: float = 10.0,
+    leader: int | None = None,
 ) -> StopOutcome:
     """SIGTERM every member (the server's group and any stray), wait up to `timeout`, SIGKILL what is
     left, then confirm with NVML that none of them holds GPU memory. A whole stop (no `spare_pgid`)
     ends with the deployment's cgroup emptied by cgroup.kill and removed.
 
     Each member is signalled on its own rather than by killpg: a group signal would also reach a
-    process of that group that is not a member.
+    process of that group that is not a member. `leader` (the API server's pid) gets SIGTERM alone
+    first and the time to exit by itself: vLLM drains its in-flight requests (`--shutdown-timeout`) and
+    then stops its own engine; a SIGTERM to the EngineCore at the same moment would cut them.
     """
     name = scope if isinstance(scope, str) else scope.name
     held: dict[int, _Held] = {}
@@ -153,6 +156,14 @@ def stop_marked(
 
     try:
         deadline = time.monotonic() + timeout
+        members = set(marked_pids(scope, spare_pgid=spare_pgid)) if leader is not None else set()
+        if leader in members:
+            first = _Held.take(leader, scope)
+            if first is not None:
+                held[leader] = first
+                first.send(signal.SIGTERM)
+                while not first.exited() and time.monotonic() < deadline:
+                    time.sleep(0.05)
         sweep(signal.SIGTERM)
         while running() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -175,8 +186,9 @@ def stop_marked(
         if ours(scope.cgroup):
             empty_and_remove(scope.cgroup)
     killed += [pid for pid in held if pid not in termed]
-    gpu = confirm_gpu_released(list(held), budget=gpu_budget) if held else ""
-    return StopOutcome(tuple(held), tuple(killed), gpu)
+    ended = [*held, *sorted(members - set(held))]  # with a leader: its children it stopped itself, too
+    gpu = confirm_gpu_released(ended, budget=gpu_budget) if ended else ""
+    return StopOutcome(tuple(ended), tuple(killed), gpu)
 
 
 def confirm_gpu_released(pids: list[int], *, budget: float = 10.0) -> str:

@@ -1,8 +1,9 @@
 """The systemd supervisor of a vLLM server: a generated, hardened unit plus a 0600 EnvironmentFile.
 
 Called by actions.server when [server] supervisor = "systemd". systemd holds the process tree
-(KillMode=control-group) and the log, and restarts a crashed server within the crash-loop guard's
-limits (Restart=on-failure, StartLimitBurst/IntervalSec); `reconcile apply` restarts on change.
+(KillMode=mixed: the API server is asked to stop and drains, the rest of the cgroup is killed after
+it) and the log, and restarts a crashed server within the crash-loop guard's limits
+(Restart=on-failure, StartLimitBurst/IntervalSec); `reconcile apply` restarts on change.
 """
 
 from __future__ import annotations
@@ -144,8 +145,12 @@ def render_unit(spec: Spec, command: LaunchCommand, env_file: str) -> str:
             "StandardInput=null",
             setting("StandardOutput", f"append:{server.log}", "[server].log"),
             "StandardError=inherit",
-            "KillMode=control-group",
+            # mixed: SIGTERM to vLLM's API server alone, which drains (--shutdown-timeout) and then stops
+            # its engine; whatever is left of the cgroup gets SIGKILL. control-group would TERM the
+            # EngineCore at once too, cutting the requests in flight.
+            "KillMode=mixed",
             "KillSignal=SIGTERM",
+            # stop_timeout: the preflight holds it above the drain (--shutdown-timeout) plus vLLM's exit.
             f"TimeoutStopSec={max(1, round(server.stop_timeout))}",
             "SendSIGKILL=yes",
             "Restart=on-failure",

@@ -11,6 +11,7 @@ import json
 import time
 
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
+from reconcile.identity import serving_spec
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 from reconcile.safety.display import shown
@@ -101,6 +102,7 @@ def _json(resp: HttpResponse) -> Any:
 
 
 def probe(spec: Spec) -> HealthObservation:
+    spec = serving_spec(spec)  # behind [front]: the active color's own port
     host, port = _target(spec)
     url, timeout = f"http://{host}:{port}", spec.health.timeout
     try:
@@ -185,7 +187,8 @@ def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, s
         headers={**keyed, "Content-Type": "application/json"},
         body=json.dumps(body).encode(),
         timeout=timeout,
-        before_send=_guard(spec) if keyed else None,
+        # keyed or not: an answer from a listener that is not the deployment's vouches for nothing
+        before_send=_guard(spec),
     )
     return resp.status, _json(resp), answer(resp.status, resp.body)
 
@@ -201,6 +204,7 @@ def _message(data: Any) -> dict[str, Any]:
 def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     """One chat completion; its reasoning text when a reasoning parser is set; a forced tool call when
     the server enables auto tool choice."""
+    spec = serving_spec(spec)
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")
@@ -208,6 +212,9 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     timeout = timeout or max(spec.health.timeout, 120.0)
     model = server.served_model_name or server.model or (spec.model.dir if spec.model else "")
     steps: list[CheckStep] = []
+    if spec.api_key is not None and not _headers(spec):  # a server that takes any key is not this one
+        why = f"cannot verify the server: no key in {spec.api_key.file} (apply makes it); nothing was sent"
+        return CheckResult(False, (CheckStep("key", False, why),), time.monotonic() - started)
     try:
         seen = probe(spec)
         version = seen.version
@@ -250,7 +257,9 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
             )
         if server.args.get("enable-auto-tool-choice") is True:
             steps.append(_tool_step(spec, model, timeout, min(256, budget)))
-    except (HttpUnreachable, ForeignListener) as exc:
+    except ForeignListener as exc:
+        steps.append(CheckStep("chat", False, f"cannot verify the server: {exc}"))
+    except HttpUnreachable as exc:
         steps.append(CheckStep("chat", False, str(exc)))
     return CheckResult(all(s.ok for s in steps), tuple(steps), time.monotonic() - started)
 

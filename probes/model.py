@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 RECORD_NAME = ".reconcile-model.json"
+SEAL_NAME = ".reconcile-realization.json"  # reconcile.apply.model_store.SEAL
 SKIP_DIRS = frozenset({".cache"})  # huggingface_hub's local-dir bookkeeping, not model files
 
 
@@ -51,6 +52,7 @@ class ModelObservation(Record):
     config_backup: JsonDoc | Absent | Invalid  # config.json.bak
     quant_config: JsonDoc | Absent | Invalid  # hf_quant_config.json
     required: Mapping[str, bool]  # the spec's required_files -> present
+    sealed: bool = False  # a store realization that converged (.reconcile-realization.json): never rewritten
 
     @property
     def missing_required(self) -> tuple[str, ...]:
@@ -78,6 +80,7 @@ def read_model_dir(path: str, required_files: list[str]) -> ModelObservation | A
         config_backup=read_json(os.path.join(path, "config.json.bak")),
         quant_config=read_json(os.path.join(path, "hf_quant_config.json")),
         required={name: os.path.isfile(os.path.join(path, name)) for name in required_files},
+        sealed=SEAL_NAME in files,
     )
 
 

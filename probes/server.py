@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from probes.common import Absent, Invalid
-from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, state_file_path
+from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, serving_spec, state_file_path
 from reconcile.ownership import cgroups
 from reconcile.ownership.membership import (
     Scope,
@@ -204,6 +204,7 @@ def _record(path: str) -> ServerRecord | Absent:
 
 
 def probe(spec: Spec) -> ServerObservation:
+    spec = serving_spec(spec)  # behind [front]: the active color's deployment
     server = spec.server
     if server is None:
         raise ValueError("the spec has no [server]")

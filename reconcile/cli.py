@@ -257,7 +257,11 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         _one,
         "reconcile check --spec specs/gpu-box.toml",
     ),
-    "history": ("list generations", _one, "reconcile history"),
+    "history": (
+        "list generations (a spec with [deployments]: the machine's, and which deployment changed)",
+        _one,
+        "reconcile history\nreconcile history --deployment chat   # one deployment's own",
+    ),
     "diff": (
         "compare generation N with generation M: the spec text and the resolved versions",
         _diff,
@@ -268,7 +272,8 @@ COMMANDS: dict[str, tuple[str, Builder, str]] = {
         "once and hold it until the spec changes or `reconcile resume` (asks first on a terminal)",
         _rollback,
         "reconcile rollback        # back to the generation below the current one\n"
-        "reconcile rollback 3 --auto-approve",
+        "reconcile rollback 3 --auto-approve\n"
+        "reconcile rollback 2 --deployment chat   # one deployment; without: the machine's generation",
     ),
     "gc": (
         "remove venv realizations no current, held or recent generation (or running process) uses",
@@ -391,8 +396,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _trusted_search_path() -> None:
     """Every program reconcile runs by name is looked up on a PATH only root or we can change
     (reconcile.safety.filesafety.search_path); what it leaves out is said once on stderr."""
-    from reconcile.safety.filesafety import search_path
+    from reconcile.host import check_programs
+    from reconcile.safety.filesafety import resolve_exec, search_path
 
+    check_programs(resolve_exec)  # and each program found there: the exec role, file and interpreter
     kept, dropped = search_path(os.environ.get("PATH", os.defpath))
     if dropped:
         os.environ["PATH"] = kept

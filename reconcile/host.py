@@ -42,6 +42,33 @@ class Completed(Record):
         return self.returncode == 0
 
 
+_PROGRAM_CHECK: list[Callable[[str], object]] = []
+
+
+def check_programs(check: Callable[[str], object]) -> None:
+    """Set the check every program found on PATH must pass before it runs (the CLI sets the exec role,
+    filesafety.resolve_exec, at start: host and the trust layer are peers). It raises to refuse."""
+    _PROGRAM_CHECK[:] = [check]
+
+
+def _program(name: str, env: Mapping[str, str] | None) -> str | None:
+    """The file a command named `name` runs: for a bare name, where PATH has it, after the program
+    check (PATH's directories pass the read role at start, but a file in them may still be another
+    user's: a tarball's owners kept). None: run as given (a path, checked by its own role)."""
+    if "/" in name or not _PROGRAM_CHECK:
+        return None
+    import shutil
+
+    found = shutil.which(name, path=(os.environ if env is None else env).get("PATH", os.defpath))
+    if found is None:
+        raise ToolMissing(f"{name}: not found")
+    try:
+        _PROGRAM_CHECK[0](found)
+    except Exception as exc:
+        raise ToolMissing(f"{name}: {found} not run: {exc}") from None
+    return found
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -53,9 +80,11 @@ def run(
     """Run a command to completion and capture its output (text, errors replaced)."""
     import subprocess  # ~2 ms with its selectors and signals: a warm converged plan runs no command
 
+    program = _program(argv[0], env) if argv else None
     try:
         proc = subprocess.run(
             list(argv),
+            executable=program,  # the file checked, argv[0] as given
             env=dict(env) if env is not None else None,
             input=input,
             capture_output=True,
@@ -87,9 +116,11 @@ def run_lines(
     import subprocess
     import threading
 
+    program = _program(argv[0], env) if argv else None
     try:
         proc = subprocess.Popen(
             list(argv),
+            executable=program,  # the file checked, argv[0] as given
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -393,42 +424,218 @@ DOWNLOAD_WINDOW_S = 15.0
 
 
 def bound_hub_session() -> None:
-    """Put the bounds on huggingface_hub's shared session (idempotent): API answers capped
-    (_bound_api_answer), every other answer (a download, `/resolve/` or the CDN it redirects to)
-    held to a least rate. huggingface_hub's own timeout bounds each read only, and it reads a
-    download in 10 MB chunks, so a mirror that drips 1 KiB a second held apply (and its lock) for
-    as long as the model took at that rate: each window of DOWNLOAD_WINDOW_S must now bring
-    DOWNLOAD_LEAST_RATE a second, else HttpTooSlow, which is not retried."""
-    from huggingface_hub import get_session
+    """Put the bounds on huggingface_hub's shared client (idempotent), through its own hook
+    (`set_client_factory`): hf's default client, with
+    - API answers capped (_bound_api_answer), every other answer's body (a download, `/resolve/` or
+      the CDN it redirects to) held to a least rate (_bound_download): huggingface_hub's own timeout
+      bounds each read only, so a mirror that dripped 1 KiB a second held apply (and its lock) for as
+      long as the model took at that rate; each window of DOWNLOAD_WINDOW_S must bring
+      DOWNLOAD_LEAST_RATE a second, else HttpTooSlow, which is not retried;
+    - every connection made through _HubBackend: each answer's status line and headers must have come
+      DOWNLOAD_HEAD_S after its request (a mirror that drips them a byte every 2 s, which no per-read
+      timeout sees and no body rate reaches, held apply ~10 min a request), and no read outlives the
+      deadline of the download around it (hub_deadline): every socket read is bounded by it, so
+      huggingface_hub's worker threads end with the call instead of being joined at exit."""
+    import huggingface_hub
+    from huggingface_hub import constants
 
-    hooks = get_session().event_hooks
-    for kind, hook in (
-        ("request", _identity_for_api),
-        ("response", _bound_api_answer),
-        ("response", _bound_download),
-    ):
-        if hook not in hooks[kind]:
-            hooks[kind].append(hook)
+    # hf_xet (Rust, its own sockets) would download a file whose HEAD names a Xet hash from the CAS
+    # server a token route names: none of the bounds here reach it, and a mirror chooses that server
+    # (one that accepts and never answers held apply past 60 s). The hub serves every file over
+    # /resolve/ as well: HF_HUB_DISABLE_XET, read at call time through this constant.
+    constants.HF_HUB_DISABLE_XET = True
+    if not _BOUNDED:
+        huggingface_hub.set_client_factory(_bounded_hub_client)  # closes the client made before, if any
+        _BOUNDED.append(True)
+
+
+_BOUNDED: list[bool] = []
+
+
+def _bounded_hub_client() -> Any:
+    from huggingface_hub.utils import _http  # hf's own client (offline mode, request ids), then ours
+
+    client = _http.default_client_factory()
+    pools = [getattr(t, "_pool", None) for t in (client._transport, *client._mounts.values())]
+    for pool in pools:  # httpcore's ConnectionPool (and its proxies) take their backend from here
+        if pool is None or not hasattr(pool, "_network_backend"):
+            raise RuntimeError("huggingface_hub's client has no httpcore pool to bound: unsupported version")
+        pool._network_backend = _hub_backend()
+    hooks = client.event_hooks
+    hooks["request"].append(_identity_for_api)
+    hooks["response"] += [_bound_api_answer, _bound_download]
+    return client
+
+
+DOWNLOAD_HEAD_S = 60.0  # a status line and headers: hf's own per-read timeout is 10 s
+DOWNLOAD_BASE_S = 300.0  # a whole download's deadline: this, DOWNLOAD_PER_FILE_S a file, the bytes at
+DOWNLOAD_PER_FILE_S = 30.0  # the least rate (download_deadline_s)
+
+
+def download_deadline_s(sizes: Collection[int]) -> float:
+    """The deadline of a download of files of these (listed) sizes, retries included."""
+    return DOWNLOAD_BASE_S + DOWNLOAD_PER_FILE_S * len(sizes) + sum(sizes) / DOWNLOAD_LEAST_RATE
+
+
+_HUB_DEADLINE: list[tuple[float, str]] = []  # (monotonic deadline, what) of the download now running
+
+
+@contextlib.contextmanager
+def hub_deadline(seconds: float, what: str, sizes: Mapping[str, int] | None = None) -> Iterator[None]:
+    """Every hub exchange inside ends by `seconds` from now: a read still waiting then raises
+    HttpTooSlow in its own thread (its socket's timeout is the time left), and no new connection
+    is made after it. `sizes` (file name -> listed size): no file's body may be longer."""
+    import time
+
+    _HUB_DEADLINE.append((time.monotonic() + seconds, f"{what}: not complete within {seconds:.0f} s"))
+    _HUB_SIZES.append(dict(sizes or {}))
+    try:
+        yield
+    finally:
+        _HUB_DEADLINE.pop()
+        _HUB_SIZES.pop()
+        _REDIRECTED.clear()
+
+
+def _hub_backend() -> Any:
+    import importlib
+
+    try:  # huggingface_hub 2.x: httpx2 on httpcore2; 1.x: httpx on httpcore
+        httpcore: Any = importlib.import_module("httpcore2")
+    except ImportError:
+        httpcore = importlib.import_module("httpcore")
+
+    class Backend(httpcore.SyncBackend):  # type: ignore[misc]
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, **kw: Any) -> Any:
+            limit, why = _hub_limit(None, "")
+            return _BoundedStream(super().connect_tcp(host, port, _capped(timeout, limit, why), **kw))
+
+    return Backend()
+
+
+def _hub_limit(head_by: float | None, head_why: str) -> tuple[float | None, str]:
+    """The earliest of the download's deadline and the head's; past it, HttpTooSlow."""
+    import time
+
+    limits = [(head_by, head_why)] if head_by is not None else []
+    limits += _HUB_DEADLINE[-1:]
+    if not limits:
+        return None, ""
+    limit, why = min(limits)
+    if time.monotonic() >= limit:
+        raise HttpTooSlow(f"{why} (a slow or stuck hub or mirror): given up")
+    return limit, why
+
+
+def _capped(timeout: float | None, limit: float | None, why: str) -> float | None:
+    import time
+
+    if limit is None:
+        return timeout
+    left = max(0.001, limit - time.monotonic())
+    return left if timeout is None else min(timeout, left)
+
+
+class _BoundedStream:
+    """httpcore's network stream with the head and download deadlines on every read and write."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.head_by: float | None = None
+        self.head_why, self.tail = "", b""
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        import time
+
+        limit, why = _hub_limit(None, "")
+        self._timed(lambda t: self.stream.write(buffer, t), timeout, limit, why)
+        if self.head_by is None:  # a request sent: its answer's head is awaited
+            self.head_by, self.tail = time.monotonic() + DOWNLOAD_HEAD_S, b""
+            self.head_why = f"no status line and headers within {DOWNLOAD_HEAD_S:g} s of the request"
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        limit, why = _hub_limit(self.head_by, self.head_why)
+        data: bytes = self._timed(lambda t: self.stream.read(max_bytes, t), timeout, limit, why)
+        if self.head_by is not None:
+            seen = self.tail + data
+            if b"\r\n\r\n" in seen:
+                self.head_by = None
+            self.tail = seen[-3:]
+        return data
+
+    @staticmethod
+    def _timed(call: Callable[[float | None], T], timeout: float | None, limit: float | None, why: str) -> T:
+        import time
+
+        try:
+            return call(_capped(timeout, limit, why))
+        except Exception:
+            if limit is not None and time.monotonic() >= limit:
+                raise HttpTooSlow(f"{why} (a slow or stuck hub or mirror): given up") from None
+            raise
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
+        limit, why = _hub_limit(None, "")
+        tls = self._timed(
+            lambda t: self.stream.start_tls(ssl_context, server_hostname, t), timeout, limit, why
+        )
+        return _BoundedStream(tls)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.stream.get_extra_info(info)
 
 
 def _bound_download(response: Any) -> None:
     if _is_api(response.request.url):
         return
-    what = f"{response.request.url.copy_with(query=None)}"
+    url = response.request.url
+    what = f"{url.copy_with(query=None)}"
+    name = _download_name(url)
+    if response.is_redirect and name is not None and "location" in response.headers:
+        _REDIRECTED[str(url.join(response.headers["location"]))] = name  # the CDN's answer: this file
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # httpx would inflate it: its size on the wire says nothing
+        raise HttpTooLarge(f"{what}: a {encoding[:20]!r}-encoded file (asked for identity): refused")
+    sizes = _HUB_SIZES[-1] if _HUB_SIZES else {}
+    limit = sizes.get(name) if name is not None else None
+    if limit is None and sizes:  # a file the listing does not name: no larger than its largest
+        limit = max(sizes.values())
     stream = response.stream
     base = next((c for c in type(stream).__mro__ if c.__name__ == "SyncByteStream"), object)
     rated = _RATED.get(base) or _RATED.setdefault(base, type("RatedStream", (_RatedStream, base), {}))
-    response.stream = rated(stream, what)
+    response.stream = rated(stream, what, limit)
+
+
+_REDIRECTED: dict[str, str] = {}  # a redirect's target URL -> the file of the /resolve/ that led there
+_HUB_SIZES: list[dict[str, int]] = []  # the listed sizes of the download now running (hub_deadline)
+
+
+def _download_name(url: Any) -> str | None:
+    """The repo file a download answers: `.../resolve/<revision>/<name>`, or a redirect's target."""
+    from urllib.parse import unquote
+
+    path = str(url.path)
+    if "/resolve/" in path:
+        _, _, tail = path.partition("/resolve/")
+        return unquote(tail.partition("/")[2]) or None
+    return _REDIRECTED.get(str(url))
 
 
 _RATED: dict[type, type] = {}
 
 
 class _RatedStream:
-    """A download's body that raises HttpTooSlow when a window brings less than the least rate."""
+    """A download's body that raises HttpTooSlow when a window brings less than the least rate, and
+    HttpTooLarge past `limit` bytes (the file's listed size: huggingface_hub writes what comes and
+    compares sizes only at the end, so a mirror could fill the disk the free-space check judged)."""
 
-    def __init__(self, stream: Any, what: str) -> None:
-        self.stream, self.what = stream, what
+    def __init__(self, stream: Any, what: str, limit: int | None = None) -> None:
+        self.stream, self.what, self.limit, self.total = stream, what, limit, 0
 
     def __iter__(self) -> Iterator[bytes]:
         import time
@@ -436,6 +643,12 @@ class _RatedStream:
         start, got = time.monotonic(), 0
         for chunk in self.stream:
             got += len(chunk)
+            self.total += len(chunk)
+            if self.limit is not None and self.total > self.limit:
+                self.close()
+                raise HttpTooLarge(
+                    f"{self.what}: more than the {size_text(self.limit)} the hub lists for it: refused"
+                )
             now = time.monotonic()
             if now - start >= DOWNLOAD_WINDOW_S:
                 if got < DOWNLOAD_LEAST_RATE * (now - start):
@@ -459,8 +672,8 @@ def _is_api(url: Any) -> bool:
 
 
 def _identity_for_api(request: Any) -> None:
-    if _is_api(request.url):
-        request.headers["Accept-Encoding"] = "identity"
+    """Every answer uncompressed (API answers and files alike): their caps count what is written."""
+    request.headers["Accept-Encoding"] = "identity"
 
 
 def _bound_api_answer(response: Any) -> None:

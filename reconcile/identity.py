@@ -284,3 +284,64 @@ def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = N
                 f"(last: {seen[-1].get('reason', '?')}); not starting it again before {until}"
             )
     return None
+
+
+# --- A server behind [front] (HAProxy): two colors of the deployment, each a deployment of its own
+# (its own name, marker, pidfile, record, cgroup) on its own loopback port; the front routes to the
+# active one, recorded in <state_dir>/front-<name>.json by the switch that made it active.
+COLORS = ("blue", "green")
+
+
+def front_ports(spec: Spec) -> tuple[int, int]:
+    front, server = getattr(spec, "front", None), spec.server
+    assert front is not None and server is not None
+    ports = list(front.ports) or [server.port + 1, server.port + 2]
+    return ports[0], ports[1]
+
+
+def front_state_path(spec: Spec) -> str:
+    if spec.server is None:
+        raise ValueError("the spec has no [server]")
+    return f"{spec.machine.state_dir.rstrip('/')}/front-{spec.server.name}.json"
+
+
+def active_color(spec: Spec) -> str:
+    """The color the front routes to ("blue" until a switch made "green" active)."""
+    from reconcile.safety import statefiles
+    from reconcile.safety.shapes import Obj, Scalar
+
+    try:
+        data, _aside = statefiles.read_json(
+            front_state_path(spec), Obj({"active": Scalar("string")}, required=("active",)), max_bytes=4096
+        )
+    except OSError:
+        return COLORS[0]
+    active = data.get("active") if isinstance(data, dict) else None
+    return active if active in COLORS else COLORS[0]
+
+
+def other_color(color: str) -> str:
+    return COLORS[1] if color == COLORS[0] else COLORS[0]
+
+
+def color_spec(spec: Spec, color: str) -> Spec:
+    """The spec of one color of a fronted deployment: name <name>-<color>, loopback, its own port."""
+    server = spec.server
+    assert server is not None
+    port = front_ports(spec)[COLORS.index(color)]
+    update = {"name": f"{server.name}-{color}", "host": "127.0.0.1", "port": port, "pidfile": None}
+    # Without [front]: a color is a plain deployment (its probes and actions need no more of it).
+    return spec.model_copy(update={"server": server.model_copy(update=update), "front": None})
+
+
+def serving_spec(spec: Spec) -> Spec:
+    """The spec the server's probes and actions work on: itself, or with [front] its active color's."""
+    if getattr(spec, "front", None) is None or spec.server is None:
+        return spec
+    return color_spec(spec, active_color(spec))
+
+
+def front_paths(spec: Spec) -> tuple[str, str, str]:
+    """(config, pidfile, runtime socket) of the deployment's HAProxy, in the 0700 state dir."""
+    base = front_state_path(spec)[: -len(".json")]
+    return f"{base}.cfg", f"{base}.pid", f"{base}.sock"

@@ -6,6 +6,7 @@ that cannot hold every deployment placed on it is refused with the per-GPU sum."
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 import tomlkit
 
 from actions import supervising
+from reconcile.errors import ReconcileError
 from reconcile.host import http_request
 from reconcile.identity import marker_value
 from reconcile.ownership.membership import scope_of
@@ -174,11 +176,7 @@ def test_two_deployments_converge_serve_through_their_keys_and_a_change_restarts
     assert json.loads(status.stdout)["deployments"]["chat"]["server"]["state"] == "healthy"
     check = multi.cli("check")
     assert check.returncode == 0 and check.stdout.count("passed") == 2, check.stdout
-    history = multi.cli("history")
-    assert history.returncode == 0 and history.stdout.count("── deployment") == 2, history.stdout
-    assert history.stdout.index("── deployment chat") < history.stdout.index("── deployment draft")
-    rollback = multi.cli("rollback", "1", "--auto-approve")
-    assert rollback.returncode == 1 and "name one with --deployment NAME" in rollback.stderr
+    assert _serving(multi) == (2, "chat 1, draft 2")  # the machine's generations: draft changed in 2
     # Rollback of one deployment: draft back to generation 1 (max-num-seqs 2), chat untouched.
     chat = multi.pid("chat")
     back = multi.cli("rollback", "1", "--deployment", "draft", "--auto-approve")
@@ -186,6 +184,111 @@ def test_two_deployments_converge_serve_through_their_keys_and_a_change_restarts
     assert _flag(multi.pid("draft"), "--max-num-seqs") == "2" and multi.pid("chat") == chat
     held = multi.cli("plan")
     assert held.returncode == 0 and "held at generation 1 by rollback" in held.stdout, held.stdout
+    assert _serving(multi) == (1, "chat 1, draft 1")  # one deployment's rollback moves the machine's too
+
+
+def _serving(multi: Multi) -> tuple[int, str]:
+    """The machine generation `history` marks serving (`*`): its number and each deployment's."""
+    history = multi.cli("history")
+    assert history.returncode == 0, history.stdout + history.stderr
+    line = next((line for line in history.stdout.splitlines() if line.startswith("*")), "")
+    found = re.match(r"\*\s*(\d+)\s+\S+ \S+\s+(.+?)\s{2,}", line)
+    assert found is not None, history.stdout
+    return int(found[1]), found[2]
+
+
+def _seqs(multi: Multi) -> dict[str, str]:
+    return {name: _flag(multi.pid(name), "--max-num-seqs") for name in NAMES}
+
+
+def test_machine_generations_roll_the_whole_machine_back_and_history_follows(multi: Multi) -> None:
+    assert multi.cli("apply", "--auto-approve").returncode == 2
+    assert _serving(multi) == (1, "chat 1, draft 1") and _seqs(multi) == {"chat": "4", "draft": "2"}
+
+    def seqs(name: str, n: int) -> Any:
+        def edit(doc: Any) -> None:
+            doc["deployments"][name]["server"]["args"]["max-num-seqs"] = n
+            if name == "draft":
+                doc["deployments"]["chat"]["server"]["args"]["max-num-seqs"] = 5
+
+        return edit
+
+    multi.write(seqs("chat", 5))  # change A: chat
+    draft = multi.pid("draft")
+    assert multi.cli("apply", "--auto-approve").returncode == 2
+    assert _serving(multi) == (2, "chat 2, draft 1") and multi.pid("draft") == draft
+    multi.write(seqs("draft", 3))  # change B: draft
+    chat = multi.pid("chat")
+    assert multi.cli("apply", "--auto-approve").returncode == 2
+    assert _serving(multi) == (3, "chat 2, draft 2") and multi.pid("chat") == chat
+    assert json.loads((multi.state_dir / "last-run.json").read_text())["machine_generation"] == 3
+    assert _seqs(multi) == {"chat": "5", "draft": "3"}
+    history = multi.cli("history").stdout
+    assert "chat: generation 1 -> 2\n          args: --max-num-seqs 4 -> 5" in history, history
+    assert "draft: generation 1 -> 2\n          args: --max-num-seqs 2 -> 3" in history, history
+    diff = multi.cli("diff", "2", "3").stdout
+    assert "chat: unchanged (generation 2)" in diff and "draft: generation 1 -> 2" in diff, diff
+    assert "--deployment" not in multi.cli("history", "--deployment", "chat").stdout  # its own view
+    assert multi.cli("history", "--deployment", "chat").stdout.count("args: --max-num-seqs 4 -> 5") == 1
+
+    # Back to machine generation 2, then 1: each time the deployment that differs goes back through its
+    # own rollback; the other is not touched (its pid stays) and is held where it is.
+    back = multi.cli("rollback", "2", "--auto-approve")
+    assert back.returncode in (0, 2), back.stdout + back.stderr
+    assert "rolled the machine back to machine generation 2" in back.stdout
+    assert multi.pid("chat") == chat and _seqs(multi) == {"chat": "5", "draft": "2"}
+    assert _serving(multi) == (2, "chat 2, draft 1")
+    draft = multi.pid("draft")
+    back = multi.cli("rollback", "1", "--auto-approve")
+    assert back.returncode in (0, 2), back.stdout + back.stderr
+    assert multi.pid("draft") == draft and _seqs(multi) == {"chat": "4", "draft": "2"}
+    assert _serving(multi) == (1, "chat 1, draft 1")
+    for name in NAMES:
+        assert multi.models(name, multi.key(name))[0] == 200
+    held = multi.cli("plan")
+    assert held.returncode == 0 and held.stdout.count("held at generation 1 by rollback") == 2, held.stdout
+    resumed = multi.cli("resume")
+    assert "released [chat]" in resumed.stdout and "released [draft]" in resumed.stdout, resumed.stdout
+    assert multi.cli("plan").returncode == 2  # the spec again: both would change
+    profile = multi.state_dir / "machine-profile"
+    assert profile.stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in profile.iterdir()} == {0o600}
+
+
+def test_machine_generation_records_are_private_and_a_changed_one_is_refused(tmp_path: Path) -> None:
+    from reconcile.apply import machine_generations as mg
+
+    old = os.umask(0)
+    try:
+        assert mg.record(str(tmp_path), {"chat": 1, "draft": 1}, reason="apply") == (1, True)
+        assert mg.record(str(tmp_path), {"chat": 2, "draft": 1}, reason="apply") == (2, True)
+        assert mg.record(str(tmp_path), {"chat": 1, "draft": 1}, reason="rollback") == (1, False)
+    finally:
+        os.umask(old)
+    assert mg.current(str(tmp_path)) == 1 and mg.read(str(tmp_path), 2)["changed"] == ["chat"]
+    profile = tmp_path / "machine-profile"
+    assert profile.stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in profile.iterdir()} == {0o600}
+    record = profile / "2.json"
+    record.write_text(record.read_text().replace('"chat": 2', '"chat": 1'))  # not what reconcile wrote
+    with pytest.raises(ReconcileError, match="sha256 is not the one reconcile recorded"):
+        mg.read(str(tmp_path), 2)
+    assert [n for n, g in mg.scan(str(tmp_path)) if isinstance(g, str)] == [2]
+    assert mg.record(str(tmp_path), {"chat": 2, "draft": 1}, reason="apply") == (3, True)  # never 2's
+
+
+def test_lock_says_what_floats_in_a_deployments_own_venv(multi: Multi) -> None:
+    def own_venv(doc: Any) -> None:
+        doc["venv"]["packages"] = {}  # the machine's: nothing to lock (no resolver run offline)
+        venv = tomlkit.table()
+        venv.update(path=str(multi.root / "draft-venv"), packages={"ninja": "*"})
+        doc["deployments"]["draft"]["venv"] = venv
+
+    multi.write(own_venv)
+    locked = multi.cli("lock")
+    assert locked.returncode == 0, locked.stdout + locked.stderr
+    assert "note: deployments.draft.venv floats: `reconcile lock` does not pin" in locked.stderr
+    assert "deployments.chat" not in locked.stderr and "nothing floats in the machine's" in locked.stdout
 
 
 def _shared_gpu(share: float) -> Any:

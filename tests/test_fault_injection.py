@@ -111,12 +111,16 @@ def drop_patch(doc: Any) -> None:
 def test_a_full_disk_while_config_json_is_patched_loses_nothing_and_the_next_apply_converges(
     seeded: Demo, free_pages: int
 ) -> None:
+    def in_place(doc: Any) -> None:  # the model dir itself on the small tmpfs: no store
+        doc["venv"]["store"] = False
+
     with tmpfs(seeded.root / "models"):
-        seeded.write_spec(drop_patch)  # the model's files first, unpatched: then only the patch writes
+        # The model's files first, unpatched: then only the patch writes.
+        seeded.write_spec(lambda doc: (drop_patch(doc), in_place(doc)))
         code, _, output = apply(seeded)
         assert code == 2, output
         key, pid = seeded.key_file.read_bytes(), seeded.server_pids()
-        seeded.write_spec()
+        seeded.write_spec(in_place)
         filler = fill(seeded.root / "models", free_pages)
 
         code, results, output = apply(seeded)

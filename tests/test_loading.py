@@ -38,7 +38,8 @@ EXPECTED = {
     "(a [table] header ends with ])",
     # unknown keys
     "unknown_top_level_section.toml": "unknown_top_level_section.toml:4: sever: unknown key, did you mean "
-    "server? (allowed: machine, gpu, cuda, apt, venv, model, api_key, server, health, deployments, extends)",
+    "server? (allowed: machine, gpu, cuda, apt, bench, venv, model, api_key, server, front, health, "
+    "deployments, extends)",
     "unknown_venv_key.toml": "unknown_venv_key.toml:3: venv.pakages: unknown key, did you mean packages? "
     "(allowed: path, python, index_url, extra_index_urls, packages, closure, wheelhouse, no_deps, "
     "system_site_packages, extra_site_packages, installer, store)",

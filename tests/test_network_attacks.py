@@ -257,7 +257,9 @@ def test_escape_sequences_in_version_and_model_ids_never_reach_the_terminal(
         assert run.returncode is not None, run
         assert_no_raw_escapes(run.output)
     check = watched(demo, "check").output
-    assert "✓ chat       answered: Paris\\u001b]0;pwned\\u0007" in check, check
+    # A listener that is not the deployment's is never vouched for, so its chat answer is not shown
+    # at all (tests/test_hostile_reader3.py); what check does print of it is escaped above.
+    assert "cannot verify the server" in check and "Paris" not in check, check
     status = watched(demo, "status").output
     assert "vLLM 0.26.0\\u001b]0;pwned\\u0007\\u001b[2J\\u001b[5;5H\\u009b31m\\u2028\\n" in status, status
     data = json.loads(watched(demo, "status", "--json").output)

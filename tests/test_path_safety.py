@@ -240,15 +240,18 @@ def test_modes_come_out_the_same_whatever_the_callers_umask(demo: Demo, mask: in
     assert run.returncode == 2, run.output
     assert under_umask(demo, mask, "status").returncode == 0
     # Trees it builds: readable by the server's user, writable by nobody else (022).
+    # (demo.venv and demo.model_dir are links to their realizations in the store: their targets.)
     for tree in (demo.venv, demo.venv / "bin", demo.model_dir):
-        assert mode(tree) == 0o755, (tree, oct(mode(tree)))
+        real = Path(os.path.realpath(tree))
+        assert mode(real) == 0o755, (real, oct(mode(real)))
     for path in [*demo.venv.rglob("*"), *demo.model_dir.rglob("*")]:
         if not path.is_symlink():
             assert not mode(path) & 0o022, (path, oct(mode(path)))
     assert not mode(demo.log) & 0o022, oct(mode(demo.log))  # old code under 000: 0666
     # State: 0700 dirs, 0600 files (077).
     assert mode(demo.state_dir) == 0o700 and mode(demo.state_dir / "generations") == 0o700
-    state_files = [p for p in demo.state_dir.rglob("*") if p.is_file()]
+    store = demo.state_dir / "store"  # the realizations: trees the server reads (above), not state
+    state_files = [p for p in demo.state_dir.rglob("*") if p.is_file() and store not in p.parents]
     names = {p.name for p in state_files}
     assert {"apply.lock", "last-run.json", "1.json", "index.json", "conditions.json"} <= names, names
     for path in state_files:

@@ -195,6 +195,8 @@ def test_launch_command_builds_argv_and_a_clean_env(tmp_path: Path) -> None:
         "nano",
         "--max-model-len",
         "1M",
+        "--shutdown-timeout",  # reconcile's drain: stop_timeout (30 s by default) less vLLM's exit
+        "20",
     ]
     assert dict(cmd.env) == {
         "PATH": "/opt/venv/bin:/usr/local/cuda/bin:/usr/bin",

@@ -49,7 +49,7 @@ def test_unit_has_the_supervision_settings_and_no_secret(tmp_path: Path) -> None
     lines = unit.splitlines()
     for expected in (
         "Type=simple",
-        "KillMode=control-group",
+        "KillMode=mixed",
         "Restart=on-failure",
         "TimeoutStopSec=45",
         "EnvironmentFile=/state/server-nemotron.env",

@@ -54,8 +54,16 @@ class Tree:
     def as_nobody(self, *argv: str) -> None:
         subprocess.run([*NOBODY, *argv], check=True, timeout=10)
 
+    def copied(self) -> Path:
+        """Where the copy is: `dir` (a link to the current realization in the store), or before the
+        link is made (an apply that did not converge), the one realization there."""
+        if self.dir.exists():
+            return Path(os.path.realpath(self.dir))
+        (only,) = (self.root / "state" / "store").glob("*-model")
+        return only
+
     def manifest(self) -> dict[str, object]:
-        data = json.loads((self.dir / ".reconcile-model.json").read_text())
+        data = json.loads((self.copied() / ".reconcile-model.json").read_text())
         assert isinstance(data, dict)
         return data
 
@@ -158,7 +166,7 @@ def test_a_fifo_in_place_of_the_model_dirs_json_files_does_not_hang_the_plan(tre
         assert "Traceback" not in plan.output, plan.output
         if name == "config.json":
             assert plan.returncode == 2, plan.output
-            assert f"{path}: a FIFO, not a regular file" in plan.output, plan.output
+            assert f"{tree.copied() / name}: a FIFO, not a regular file" in plan.output, plan.output
             apply = tree.cli("apply")  # old code: hung reading it
             assert apply.returncode == NOT_CONVERGED and "a FIFO, not a regular file" in apply.output
         path.unlink()
@@ -228,7 +236,7 @@ def test_a_file_growing_while_it_is_copied_is_copied_as_it_was_opened(tree: Tree
         appender.wait()
     # Converged (it stopped growing), or the re-plan saw it grow: either way a bounded copy.
     assert run.returncode in (2, NOT_CONVERGED) and "Traceback" not in run.output, run.output
-    copy = (tree.dir / "growing.bin").read_bytes()
+    copy = (tree.copied() / "growing.bin").read_bytes()
     recorded = tree.manifest()["source_files"]
     assert isinstance(recorded, dict)
     assert recorded["growing.bin"]["size"] == len(copy)  # the size seen at open, copied and recorded

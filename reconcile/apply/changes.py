@@ -157,7 +157,9 @@ def _execute(
     """Each planned Change in order; after a change, also re-plan the resources the plan found true,
     since what changed may move them (unless `exact`: a saved plan runs its own Changes only)."""
     from reconcile.plan.planner import replan_resource
+    from reconcile.resources import BY_NAME
 
+    began = time.monotonic()
     failed: dict[str, str] = {}  # resource -> the root failure that stops what depends on it
     for item in plan.items:
         fresh: Change | None = None
@@ -186,7 +188,12 @@ def _execute(
             failed[change.resource] = cause
             after_each()
             continue
+        prepared = time.monotonic() - began
         result = _run_change(loaded, change, progress, fresh)
+        if BY_NAME[change.resource].serves and result.result == Result.CHANGED:
+            # Everything the new server reads ran before this row (the table's order): the old one
+            # served while it did, and is asked to stop only now.
+            result = result._replace(message=f"prepared in {prepared:.1f}s, then {result.message}")
         report.results.append(result)
         if result.result == Result.FAILED:
             failed[change.resource] = f"{change.resource} failed"

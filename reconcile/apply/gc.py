@@ -1,14 +1,17 @@
 """`reconcile gc [--keep N]`: remove the realizations no current, held or recent generation uses.
 
 Called by the CLI, under the apply lock. Never removes what a live process runs from, nor anything
-under the store that is not a `<hash>-venv` realization.
+under the store that is not a `<hash>-venv` or `<hash>-model` realization, or, under `<store>/hub`,
+a model snapshot no kept realization holds and the blobs only it held (huggingface_hub decides which).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from reconcile.apply import generations
+from reconcile.apply.model_store import HUB, collect_snapshots, referenced_snapshots
 from reconcile.apply.store import disk_usage, in_use_by_processes, realizations, remove
 
 
@@ -33,18 +36,21 @@ def collect(
     for name, other in others:
         for p, w in _kept_by(other, keep).items():
             why.setdefault(p, f"deployment {name}'s {w}")
-    for p, w in _kept_by(state_dir, keep).items():
-        why[p] = w
+    why.update(_kept_by(state_dir, keep))
     found = realizations(store)
     for p in in_use_by_processes(found):
         why[p] = "a running process uses it"
     out = Collected(kept={p: w for p, w in why.items() if p in found})
     doomed = [p for p in found if p not in why]
-    before = disk_usage(found)
+    hub = os.path.join(store, HUB)
+    before = disk_usage([*found, hub] if os.path.isdir(hub) else found)
     for p in doomed:
         remove(store, p)
         out.removed.append(p)
-    out.freed = before - disk_usage([p for p in found if p not in doomed])
+    kept = [p for p in found if p not in doomed]
+    hub = os.path.join(store, HUB)
+    out.removed += collect_snapshots(store, referenced_snapshots(kept))
+    out.freed = before - disk_usage([*kept, hub] if os.path.isdir(hub) else kept)
     return out
 
 
@@ -54,17 +60,18 @@ def _kept_by(state_dir: str, keep: int) -> dict[str, str]:
     current, hold = generations.current(state_dir), generations.read_hold(state_dir)
     why: dict[str, str] = {}
 
-    def path_of(g: dict[str, object]) -> str | None:
-        venv = g.get("venv")
-        return str(venv.get("path")) if isinstance(venv, dict) and venv.get("path") else None
+    def paths_of(g: dict[str, object]) -> list[str]:
+        venv, model = g.get("venv"), g.get("model")
+        out = [str(venv.get("path"))] if isinstance(venv, dict) and venv.get("path") else []
+        return out + ([str(model.get("dir"))] if isinstance(model, dict) and model.get("dir") else [])
 
     for g in records[-keep:] if keep > 0 else []:
-        if (p := path_of(g)) is not None:
+        for p in paths_of(g):
             why.setdefault(p, f"generation {g['generation']} (one of the last {keep})")
     for g in records:
-        p = path_of(g)
-        if p is not None and g["generation"] == current:
-            why[p] = f"generation {current} (current)"
-        if p is not None and hold is not None and g["generation"] == hold.generation:
-            why[p] = f"generation {hold.generation} (held)"
+        for p in paths_of(g):
+            if g["generation"] == current:
+                why[p] = f"generation {current} (current)"
+            if hold is not None and g["generation"] == hold.generation:
+                why[p] = f"generation {hold.generation} (held)"
     return why

@@ -53,7 +53,15 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
         shown = generations.scrub_env(dict(spec.server.env), getattr(spec.server, "secret_env", ()))
         launch = {"argv": redact_argv(cmd.argv), "env": shown, "identity": cmd.identity.digest}
     venv_path = spec.venv.path if spec.venv is not None else None
+    model_dir = spec.model.dir if spec.model is not None else None
     key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
+    model: dict[str, Any] | None = None
+    if model_dir is not None and os.path.basename(model_dir).endswith("-model"):
+        from reconcile.apply.model_store import read_seal
+
+        seal = read_seal(model_dir) or {}
+        model = {"dir": model_dir, "repo_folder": seal.get("repo_folder"), "snapshot": seal.get("snapshot")}
+        key_parts.append(model_dir)  # a local source edited: another realization, another generation
     return {
         "key": hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:32],
         "spec_path": os.path.abspath(loaded.path),
@@ -63,6 +71,7 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
         "config_json": config,
         "launch": launch,
         "model_commit": inputs.model_revision,
+        "model": model,
     }
 
 
@@ -78,21 +87,35 @@ def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> tuple[LoadedSpe
     loaded = spec_from_resolved(doc, "", str(gen.get("spec_path") or current.path))
     # A stored spec is not the file in git: no "uncommitted changes" note about it.
     loaded = loaded._replace(path=current.path, files=())
-    return realize(loaded, (gen.get("venv") or {}).get("path")), notes
+    return realize(loaded, (gen.get("venv") or {}).get("path"), (gen.get("model") or {}).get("dir")), notes
 
 
 def seal_realization(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, good: bool) -> None:
     """A converged venv becomes an immutable realization; a good one is what the profile points at."""
-    from reconcile.apply.store import link_profile, realization_inputs, seal, share_files, store_of
-
-    # The spec's own `[venv] path` as written (the loaded spec's venv is already its realization).
-    venv, profile = applied.spec.venv, (original.resolved.get("venv") or {}).get("path")
-    store = store_of(venv)
-    if venv is None or not isinstance(profile, str) or store is None or report.final_plan is None:
-        return
+    from reconcile.apply.store import (
+        is_realization,
+        link_profile,
+        realization_inputs,
+        seal,
+        share_files,
+        spec_store,
+    )
     from reconcile.resources import BY_NAME
 
-    if any(BY_NAME[c.resource].section == "venv" for c in report.final_plan.changes):
+    store = spec_store(applied.spec)
+    if store is None or report.final_plan is None:
+        return
+    pending = {BY_NAME[c.resource].section for c in report.final_plan.changes}
+    if "model" not in pending:
+        _seal_model(original, applied, report, store, good)
+    # The spec's own `[venv] path` as written (the loaded spec's venv is already its realization).
+    venv, profile = applied.spec.venv, (original.resolved.get("venv") or {}).get("path")
+    if (
+        venv is None
+        or not isinstance(profile, str)
+        or "venv" in pending
+        or not is_realization(venv.path, store)
+    ):
         return
     from probes.venv import VenvObservation, read_venv
 
@@ -126,3 +149,37 @@ def restore_config(applied: LoadedSpec, gen: dict[str, Any]) -> None:
         return  # no model files yet: the model's own Changes bring them
     if data is not None and now != data:
         atomic_write(path, data, mode=mode)
+
+
+def _seal_model(
+    original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, store: str, good: bool
+) -> None:
+    """A converged model realization is kept by content (model_store.seal_model); a good one is what
+    `[model] dir` links to."""
+    from reconcile.apply.model_store import seal_model
+    from reconcile.apply.store import is_realization, link_profile
+
+    model, profile = applied.spec.model, (original.resolved.get("model") or {}).get("dir")
+    if model is None or not isinstance(profile, str) or not is_realization(model.dir, store):
+        return
+    shared = seal_model(store, model.dir, model)
+    if shared >= 2**20 // 10:
+        report.notes.append(f"{model.dir}: {shared / 2**20:.1f} MiB of model files shared with older ones")
+    if good and profile != model.dir:
+        note = link_profile(profile, model.dir)
+        if note:
+            report.notes.append(note)
+
+
+def profiles_moved(original: LoadedSpec, applied: LoadedSpec) -> bool:
+    """Whether `[venv] path` or `[model] dir` (links, as written) points elsewhere than the realization
+    applied: a switch back to realizations that are all there changes no file, yet it is a switch."""
+    pairs = (
+        ((original.resolved.get("venv") or {}).get("path"), applied.spec.venv and applied.spec.venv.path),
+        ((original.resolved.get("model") or {}).get("dir"), applied.spec.model and applied.spec.model.dir),
+    )
+    for profile, target in pairs:
+        linked = isinstance(profile, str) and target and profile != target and os.path.islink(profile)
+        if linked and isinstance(profile, str) and os.readlink(profile) != target:
+            return True
+    return False

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Collection, Iterator
 
 from reconcile.host import atomic_symlink, atomic_write
-from reconcile.safety.filesafety import ensure_dir, open_dir
+from reconcile.safety.filesafety import ensure_dir, open_dir, remove_tree_at
 from reconcile.safety.untrusted import load_json, walk_tree
 
 TYPE_CHECKING = False
@@ -27,12 +27,32 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Venv
 
 MANIFEST = ".reconcile-realization.json"  # inside each realization: what it holds, written once complete
-_NAME = re.compile(r"^[0-9a-f]{32}-venv$")
+_NAME = re.compile(r"^[0-9a-f]{32}-(venv|model)$")
 
 
-def store_of(venv: Venv | None) -> str | None:
+def store_of(venv: Venv | None, state_dir: str | None = None) -> str | None:
+    """The store's directory: `[venv] store` as written, else `<state_dir>/store` (the default, with
+    or without a [venv]); None with `store = false` (or, without `state_dir`, when none is written)."""
     # getattr: a spec cache entry written before `store` existed has no such attribute.
-    return getattr(venv, "store", None) if venv is not None else None
+    store = getattr(venv, "store", None) if venv is not None else None
+    if store is False:
+        return None
+    if store is None and state_dir is not None:
+        return os.path.join(state_dir, "store")
+    return store if isinstance(store, str) else None
+
+
+def spec_store(spec: Any) -> str | None:
+    """The spec's store; no default one for a server that runs as another user (`[server] user`): it
+    could not enter the state dir (0700), so it must name a store it can read."""
+    if getattr(spec.venv, "store", None) is None and not_root(spec):
+        return None
+    return store_of(spec.venv, spec.machine.state_dir)
+
+
+def not_root(spec: Any) -> str | None:
+    user = getattr(spec.server, "user", None) if spec.server is not None else None
+    return user if user not in (None, "root") else None
 
 
 def _interpreter(python: str) -> str:
@@ -82,22 +102,67 @@ def _no_credentials(url: str | None) -> str | None:
     return None if url is None else re.sub(r"(://)[^/@\s]+@", r"\1", url)
 
 
-def realization_path(venv: Venv) -> str:
-    store = store_of(venv)
-    assert store is not None
+def realization_path(venv: Venv, store: str) -> str:
     text = json.dumps(realization_inputs(venv), sort_keys=True, separators=(",", ":"))
     return os.path.join(store, hashlib.sha256(text.encode()).hexdigest()[:32] + "-venv")
 
 
-def realize(loaded: LoadedSpec, venv_path: str | None = None) -> LoadedSpec:
-    """The spec with `[venv] path` replaced by its realization's path (`venv_path`: a recorded one,
-    for a rollback that must not depend on the wheelhouse being there). No store: unchanged."""
-    venv = loaded.spec.venv
-    if store_of(venv) is None or venv is None:
+def in_place(path: str, store: str | None = None) -> bool:
+    """A real directory at the spec's `[venv] path` / `[model] dir` (made before the store was the
+    default), or a link that is not ours (it leads elsewhere than a realization in `store`): left
+    alone, never moved or linked over; that part is not realized (the preflight judges a link)."""
+    if not os.path.lexists(path):
+        return False
+    if not os.path.islink(path):
+        return True
+    return store is not None and not is_realization(os.readlink(path), store)
+
+
+def realize(loaded: LoadedSpec, venv_path: str | None = None, model_dir: str | None = None) -> LoadedSpec:
+    """The spec with `[venv] path` and `[model] dir` replaced by their realizations' paths (`venv_path`,
+    `model_dir`: recorded ones, for a rollback that must not depend on the wheelhouse or the model's
+    source being as they were). No store (`store = false`): unchanged. A venv or model dir already
+    there as a real directory stays where it is (store_notes says so)."""
+    spec = loaded.spec
+    store = spec_store(spec)
+    if store is None:
         return loaded
-    path = venv_path or realization_path(venv)
-    spec = loaded.spec.model_copy(update={"venv": venv.model_copy(update={"path": path})})
-    return loaded._replace(spec=spec)
+    update: dict[str, Any] = {}
+    venv = spec.venv
+    if venv is not None and (venv_path or store_of(venv) is not None or not in_place(venv.path, store)):
+        update["venv"] = venv.model_copy(update={"path": venv_path or realization_path(venv, store)})
+    model = spec.model
+    if model is not None and (model_dir or not in_place(model.dir, store)):
+        from reconcile.apply.model_store import model_realization_path
+
+        path = model_dir or model_realization_path(model, store)
+        if path is not None:
+            update["model"] = model.model_copy(update={"dir": path})
+            if spec.server is not None:
+                update["server"] = _server_in(spec.server, model.dir, path)
+    if not update:
+        return loaded
+    return loaded._replace(spec=spec.model_copy(update=update))
+
+
+def _server_in(server: Any, written: str, path: str) -> Any:
+    """The server's args and env with paths inside `[model] dir` as written (`{model.dir}/plugin.py`)
+    moved into the realization: the link is made only once the switch served, and vLLM must find
+    the plugin at its first start."""
+    prefix = written.rstrip("/") + "/"
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, str) and (value.startswith(prefix) or value == written):
+            return path + value[len(written.rstrip("/")) :]
+        return value
+
+    update: dict[str, Any] = {
+        "args": {k: moved(v) for k, v in server.args.items()},
+        "env": {k: moved(v) for k, v in server.env.items()},
+    }
+    if server.model is not None:
+        update["model"] = moved(server.model)
+    return server.model_copy(update=update)
 
 
 def is_realization(path: str, store: str) -> bool:
@@ -125,16 +190,13 @@ def seal(path: str, packages: dict[str, str], inputs: dict[str, Any]) -> bool:
 
 
 def link_profile(profile: str, target: str) -> str | None:
-    """Point the spec's own `[venv] path` at the realization, as Nix points a profile at a store path.
-    A real directory there is somebody's venv: left alone, and said so. Returns a note or None."""
+    """Point the spec's own `[venv] path` (or `[model] dir`) at the realization, as Nix points a profile
+    at a store path. A real directory there is somebody's: left alone, and said so. Returns a note or None."""
     if os.path.islink(profile):
         if os.readlink(profile) == target:
             return None
     elif os.path.lexists(profile):
-        return (
-            f"{profile} is not a link (a venv made before [venv] store): left as is; "
-            f"the server runs from {target}"
-        )
+        return f"{profile} is not a link (made before the store): left as is; the server runs from {target}"
     ensure_dir(os.path.dirname(profile) or "/", 0o755)
     atomic_symlink(target, profile)
     return None
@@ -195,8 +257,8 @@ def share_files(store: str, new: str) -> int:
 
 
 def realizations(store: str) -> list[str]:
-    """The `<hash>-venv` realizations directly under `store`, listed through the trust walk (a store
-    behind a link another user can re-point is an UnsafePath, never listed)."""
+    """The `<hash>-venv` and `<hash>-model` realizations directly under `store`, listed through the trust
+    walk (a store behind a link another user can re-point is an UnsafePath, never listed)."""
     try:
         fd = open_dir(store)
     except FileNotFoundError:
@@ -244,8 +306,8 @@ def in_use_by_processes(paths: Collection[str]) -> set[str]:
 
 
 def remove(store: str, path: str) -> None:
-    """Delete one realization: only a `<hash>-venv` directory directly under the store, that we sealed,
-    acting on the store's descriptor from the trust walk (never on a name resolved again)."""
+    """Delete one realization: only a `<hash>-venv` or `<hash>-model` directory directly under the store,
+    that we sealed, acting on the store's descriptor from the trust walk (never on a name resolved again)."""
     name = os.path.basename(path.rstrip("/"))
     if not is_realization(path, store):
         raise ValueError(f"{path} is not a realization under {store}")
@@ -256,8 +318,6 @@ def remove(store: str, path: str) -> None:
             raise ValueError(f"{path} is not a realization under {store}")
         # Renamed first, so a half-removed tree never looks like a realization again.
         os.rename(name, f".gc-{name}", src_dir_fd=fd, dst_dir_fd=fd)
-        import shutil
-
-        shutil.rmtree(f"/proc/self/fd/{fd}/.gc-{name}")  # the store we walked, by its descriptor
+        remove_tree_at(fd, f".gc-{name}")  # the store we walked, by its descriptor, no recursion
     finally:
         os.close(fd)

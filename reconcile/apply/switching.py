@@ -14,7 +14,13 @@ import contextlib
 
 from reconcile.apply import bench_gate, generations
 from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
-from reconcile.apply.realization import generation_spec, realized_state, restore_config, seal_realization
+from reconcile.apply.realization import (
+    generation_spec,
+    profiles_moved,
+    realized_state,
+    restore_config,
+    seal_realization,
+)
 from reconcile.errors import ReconcileError
 from reconcile.plan.records import Action, Result
 
@@ -129,7 +135,15 @@ def record(sw: Switch, report: ApplyReport, *, judged: bool, always: bool) -> No
         return
     then = generations.current(sw.state_dir)
     try:
-        if not always and not report.changed and _server_result(report) is None and then is not None:
+        # A switch back to realizations that are all there changes no file: the profile links say it.
+        moved = profiles_moved(sw.original, sw.applied)
+        if (
+            not always
+            and not report.changed
+            and _server_result(report) is None
+            and then is not None
+            and not moved
+        ):
             if sw.before is not None and sw.before != then:
                 generations.set_current(sw.state_dir, sw.before)  # an apply killed before its record
             return

@@ -28,7 +28,7 @@ def load_spec(args: Args) -> LoadedSpec:
     # The lock's pins (specs/<name>.lock) are the desired state wherever the spec is read; with
     # [venv] store, the venv is its realization's content-addressed path.
     loaded = apply_lock_pins(load(find_spec(getattr(args, "spec", None))))
-    if getattr(loaded.spec.venv, "store", None) is None:  # realizing's hashlib and shutil: stores only
+    if getattr(loaded.spec.venv, "store", None) is False:  # `store = false`: nothing realized
         return loaded
     from reconcile.apply.store import realize
 

@@ -188,18 +188,26 @@ def apply_all(args: Args, loaded: LoadedSpec, progress: Any) -> list[tuple[str, 
                 refused.refused = f"{len(errors)} preflight error(s) across deployments; nothing was changed"
                 out.append((d.name, refused))
             return out
-        for d in picked:
-            progress(f"deployment {d.name}")
-            report = apply(
-                d.loaded,
-                lock_timeout=args.lock_timeout,
-                scheduled=scheduled,
-                auto_rollback=not getattr(args, "no_auto_rollback", False),
-                progress=progress,
-            )
-            if paused is not None:
-                report.notes.append(f"scheduled applies are {paused.describe()}; this apply runs anyway")
-            out.append((d.name, report))
+        notes: list[str] = []
+        try:
+            for d in picked:
+                progress(f"deployment {d.name}")
+                report = apply(
+                    d.loaded,
+                    lock_timeout=args.lock_timeout,
+                    scheduled=scheduled,
+                    auto_rollback=not getattr(args, "no_auto_rollback", False),
+                    progress=progress,
+                )
+                if paused is not None:
+                    report.notes.append(f"scheduled applies are {paused.describe()}; this apply runs anyway")
+                out.append((d.name, report))
+        finally:  # the machine's generation: every deployment as this apply left it
+            from reconcile.commands.machine import record_machine
+
+            record_machine(loaded, "apply", notes)
+        if out:
+            out[-1][1].notes.extend(notes)
     return out
 
 
@@ -263,9 +271,10 @@ def record_runs(
         }
         for r in records
     }
-    record_run(
-        args, command, started, exit_code([c for _, c, _, _ in runs]), loaded, extra={"deployments": summary}
-    )
+    from reconcile.apply.machine_generations import current
+
+    extra = {"deployments": summary, "machine_generation": current(loaded.spec.machine.state_dir)}
+    record_run(args, command, started, exit_code([c for _, c, _, _ in runs]), loaded, extra=extra)
     textfile = getattr(args, "textfile", None)
     if textfile:
         write_textfile(textfile, records)

@@ -41,6 +41,7 @@ def cmd_timer(args: Args) -> int:
         lock_timeout=args.lock_timeout,
         textfile=os.path.abspath(args.textfile) if args.textfile else None,
         name=args.name,
+        server_stop=loaded.spec.server.stop_timeout if loaded.spec.server is not None else 0.0,
     )
     if args.timer_command == "cron":
         sys.stdout.write(scheduling.render_cron(schedule))

@@ -280,3 +280,28 @@ def read_pidfile(path: str) -> PidfileText:
     if stat is not None and stat.flags & PF_KTHREAD:
         return PidfileText("corrupt", pid, f"holds {pid}, a kernel thread ({stat.comm})")
     return PidfileText("ok", pid)
+
+
+def front_master(spec: Spec) -> int | None:
+    """The pid of the deployment's HAProxy master: named by its pidfile, run by root from [front]
+    haproxy, with our config on its command line (a pid alone is never trusted)."""
+    from reconcile.identity import front_paths
+    from reconcile.safety import statefiles
+
+    front = getattr(spec, "front", None)
+    assert front is not None
+    config, pidfile, _sock = front_paths(spec)
+    try:
+        raw = statefiles.read_state(pidfile, max_bytes=64)
+        pid = int(raw.split()[0]) if raw else 0
+    except (OSError, ValueError, IndexError):
+        return None
+    status = read_bytes(f"/proc/{pid}/status") if pid > 0 else None
+    argv = (read_bytes(f"/proc/{pid}/cmdline") or b"").split(b"\0")
+    uid = next((ln.split()[1:2] for ln in (status or b"").splitlines() if ln.startswith(b"Uid:")), [])
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    ours = uid == [b"0"] and exe == os.path.realpath(front.haproxy) and config.encode() in argv
+    return pid if ours else None

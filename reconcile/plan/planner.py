@@ -78,7 +78,7 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
     from reconcile.spec.pins import lock_notes
     from reconcile.unattended.pause import pause_notes
 
-    notes += lock_notes(loaded) + pause_notes(spec.machine.state_dir)
+    notes += lock_notes(loaded) + pause_notes(spec.machine.state_dir) + store_notes(loaded)
 
     return Plan(
         loaded.path,
@@ -90,6 +90,46 @@ def make_plan(loaded: LoadedSpec, observed: Observed | None = None) -> Plan:
         tuple(notes),
         _ObservedData(obs),
     )
+
+
+def store_notes(loaded: LoadedSpec) -> list[str]:
+    """What is left out of the store (reconcile.apply.store.realize): all of it with `store = false`;
+    a venv or model dir that was a real directory before the store, used in place."""
+    from reconcile.apply.store import in_place, spec_store
+
+    spec, doc = loaded.spec, loaded.resolved
+    venv_doc, model_doc = doc.get("venv") or {}, doc.get("model") or {}
+    if not venv_doc and not model_doc:
+        return []
+    if venv_doc.get("store") is False:
+        return [
+            "[venv] store = false: nothing is realized; a rollback reinstalls the venv's packages (from "
+            "the index) and changes the model's files in place (copied or downloaded again; a local "
+            "source edited since cannot be restored)"
+        ]
+    from reconcile.apply.store import not_root
+
+    if venv_doc.get("store") is None and (user := not_root(spec)):
+        return [
+            f"[server] user = {user} cannot enter {spec.machine.state_dir} (0700), where the store "
+            "would be: nothing is realized; set [venv] store to a directory it can read"
+        ]
+    out = []
+    for what, written, now in (
+        ("[venv] path", venv_doc.get("path"), spec.venv and spec.venv.path),
+        ("[model] dir", model_doc.get("dir"), spec.model and spec.model.dir),
+    ):
+        if (
+            written
+            and written == now
+            and in_place(written, spec_store(spec))
+            and not (what == "[venv] path" and venv_doc.get("store"))
+        ):
+            out.append(
+                f"{what} {written} was made before the store: used in place, not realized (a rollback "
+                "changes it in place); move it away and apply to have it realized in the store"
+            )
+    return out
 
 
 class _ObservedData(Mapping[str, object]):  # values: JSON data (Any to the readers)

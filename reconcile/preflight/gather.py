@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Spec
 
 
-def _read_json(path: str, within: str | None = None) -> Mapping[str, Any] | None:
+def _read_json(path: str, within: str | None = None, tree: str | None = None) -> Mapping[str, Any] | None:
     """A JSON object, or None. `within` (validate): read only inside that repository, as data (a
     regular file, bounded; reconcile.spec.provenance), so no value from outside it reaches a finding."""
     if within is not None:
@@ -38,7 +38,7 @@ def _read_json(path: str, within: str | None = None) -> Mapping[str, Any] | None
             return None
         return data if isinstance(data, dict) else None
     try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
-        data = load_json(read_regular(path, JSON_LIMIT, follow=True))
+        data = load_json(read_regular(path, JSON_LIMIT, follow=True, tree=tree))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -105,8 +105,8 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
         # not copied yet: judge the source's files, as apply will lay them out
         root = want.source
         out["model_files_from"] = "source"
-        base = _read_json(os.path.join(root, "config.json"), within)
-        quant = _read_json(os.path.join(root, "hf_quant_config.json"), within)
+        base = _read_json(os.path.join(root, "config.json"), within, want.source)
+        quant = _read_json(os.path.join(root, "hf_quant_config.json"), within, want.source)
         files = _sizes(root, within)
     elif (known := _known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
@@ -114,9 +114,12 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
         out["model_files_from"] = "catalogue"
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
-        out["weights"] = _weights_before_download(spec, root, files, within)
+        out["weights"] = _weights_before_download(
+            spec, root, files, within, want.source if root == want.source else None
+        )
     out["hf_quant_config"] = quant
-    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"), within)
+    tree = want.source if root == want.source else None  # nobody's data: links only inside it
+    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"), within, tree)
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
     return out
@@ -129,7 +132,7 @@ def _known_model(repo: str | None) -> dict[str, Any] | None:
 
 
 def _weights_before_download(
-    spec: Spec, root: str, files: Mapping[str, int], within: str | None = None
+    spec: Spec, root: str, files: Mapping[str, int], within: str | None = None, tree: str | None = None
 ) -> WeightsFact | None:
     """The weights' size while no weight file is there: the safetensors index's total_size (model dir
     or local source), else the hub's listing (one cached metadata call; never when offline)."""
@@ -137,7 +140,7 @@ def _weights_before_download(
 
     if weight_files(files):
         return None  # on disk: the memory rule counts the files themselves
-    index = _read_json(os.path.join(root, "model.safetensors.index.json"), within)
+    index = _read_json(os.path.join(root, "model.safetensors.index.json"), within, tree)
     total = None
     if index:
         from reconcile.vllm.weights import index_total  # the model's shape tables: only for an index
@@ -305,6 +308,7 @@ def rule_findings(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
         memory,
         parallel,
         serving,
+        stopping,
         toolchain,
     )
     from reconcile.preflight.context import context
@@ -321,6 +325,7 @@ def rule_findings(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
         features,
         toolchain,
         serving,
+        stopping,
     )
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
         # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.

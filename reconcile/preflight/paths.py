@@ -104,6 +104,44 @@ def _remote_code_problem(spec: Spec) -> Finding | None:
     )
 
 
+# What of a CUDA toolkit root uses beyond bin/nvcc (checked by the exec role when it runs): the headers
+# FlashInfer's JIT compiles into the server's kernels (whole trees), nvcc's own helpers (cicc, ptxas,
+# nvvm), the libraries the kernels link (the top level). (relative glob, entries as in read_problem)
+TOOLKIT_PARTS = (
+    ("include", -1),
+    ("targets/*/include", -1),
+    ("nvvm", -1),
+    ("bin", 1),
+    ("lib64", 1),
+    ("targets/*/lib", 1),
+)
+
+
+def _toolkit_problem(spec: Spec) -> Finding | None:
+    """A toolkit unpacked from a tarball keeps the archive's owners: a header or library of another
+    user's, under root's directories, is theirs to change. The read role on the parts root's
+    compilers read (TOOLKIT_PARTS), below `[cuda] target` (else what `home` points to)."""
+    if spec.cuda is None:
+        return None
+    import glob
+
+    key = "[cuda].target" if spec.cuda.target else "[cuda].home"
+    top = spec.cuda.target or spec.cuda.home
+    real = os.path.realpath(top)
+    for part, entries in TOOLKIT_PARTS:
+        for path in sorted(glob.glob(os.path.join(glob.escape(real), part))):
+            if (problem := read_problem(path, entries=entries)) is not None:
+                return Finding(
+                    "paths.owner",
+                    "error",
+                    f"{key} {top}: {problem} (the toolkit's {part})",
+                    "chown -R root: the toolkit (a tarball keeps its archive's owners), or point "
+                    f"{key} at a toolkit only root can write",
+                    {"path": path, "key": key},
+                )
+    return None
+
+
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
     planted key, an executable in a directory they can write), and for a symlinked model dir."""
@@ -129,6 +167,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             )
     if (remote := _remote_code_problem(spec)) is not None:
         out.append(remote)
+    if (toolkit := _toolkit_problem(spec)) is not None:
+        out.append(toolkit)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
             st = os.lstat(path)

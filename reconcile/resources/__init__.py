@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconcile.resources import api_key, apt, cuda, gpu, model, server, venv
+from reconcile.resources import api_key, apt, cuda, front, gpu, model, server, venv
 from reconcile.resources.common import Kind, Probe, run_guarded
 
 TYPE_CHECKING = False
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from reconcile.spec.models import Spec
 
-MODULES = (gpu, apt, cuda, venv, model, api_key, server)  # the apply order
+MODULES = (gpu, apt, cuda, venv, model, api_key, server, front)  # the apply order
 
 TABLE: tuple[Kind, ...] = tuple(kind for m in MODULES for kind in m.KINDS)
 BY_NAME: Mapping[str, Kind] = {k.name: k for k in TABLE}

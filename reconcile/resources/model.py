@@ -66,7 +66,9 @@ def plan_model_files(spec: Spec, obs: Observed) -> Item | None:
                     "files", f"{len(wrong)} missing or wrong size ({', '.join(wrong[:3])})", "as recorded"
                 )
             )
-        if want.source and not want.repo:
+        # A sealed realization is addressed by its source's content when it was made: a source edited
+        # since makes another realization (a rollback to this one must not copy the edit into it).
+        if want.source and not want.repo and not m.sealed:
             if record.source != want.source:
                 diffs.append(FieldDiff("source", record.source, want.source))
             from probes.model_source import source_drift  # by content: a same-size edit is drift
@@ -239,7 +241,9 @@ def source_config(model: Model) -> dict[str, Any]:
     from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular
 
     try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
-        data = load_json(read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, follow=True))
+        data = load_json(
+            read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, tree=model.source)
+        )
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

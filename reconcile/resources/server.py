@@ -43,13 +43,27 @@ def _describe(p: object) -> str:
     return f"pid {pid} ({cmd})"
 
 
+def stopping(cmdline: tuple[str, ...]) -> str:
+    """How the running server will stop, from its own command line: its drain, or an abort."""
+    flag = "--shutdown-timeout"
+    value = next((a.split("=", 1)[1] for a in cmdline if a.startswith(flag + "=")), None)
+    if value is None and flag in cmdline[:-1]:
+        value = cmdline[cmdline.index(flag) + 1]
+    if value is None or not value.isdigit() or int(value) == 0:
+        return "in-flight requests are aborted (it runs without --shutdown-timeout)"
+    return f"it drains in-flight requests first (up to {int(value)}s)"
+
+
 def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if spec.server is None:
         return None
     from actions.launching import desired_identity
     from probes.server import ServerObservation, ServerRecord
-    from reconcile.identity import explain_change
+    from reconcile.identity import explain_change, serving_spec
 
+    fronted = getattr(spec, "front", None) is not None
+    whole, spec = spec, serving_spec(spec)  # behind [front]: the active color
+    assert spec.server is not None
     want = spec.server
     seen = obs.server
     if isinstance(seen, (ProbeFailure, Unavailable)):
@@ -84,11 +98,16 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
     if running.identity != desired.digest:
         old = seen.record.components if isinstance(seen.record, ServerRecord) else {}
         why = explain_change(old, desired.components)
+        how: tuple[FieldDiff, ...] = ()
+        if fronted:
+            from reconcile.resources.bluegreen import mark
+
+            how = (mark(whole, obs),)
         return change(
             Action.RESTART,
-            f"restart {want.name}: {why}",
+            f"restart {want.name}: {why}; {stopping(running.cmdline)}",
             why,
-            (FieldDiff("identity", running.identity, desired.digest), *stray_diffs),
+            (FieldDiff("identity", running.identity, desired.digest), *how, *stray_diffs),
         )
     health = obs.health
     state = getattr(health, "state", None)
@@ -195,13 +214,19 @@ def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None])
 
     spec = loaded.spec
     obs = observe_here(spec, ("venv", "model"))
+    inputs = launch_inputs(spec, obs)
     if hasattr(progress, "update"):  # the CLI's reconcile.apply.progress.Terminal: phases, live or as lines
         from reconcile.apply.progress import readiness_progress
 
         shown = readiness_progress(progress)  # type: ignore[arg-type]
     else:
         shown = tty_progress(sys.stderr) or line_progress(progress)
-    return server.apply(change, spec, launch_inputs(spec, obs), progress=shown)
+    if getattr(spec, "front", None) is not None and spec.server is not None and spec.server.running:
+        from reconcile.resources import bluegreen
+
+        if bluegreen.wanted(change):
+            return bluegreen.switch(spec, inputs, shown)
+    return server.apply(change, spec, inputs, progress=shown)
 
 
 # A start waits for everything the server reads at launch.
@@ -246,7 +271,7 @@ KINDS = (
     Kind(
         "server",
         "server",
-        ("server", "health", "liveness", "venv", "model", "gpu"),
+        ("server", "health", "liveness", "venv", "model", "gpu", "front"),
         plan_server,
         perform,
         needs(*_SERVER_DEPENDS),

@@ -115,8 +115,9 @@ def walk(
 ) -> Walked:
     """The one path walk: from / one component at a time, each opened O_PATH|O_NOFOLLOW relative to
     the last, never by name from the top again. Every directory it passes is held to _dir_problem,
-    symlinks' own directories included: a link is followed only from a directory that passed (so only
-    root or us can re-point it), and its target is walked the same way, `..` included. The last
+    symlinks' own directories included: a link is followed only from a directory that passed and is
+    root's or ours (so only root or us can re-point it; not from one of an `allowed` other user's,
+    such as the key owner's), and its target is walked the same way, `..` included. The last
     component is followed when it is a link only with `follow_last`. With `is_dir`, the path is a
     directory we make or use as such (ensure_dir): the directory holding it is not its "own"
     directory, so a sticky one (/tmp) may hold it when it is ours, or when we make it (a name someone
@@ -158,9 +159,11 @@ def walk(
                 st = os.fstat(nfd)
                 here = os.path.join(where, name)
                 if stat.S_ISLNK(st.st_mode) and not (last and not follow_last):
-                    problem = _dir_problem(where, dst, (name, st), ok, own=False)
+                    # Followed only from a directory of root or us: another user `allowed` to own
+                    # directories here (the key's owner) may not steer root's walk elsewhere.
+                    problem = _dir_problem(where, dst, (name, st), ok & owners(), own=False)
                     if problem is not None:
-                        raise UnsafePath(problem)
+                        raise UnsafePath(f"{problem} (the symlink {here} there is not followed)")
                     links += 1
                     if links > _MAX_LINKS:
                         raise UnsafePath(f"{path}: more than {_MAX_LINKS} symlinks on the way")
@@ -346,6 +349,73 @@ def _walk(path: str, mode: int, *, create: bool) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def write_new_at(dir_fd: int, name: str, data: bytes, *, mode: int, uid: int, gid: int, prefix: str) -> None:
+    """Write file `name` in the directory open at `dir_fd` (reached by walk(), never by its name
+    again), atomically: a temp file (`prefix`: host.temp_prefix, so the stale-temp sweep knows it)
+    made O_EXCL|O_NOFOLLOW there, mode and owner set before a byte is written, fsync, renamed over
+    `name` within the same directory descriptor, the directory fsynced."""
+    import secrets
+
+    tmp = f"{prefix}{secrets.token_hex(4)}.tmp"
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+    )
+    try:
+        try:
+            os.fchmod(fd, mode)
+            os.fchown(fd, uid, gid)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def remove_tree_at(dir_fd: int, name: str) -> None:
+    """Remove directory `name` in the directory open at `dir_fd` and all below it, by descriptor and
+    without recursion (shutil.rmtree recurses once a level in Python 3.11: a tree nested 1,100 deep
+    is a RecursionError, half removed). One directory descriptor is held at a time (a deep tree
+    would exhaust the fd limit otherwise): down through each subdirectory opened O_NOFOLLOW, a link
+    removed as a link, never followed; back up through `..` of a directory we opened, once empty."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    names = [name]
+    fd = os.open(name, flags, dir_fd=dir_fd)
+    try:
+        while True:
+            child = None
+            with os.scandir(fd) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            for entry, is_dir in entries:
+                if is_dir:
+                    child = entry
+                    break
+                os.unlink(entry, dir_fd=fd)
+            if child is not None:
+                fd, up = os.open(child, flags, dir_fd=fd), fd
+                os.close(up)
+                names.append(child)
+                continue
+            done = names.pop()
+            if not names:
+                os.close(fd)
+                fd = -1
+                os.rmdir(done, dir_fd=dir_fd)
+                return
+            fd, up = os.open("..", flags & ~os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(up)
+            os.rmdir(done, dir_fd=fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def open_dir(path: str) -> int:

@@ -276,6 +276,18 @@ PROFILE_RECORD = Obj(
     required=("generation", "key"),
 )
 
+MACHINE_INDEX = Obj({"records": MapOf(STR), "current": OPT_INT}, required=("records",))
+MACHINE_RECORD = Obj(
+    {
+        "generation": INT,
+        "created": NUM,
+        "reason": STR,
+        "deployments": MapOf(COUNT),
+        "changed": ListOf(STR),
+    },
+    required=("generation", "created", "reason", "deployments", "changed"),
+)
+
 _PROC = Obj({"pid": INT, "start": INT, "boot": STR})
 SERVER_RECORD = Obj(
     {
@@ -395,6 +407,14 @@ def read_profile_index(path: str) -> dict[str, Any]:
     verification and are skipped; no hold, no current generation)."""
     then = "a new index starts: the generations before it are no longer verified"
     data, _ = read_json(path, PROFILE_INDEX, max_bytes=RECORD, then=then)
+    return data if data is not None else {"records": {}}
+
+
+def read_machine_index(path: str) -> dict[str, Any]:
+    """machine-profile/index.json (the machine's generations); a damaged one is moved aside and reads
+    as empty (its records then fail verification and are skipped)."""
+    then = "a new index starts: the machine generations before it are no longer verified"
+    data, _ = read_json(path, MACHINE_INDEX, max_bytes=RECORD, then=then)
     return data if data is not None else {"records": {}}
 
 

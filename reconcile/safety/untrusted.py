@@ -152,9 +152,25 @@ def load_json(raw: str | bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
-def read_regular(path: str, limit: int, *, follow: bool = False) -> bytes:
-    """The bytes of the regular file at `path`, at most `limit` of them (TooLarge beyond)."""
-    fd, _st = open_regular(path, follow=follow)
+def source_roots(source: str) -> list[str]:
+    """Where a `[model] source` tree's symlinks may lead: inside it, and for a huggingface_hub cache
+    snapshot (<repo>/snapshots/<rev>, every file a link to ../../blobs/...) into that repo's blobs."""
+    real = os.path.realpath(source)
+    roots = [real]
+    if os.path.basename(os.path.dirname(real)) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
+    return roots
+
+
+def read_regular(path: str, limit: int, *, follow: bool = False, tree: str | None = None) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them (TooLarge beyond). With
+    `tree` (a `[model] source`: another user's data), links are followed only inside it
+    (source_roots), judged on the descriptor opened: a link to a file only root may read is
+    NotRegular, never read (its values would reach root's plan)."""
+    if tree is not None:
+        fd, _st = open_regular(os.path.realpath(path), inside=source_roots(tree))
+    else:
+        fd, _st = open_regular(path, follow=follow)
     try:
         parts, have = [], 0
         while have <= limit and (chunk := os.read(fd, min(_CHUNK, limit + 1 - have))):

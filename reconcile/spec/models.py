@@ -255,10 +255,17 @@ class Venv(_Model):
     installer: Literal["auto", "pip", "uv"] = Field(
         "auto", description="auto: uv when it is on PATH, else pip."
     )
-    store: DeletePath | None = Field(
+    store: Annotated[
+        DeletePath | Literal[False] | None,
+        Expect(
+            "a store directory or false", 'an absolute path, e.g. "/var/lib/reconcile/store"; false: no store'
+        ),
+    ] = Field(
         None,
-        description="Build each venv once at <store>/<hash>-venv (hash of the interpreter, packages and "
-        "indexes or wheelhouse) and make `path` a link to it: generations switch and roll back offline.",
+        description="Where realizations live (default <state_dir>/store): each venv built once at "
+        "<store>/<hash>-venv, each model at <store>/<hash>-model over its blobs in <store>/hub, and `path` "
+        "and [model].dir links to the current ones, so generations switch and roll back offline. false: "
+        "no store (one venv and one model dir, changed in place: a rollback reinstalls and downloads).",
     )
 
 
@@ -435,6 +442,23 @@ class Server(_Model):
         return self
 
 
+class Front(_Model):
+    """HAProxy (from apt) in front of the server: it owns the public [server] host:port, vLLM listens
+    on one of two internal ports, and a switch can start the new server beside the old one."""
+
+    haproxy: ExecPath = Field("/usr/sbin/haproxy", description="The haproxy executable (apt's haproxy).")
+    ports: list[Port] = Field(
+        default_factory=list,
+        description="The two loopback ports the server takes turns on (default: [server] port + 1 and + 2).",
+    )
+    blue_green: Literal["auto", "never"] = Field(
+        "auto",
+        description="auto: a switch starts the new server beside the old one when the GPUs hold both "
+        "(the plan says which), moves traffic once it passed readiness and acceptance, then drains the "
+        "old one; never: always drain-restart in place.",
+    )
+
+
 class Health(_Model):
     timeout: Duration = Field(5.0, description="Per-request timeout for health probes.")
     check_models: StrictBool = Field(True, description="/v1/models must list the served name.")
@@ -495,6 +519,7 @@ class Spec(_Model):
     model: Model | None = Field(None, description="The model's files and config.json patch.")
     api_key: ApiKey | None = Field(None, description="The server's API key file.")
     server: Server | None = Field(None, description="The `vllm serve` process.")
+    front: Front | None = Field(None, description="HAProxy in front of the server (blue/green switches).")
     health: Health = Field(default_factory=Health, description="Health checks.")
     deployments: dict[DeploymentName, Deployment] = Field(
         default_factory=dict,
@@ -526,6 +551,12 @@ class Spec(_Model):
             raise _at("server", "nothing to run (set executable, or add a [venv] holding vllm)")
         if self.server is not None and self.server.model is None and self.model is None:
             raise _at("server", "nothing to serve (set model, or add a [model] section)")
+        if self.front is not None:
+            if self.server is None:
+                raise _at("front", "needs a [server] to stand in front of")
+            ports = self.front.ports or [self.server.port + 1, self.server.port + 2]
+            if len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports or max(ports) > 65535:
+                raise _at("front.ports", "two different ports, neither of them [server] port: [8001, 8002]")
         return self
 
     def _deployments_need(self) -> Spec:

@@ -81,6 +81,9 @@ class Schedule:
     lock_timeout: float = 300.0
     textfile: str | None = None
     timeout: int = 7200  # a hung apply is killed after this (TimeoutStartSec=)
+    # The server's stop_timeout: a switch drains the old server that long at most, and a stop of the
+    # apply (shutdown, `systemctl stop`) must let that drain end rather than SIGKILL apply mid-switch.
+    server_stop: float = 0.0
     name: str = DEFAULT_NAME
     # How to run reconcile: this interpreter with -m, so the timer uses the install that wrote it;
     # -P (3.11+; else -I): the unit's WorkingDirectory, the spec's directory, never joins sys.path, so
@@ -141,10 +144,16 @@ def render_service(s: Schedule) -> str:
             # apply's exit 2 means changes were made and the machine converged: a success.
             "SuccessExitStatus=2",
             f"TimeoutStartSec={s.timeout}",
+            f"TimeoutStopSec={stop_seconds(s)}",
             "Environment=NO_COLOR=1",
             "",
         ]
     )
+
+
+def stop_seconds(s: Schedule) -> int:
+    """The apply unit's TimeoutStopSec: the server's drain and stop (stop_timeout) plus a minute."""
+    return round(s.server_stop) + 60
 
 
 def render_timer(s: Schedule) -> str:

@@ -301,16 +301,38 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on http://{host}:{port}")
     uvicorn(f"Started server process [{os.getpid()}]")
     uvicorn("Waiting for application startup.")
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     uvicorn("Application startup complete.")
     watch_engine(engine, state, stop, exit_on_engine_death)
     lifetime = float(os.environ.get("FAKE_VLLM_MAX_LIFETIME", "0")) or None
     stop.wait(lifetime)
-    uvicorn("Shutting down")
-    httpd.shutdown()
+    shut_down(httpd, state, int(getattr(args, "shutdown_timeout", None) or 0))
     stop_children([engine])
     uvicorn(f"Finished server process [{os.getpid()}]")
     return 0
+
+
+def shut_down(httpd: ThreadingHTTPServer, state: object, drain: int) -> None:
+    """vLLM 0.26's stop on SIGTERM (seen on an H200): the listening socket closes at once (new
+    connections are refused; no 503 phase). With --shutdown-timeout N the requests in flight finish
+    (up to N s); without it they end within a second, each stream with finish_reason "abort" and a
+    clean [DONE]."""
+    engine = engine_of(state)
+    mode = "drain" if drain > 0 else "abort"
+    log("INFO", "launcher.py:150", f"stopping engine client mode={mode} timeout={drain}s")
+    uvicorn("Shutting down")
+    httpd.shutdown()
+    httpd.server_close()
+    with engine.cond:
+        count = engine.inflight
+    if drain > 0:
+        core = ("EngineCore_DP0", engine.pid)
+        log("INFO", "core.py:1210", f"draining in-flight requests count={count}", *core)
+        if engine.wait_idle(drain):
+            return
+        log("WARNING", "core.py:1224", f"drain timed out after {drain}s: aborting the rest", "EngineCore_DP0")
+    engine.abort_all()
+    engine.wait_idle(1.0)
 
 
 def load_model(pid: int, model: str, stop: threading.Event) -> bool:
@@ -451,7 +473,7 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
         for _, text, finished in engine_of(st).generate(prompt_tokens, words, max_tokens, ignore_eos):
             completion_tokens += 1  # each token timed and counted by the engine
             said += text
-            reason = "length" if finished == "length" else reason
+            reason = finished if finished in ("length", "abort") else reason
     except EngineDead:
         return 500, error(500, "EngineDeadError", "EngineCore encountered an issue. See stack trace")
     if message["content"]:
@@ -560,6 +582,8 @@ class Engine:
         self.running = 0
         self.waiting = 0
         self.queue: list = []
+        self.aborting = False  # a stop without --shutdown-timeout: every request ends now, "abort"
+        self.inflight = 0  # HTTP requests being answered (the drain waits for them)
         self.pid = 0  # the EngineCore's pid, once serve() started it
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -600,17 +624,47 @@ class Engine:
         while self.stopped():
             time.sleep(0.05)
 
-    def admit(self) -> None:
+    def admit(self) -> bool:
+        """Wait for a slot; False when the server aborts its requests meanwhile."""
         ticket = object()
         with self.cond:
             self.queue.append(ticket)
             self.waiting += 1
-            while self.running >= self.max_num_seqs or self.queue[0] is not ticket:
+            while (self.running >= self.max_num_seqs or self.queue[0] is not ticket) and not self.aborting:
                 self.cond.wait()
-            self.queue.pop(0)
+            self.queue.remove(ticket)
             self.waiting -= 1
+            if self.aborting:
+                self.cond.notify_all()
+                return False
             self.running += 1
             self.cond.notify_all()
+            return True
+
+    @contextlib.contextmanager
+    def answering(self):
+        """One HTTP request in flight, for the drain to wait on."""
+        with self.cond:
+            self.inflight += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.inflight -= 1
+                self.cond.notify_all()
+
+    def abort_all(self) -> None:
+        with self.cond:
+            self.aborting = True
+            self.cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no request is in flight (True) or `timeout` passed (False)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.inflight and time.monotonic() < deadline:
+                self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            return not self.inflight
 
     def release(self) -> None:
         with self.cond:
@@ -629,7 +683,11 @@ class Engine:
             limit = min(limit, len(words))
         limit = max(1, limit)
         arrived = time.monotonic()
-        self.admit()
+        if not self.admit():
+            with self.cond:
+                self.success["abort"] += 1
+            yield 0, "", "abort"
+            return
         started = time.monotonic()
         first = last = started
         produced, reason = 0, "abort"
@@ -637,6 +695,10 @@ class Engine:
             self.step(prefill_s)
             first = last = time.monotonic()
             for i in range(limit):
+                if self.aborting:  # vLLM's abort on SIGTERM: the stream ends early, cleanly
+                    reason = "abort"
+                    yield i, "", "abort"
+                    return
                 if i:
                     self.step(token_s)
                     now = time.monotonic()

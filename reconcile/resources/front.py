@@ -1,0 +1,58 @@
+"""The front's part of the plan: HAProxy in front of the server ([front]), its config and process.
+
+Declares the front kind and its probe (probes.front); action: actions.front. The server's blue/green
+switch (actions.bluegreen) moves its traffic; this row keeps the process and the config as they
+must be.
+"""
+
+from __future__ import annotations
+
+from reconcile.plan.records import Action, ActionResult, Change, FieldDiff, Item
+from reconcile.resources.common import Kind, Probe, change, needs, ok
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from reconcile.resources import Observed
+    from reconcile.spec.loaded import LoadedSpec
+    from reconcile.spec.models import Spec
+
+
+def plan_front(spec: Spec, obs: Observed) -> Item | None:
+    if getattr(spec, "front", None) is None or spec.server is None:
+        return None
+    from actions.haproxy import render
+    from probes.front import FrontObservation
+    from reconcile.identity import color_spec
+
+    seen = obs.front
+    if not isinstance(seen, FrontObservation):
+        why = f"cannot be checked: {getattr(seen, 'reason', seen)}"
+        return change(Action.CHANGE, why, "the probe failed", actionable=False)
+    where = f"{spec.server.host}:{spec.server.port}"
+    if not spec.server.running:
+        if seen.master is None:
+            return ok("haproxy stopped, as [server] running = false says")
+        return change(
+            Action.REMOVE, f"stop haproxy (pid {seen.master}) on {where}", "the spec says running = false"
+        )
+    port = color_spec(spec, seen.active).server.port  # type: ignore[union-attr]
+    to = f"{seen.active} (127.0.0.1:{port})"
+    if seen.master is None:
+        return change(Action.CREATE, f"start haproxy on {where}, routing to {to}", "no HAProxy of ours runs",
+                      (FieldDiff("haproxy", "(not running)", where),))  # fmt: skip
+    if seen.config != render(spec, seen.active):
+        return change(Action.CHANGE, f"rewrite the haproxy config and reload it gracefully ({where} -> {to})",
+                      "its config is not the one the spec makes")  # fmt: skip
+    return ok(f"haproxy (pid {seen.master}) on {where} routes to {to}")
+
+
+def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None]) -> ActionResult:
+    from actions import front
+
+    return front.apply(loaded.spec)
+
+
+PROBES = (Probe("front", "probes.front", "front", tags={"FrontObservation": "front"}),)
+KINDS = (Kind("front", "front", ("front",), plan_front, perform, needs("server")),)

@@ -1,0 +1,117 @@
+"""The fake vLLM stops as vLLM 0.26.0 does on an H200 (../shared/reference/vllm-facts.md, "Stopping
+and liveness"): SIGTERM closes the listening socket at once; without --shutdown-timeout the streams in
+flight end early with finish_reason "abort" and a clean [DONE]; with it they finish whole."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_fake_vllm import serve
+from tests.test_fake_vllm_streaming import metric
+from tests.test_server_support import Deployment, deployment_in, wait_for
+
+TOKENS = 150
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    yield from deployment_in(tmp_path)
+
+
+class Stream(threading.Thread):
+    """One streamed chat of TOKENS tokens, read to its end: its content tokens, finish_reason, [DONE]."""
+
+    def __init__(self, d: Deployment) -> None:
+        super().__init__(daemon=True)
+        self.d, self.tokens, self.reason, self.done, self.error = d, 0, None, False, ""
+
+    def run(self) -> None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.d.port, timeout=60)
+            body = {"messages": [{"role": "user", "content": "go"}], "stream": True,
+                    "max_tokens": TOKENS, "ignore_eos": True}  # fmt: skip
+            headers = {"Authorization": f"Bearer {self.d.key}", "Content-Type": "application/json"}
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+            for line in conn.getresponse():
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    self.done = True
+                    continue
+                for choice in json.loads(data)["choices"]:
+                    self.tokens += bool(choice["delta"].get("content"))
+                    self.reason = choice["finish_reason"] or self.reason
+        except (OSError, http.client.HTTPException) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except (ConnectionRefusedError, ConnectionResetError):  # RST at connect: one queued as it closed
+        return True
+    return False
+
+
+def load(d: Deployment, n: int = 8) -> list[Stream]:
+    streams = [Stream(d) for _ in range(n)]
+    for s in streams:
+        s.start()
+    wait_for(lambda: metric(d, "vllm:num_requests_running") == n, 10, f"{n} streams running")
+    return streams
+
+
+def test_sigterm_without_shutdown_timeout_aborts_streams_with_a_clean_done(deployment: Deployment) -> None:
+    d = deployment
+    proc = serve(d, FAKE_VLLM_TOKEN_S="0.05")  # 150 tokens: 7.5 s each
+    streams = load(d)
+    proc.send_signal(signal.SIGTERM)
+    for s in streams:
+        s.join(30)
+    assert proc.wait(10) == 0
+    for s in streams:
+        assert s.error == "" and s.done, s.error
+        assert s.reason == "abort" and 0 < s.tokens < TOKENS, (s.reason, s.tokens)
+    assert "stopping engine client mode=abort timeout=0s" in d.log_text()
+    assert refused(d.port)
+
+
+def test_sigterm_with_shutdown_timeout_refuses_new_connections_and_finishes_the_streams(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    proc = serve(d, "--shutdown-timeout", "60", FAKE_VLLM_TOKEN_S="0.02")  # 3 s per stream
+    streams = load(d)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: refused(d.port), 5, "the port to refuse")
+    assert proc.poll() is None and any(s.is_alive() for s in streams)  # refused while still draining
+    for s in streams:
+        s.join(30)
+    assert proc.wait(30) == 0
+    for s in streams:
+        assert s.error == "" and s.done and s.reason == "length" and s.tokens == TOKENS, (s.error, s.tokens)
+    log = d.log_text()
+    assert (
+        "stopping engine client mode=drain timeout=60s" in log
+        and "draining in-flight requests count=8" in log
+    )
+
+
+def test_a_drain_that_runs_out_of_time_aborts_the_rest(deployment: Deployment) -> None:
+    d = deployment
+    proc = serve(d, "--shutdown-timeout", "1", FAKE_VLLM_TOKEN_S="0.05")
+    streams = load(d, 3)
+    proc.send_signal(signal.SIGTERM)
+    for s in streams:
+        s.join(30)
+    assert proc.wait(10) == 0
+    assert all(s.done and s.reason == "abort" and s.tokens < TOKENS for s in streams)

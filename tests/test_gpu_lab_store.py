@@ -1,0 +1,131 @@
+"""The store by default on the H200 lab machine with real vLLM 0.26.0 (issue 26, items 1-2). Skipped
+unless RECONCILE_GPU_LAB=1.
+
+The lab spec with no store line (only its venv path and model source moved, so that the lab's other
+tests' venv and source stay as they are): A, then B (another config.json patch: another model
+realization over the same blobs), then B' (a file of the local source edited), then `rollback 1`
+(the lab has no network; nothing is built or copied): A's venv and A's model bytes (sha256 of every file under
+`[model] dir`), held. Each switch is timed, with its server step from the apply journal; `du` of the
+model realizations. Figures in $OUT/gpu-lab-store.json.
+
+    GPU_LAB_TESTS=tests/test_gpu_lab_store.py tools/gpu_lab.sh
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, cli, get, starts_in_log, variant
+
+pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
+
+FIGURES: dict[str, Any] = {}
+SOURCE = LAB / "tiny-llama-src-store"
+MOVED = {
+    'path = "/opt/reconcile-lab/venv"': 'path = "/opt/reconcile-lab/venv-default-store"',
+    'source = "/opt/reconcile-lab/tiny-llama-src"': f'source = "{SOURCE}"',
+}
+B = {"factor = 2.0": "factor = 4.0"}
+
+
+def spec(name: str, extra: dict[str, str] | None = None) -> str:
+    return variant(f"store-{name}", {**MOVED, **(extra or {})})
+
+
+def model_bytes() -> dict[str, str]:
+    root = os.path.realpath(LAB / "models" / "tiny-llama")
+    out = {}
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(directory) / name
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def du(*paths: Path, apart: bool = False) -> float:
+    argv = ["du", "-s", "-B1", *(["-l"] if apart else []), *map(str, paths)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return round(sum(int(line.split()[0]) for line in out.splitlines()) / 2**20, 1)
+
+
+def server_step() -> float:
+    journal = LAB / "state" / "generations"
+    newest = max((p for p in journal.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem))
+    changes = json.loads(newest.read_text())["changes"]
+    return round(sum(float(c["seconds"]) for c in changes if c["resource"].endswith("server")), 2)
+
+
+def timed(label: str, *args: str, expect: int) -> str:
+    code, out, err, took = cli(*args)
+    assert code == expect, out + err
+    step = server_step()
+    FIGURES[label] = {"seconds": round(took, 2), "server_step_s": step, "own_s": round(took - step, 2)}
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def figures() -> Iterator[None]:
+    for sub in ("state/store", "state/profile", "venv-default-store", "models/tiny-llama"):
+        path = LAB / sub
+        if path.is_symlink():
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(SOURCE, ignore_errors=True)
+    shutil.copytree(LAB / "tiny-llama-src", SOURCE)
+    yield
+    print("\nFIGURES " + json.dumps(FIGURES, indent=2))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu-lab-store.json").write_text(json.dumps(FIGURES, indent=2))
+    cli("apply", "--spec", spec("stop", {'\nname = "tiny"': '\nname = "tiny"\nrunning = false'}))
+
+
+def test_a_b_b_prime_then_rollback_restores_a_venv_and_model_bytes_offline() -> None:
+    timed("a_apply", "apply", "--spec", spec("a"), expect=2)
+    store = LAB / "state" / "store"
+    (venv_a,) = store.glob("*-venv")
+    (model_a,) = store.glob("*-model")
+    assert os.readlink(LAB / "models" / "tiny-llama") == str(model_a)
+    a_bytes = model_bytes()
+    assert get("/v1/models")[0] == 200
+
+    timed("b_apply", "apply", "--spec", spec("b", B), expect=2)
+    assert len(list(store.glob("*-model"))) == 2 and list(store.glob("*-venv")) == [venv_a]
+    tok = SOURCE / "tokenizer_config.json"
+    text = tok.read_text()
+    tok.write_text(text.replace("true", "TRUE", 1) if "true" in text else text + " ")
+    timed("b_prime_apply", "apply", "--spec", spec("b", B), expect=2)
+    models = sorted(store.glob("*-model"))
+    assert len(models) == 3
+    du = subprocess.run(
+        ["du", "-s", "-B1", *map(str, models), str(store / "hub")], capture_output=True, text=True
+    )
+    du_apart = subprocess.run(["du", "-s", "-l", "-B1", *map(str, models)], capture_output=True, text=True)
+    FIGURES["du_models_together_MiB"] = round(
+        sum(int(x.split()[0]) for x in du.stdout.splitlines()) / 2**20, 1
+    )
+    FIGURES["du_models_apart_MiB"] = round(
+        sum(int(x.split()[0]) for x in du_apart.stdout.splitlines()) / 2**20, 1
+    )
+
+    starts = starts_in_log()
+    out = timed("rollback_to_a", "rollback", "1", "--spec", spec("b", B), expect=2)
+    assert "rolled back to generation 1" in out
+    assert starts_in_log() == starts + 1
+    assert os.readlink(LAB / "models" / "tiny-llama") == str(model_a) and model_bytes() == a_bytes
+    assert os.readlink(LAB / "venv-default-store") == str(venv_a)
+    assert get("/v1/models")[0] == 200
+    code, out, _err, _took = cli("apply", "--scheduled", "--spec", spec("b", B))
+    assert code == 0 and starts_in_log() == starts + 1, out
+    code, out, _err, _took = cli("gc", "--keep", "0", "--spec", spec("b", B))
+    assert code == 0 and model_a.is_dir() and venv_a.is_dir(), out
+    FIGURES["gc"] = out

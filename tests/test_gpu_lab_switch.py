@@ -1,0 +1,126 @@
+"""Switches under load on the H200 lab with real vLLM 0.26.0 (issue 30). Skipped unless RECONCILE_GPU_LAB=1.
+
+The reference's load, 8 concurrent streams (a new connection per request, a refused one retried
+after 50 ms; tests/switch_load_support.py), runs through: A -> B (`reconcile apply`, the old server
+drains with reconcile's default --shutdown-timeout), B -> A (`reconcile rollback`, drains too), then
+the same switch with `shutdown-timeout = 0` (vLLM's own default: abort) for comparison. Per switch:
+whole, cut and failed requests, refused connections, the gap, and apply's "prepared in X s, down
+for Y s". Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on 8001/8002;
+gpu-memory-utilization 0.3 leaves room for both), the same load through a switch and a rollback.
+Figures in $OUT/gpu-lab-switch.json.
+
+    GPU_LAB_TESTS=tests/test_gpu_lab_switch.py tools/gpu_lab.sh
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.switch_load_support import Load
+from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, cli, key, variant
+
+pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
+
+FIGURES: dict[str, Any] = {}
+TOKENS = 400  # the tiny Llama's max-model-len is 1024
+UTIL = "gpu-memory-utilization = 0.3"
+
+
+FRONT_AT = 'VLLM_USE_FLASHINFER_SAMPLER = "0"'
+FRONT = {FRONT_AT: f"{FRONT_AT}\n\n[front]\nports = [8001, 8002]"}
+
+
+def spec(name: str, util: str, drain: str = "", extra: dict[str, str] | None = None) -> str:
+    return variant(f"switch-{name}", {UTIL: f"gpu-memory-utilization = {util}{drain}", **(extra or {})})
+
+
+def wait_ok(load: Load, phase: str, count: int = 8, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while load.tally(phase).ok < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def switched(load: Load, label: str, *args: str) -> dict[str, Any]:
+    load.phase = label
+    code, out, err, took = cli(*args)
+    assert code in (0, 2), out + err
+    line = re.search(r"prepared in [\d.]+s.*?down for [\d.]+s", out)
+    load.phase = f"after {label}"
+    wait_ok(load, load.phase)
+    t = load.tally(label)
+    FIGURES[label] = {"seconds": round(took, 1), "apply_says": line.group(0) if line else None,
+                      "whole": t.ok, "cut": t.cut, "failed": t.failed, "refused": t.refused,
+                      "errors": t.errors[:5]}  # fmt: skip
+    return FIGURES[label]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def figures() -> Iterator[None]:
+    yield
+    print("\nFIGURES " + json.dumps(FIGURES, indent=2))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu-lab-switch.json").write_text(json.dumps(FIGURES, indent=2))
+    stop_all()
+
+
+STOP = {'\nname = "tiny"': '\nname = "tiny"\nrunning = false'}
+
+
+def stop_all() -> None:
+    """Both the plain server and the fronted colors stopped; our HAProxy master (root's haproxy whose
+    command line names the lab's front config) ended."""
+    cli("apply", "--spec", variant("switch-stop", STOP))
+    cli("apply", "--spec", variant("switch-stop-front", {**STOP, **FRONT}))
+    pidfile, config = LAB / "state" / "front-tiny.pid", str(LAB / "state" / "front-tiny.cfg")
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if os.readlink(f"/proc/{pid}/exe").endswith("haproxy") and config.encode() in argv:
+            os.kill(pid, 15)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def test_drain_restart_cuts_no_stream_and_abort_cuts_them() -> None:
+    code, out, err, _took = cli("apply", "--spec", spec("a", "0.3"))
+    assert code in (0, 2), out + err
+    assert (
+        "--shutdown-timeout" in (LAB / "tiny.log").read_text(errors="replace").splitlines()[-200:].__str__()
+    )
+    with Load(8000, key(), "tiny", tokens=TOKENS) as load:
+        wait_ok(load, "before")
+        drain = switched(load, "drain_switch", "apply", "--spec", spec("b", "0.31"))
+        back = switched(load, "drain_rollback", "rollback", "--spec", spec("b", "0.31"))
+        # The abort way: first a server started with shutdown-timeout = 0 (the old one still drains) ...
+        switched(load, "to_abort_spec", "apply", "--spec", spec("c", "0.3", ", shutdown-timeout = 0"))
+        # ... then a switch away from it: vLLM aborts the streams in flight.
+        abort = switched(load, "abort_switch", "apply", "--spec", spec("d", "0.31", ", shutdown-timeout = 0"))
+    FIGURES["gap_s_longest"] = load.gap()
+    assert drain["cut"] == 0 and drain["failed"] == 0, drain
+    assert back["cut"] == 0 and back["failed"] == 0, back
+    FIGURES["abort_cut_some"] = abort["cut"] > 0  # expected with a load in flight; a figure, not a rule
+
+
+def test_blue_green_fails_no_request_across_a_switch_and_a_rollback() -> None:
+    stop_all()  # port 8000 is the front's from here on
+    code, out, err, _took = cli("apply", "--spec", spec("bg-a", "0.3", extra=FRONT))
+    assert code in (0, 2), out + err
+    assert "started haproxy" in out
+    code, out, err, _took = cli("plan", "--spec", spec("bg-b", "0.31", extra=FRONT))
+    FIGURES["bg_plan_switch_line"] = next((ln.strip() for ln in out.splitlines() if "switch:" in ln), "")
+    assert "-> blue/green" in FIGURES["bg_plan_switch_line"], out
+    with Load(8000, key(), "tiny", tokens=TOKENS) as load:
+        wait_ok(load, "before")
+        bg = switched(load, "bg_switch", "apply", "--spec", spec("bg-b", "0.31", extra=FRONT))
+        bg_back = switched(load, "bg_rollback", "rollback", "--spec", spec("bg-b", "0.31", extra=FRONT))
+    FIGURES["bg_gap_s_longest"] = load.gap()
+    for figure in (bg, bg_back):
+        assert figure["failed"] == 0 and figure["cut"] == 0 and figure["refused"] == 0, figure
