@@ -303,3 +303,33 @@ def test_gc_of_one_deployment_never_removes_what_another_deployments_generations
     assert gc.returncode == 0, gc.stdout + gc.stderr
     assert _realizations(store) == both, gc.stdout
     assert os.path.isdir(draft_target), gc.stdout
+
+
+@root_only
+@pytest.mark.parametrize("command", ["plan", "apply"])
+def test_a_front_haproxy_that_nobody_can_replace_is_refused_before_root_runs_it(
+    demo: Demo, request: pytest.FixtureRequest, command: str
+) -> None:
+    """`[front] haproxy` (merged with issue 30, beside the five this round read) is an exec path
+    that was missing from reconcile.spec.roles.PATHS, so the preflight's path rule never looked at
+    it, and actions.haproxy runs it by name. main: plan and apply said nothing of it, and apply ran
+    nobody's program as uid 0."""
+    import shutil
+    import tempfile
+
+    outside = Path(tempfile.mkdtemp(prefix="hostile4-"))
+    request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
+    outside.chmod(0o755)
+    theirs = outside / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    proof = theirs / "ran-as"
+    subprocess.run(
+        [*AS_NOBODY, "/bin/sh", "-c", f"cat > {theirs}/haproxy && chmod 755 {theirs}/haproxy"],
+        input=f"#!/bin/sh\nid -u > {proof}\nexit 0\n", text=True, check=True,
+    )  # fmt: skip
+    spec = demo.write_spec()
+    spec.write_text(spec.read_text() + f'\n[front]\nhaproxy = "{theirs}/haproxy"\n')
+    run = demo.cli(command, *["--auto-approve"] * (command == "apply"), timeout=300)
+    assert not proof.exists(), f"nobody's haproxy ran as uid {proof.read_text().strip()}: {run.output}"
+    assert f"[front].haproxy {theirs}/haproxy: {theirs} is owned by nobody" in run.output, run.output
