@@ -56,11 +56,15 @@ print(json.dumps(found))
 """
 
 
-def _trusted_python(venv: Venv) -> str:
+def trusted_python(venv: Venv, *, missing_ok: bool = False) -> str | None:
     """The real path of [venv].python (a name is looked up on PATH), walked by the trust layer: root
-    runs it, so it and every directory on its way must be root's or ours (filesafety.resolve_exec)."""
+    runs it, so it and every directory on its way must be root's or ours (filesafety.resolve_exec).
+    The one way anything runs the spec's interpreter (a venv's creation, its release check, `reconcile
+    lock`'s). None when it is not there and `missing_ok`."""
     found = venv.python if venv.python.startswith("/") else shutil.which(venv.python)
     if found is None or not os.path.lexists(found):
+        if missing_ok:
+            return None
         raise ActionError(
             f"[venv].python: interpreter {venv.python!r} not found: install it "
             f"(e.g. apt-get install {os.path.basename(venv.python)}-venv) or name one on PATH"
@@ -68,7 +72,7 @@ def _trusted_python(venv: Venv) -> str:
     try:
         return resolve_exec(found, what="[venv].python")
     except UnsafePath as exc:
-        raise ActionError(f"{exc}; {FIX}") from None
+        raise ActionError(f"[venv].python {found}: {exc}; {FIX}") from None
 
 
 def _python(venv: Venv) -> str:
@@ -154,8 +158,11 @@ def _check_interpreter(venv: Venv) -> None:
     """A venv made from another Python release cannot be fixed in place (and holds gigabytes)."""
     cfg = _pyvenv_cfg(venv)
     have = ".".join((cfg.get("version_info") or cfg.get("version") or "").split(".")[:2])
+    python = trusted_python(venv, missing_ok=True)
+    if python is None:
+        return  # the venv still works; only re-creating it would need that interpreter
     try:
-        out = run([venv.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=30)
+        out = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=30)
     except ToolMissing:
         return  # the venv still works; only re-creating it would need that interpreter
     want = out.stdout.strip()
@@ -235,8 +242,10 @@ def create(venv: Venv) -> ActionResult:
                 f"{venv.path} exists and is not a venv: move it aside (mv {venv.path} {venv.path}.old) "
                 "or set [venv].path elsewhere"
             )
+        python = trusted_python(venv)
+        assert python is not None
         argv = [
-            _trusted_python(venv),
+            python,
             "-m",
             "venv",
             *(["--system-site-packages"] if venv.system_site_packages else []),

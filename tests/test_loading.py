@@ -89,7 +89,7 @@ EXPECTED = {
     "bad_key_mode.toml": 'bad_key_mode.toml:3: api_key.mode: "rw-------" is not a file mode '
     '(octal digits, e.g. "0600")',
     "empty_server_name.toml": 'empty_server_name.toml:2: server.name: "" is not a deployment name '
-    "(letters, digits, '.', '_', '-'; a letter or digit first)",
+    "(letters, digits, '.', '_', '-'; a letter or digit first; at most 64)",
     # paths that must be absolute
     "relative_venv_path.toml": 'relative_venv_path.toml:2: venv.path: "opt/vllm-venv" is a relative path '
     "(an absolute path, starting with /)",
@@ -185,7 +185,8 @@ EXPECTED = {
     '"bookworm [trusted=yes]" is not an apt suite (one word without spaces, quotes, brackets or #, '
     'e.g. "bookworm" or "/")',
     "apt_repository_bad_name.toml": "apt_repository_bad_name.toml:2: apt.repositories[0].name: "
-    "\"../../sources.list\" is not a repository name (letters, digits, '.', '_', '-'; a file stem)",
+    "\"../../sources.list\" is not a repository name "
+    "(letters, digits, '.', '_', '-'; a letter or digit first; at most 64; a file stem)",
 }
 
 

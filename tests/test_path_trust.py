@@ -289,6 +289,7 @@ def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
         ("server", "log"): f"{ok}/s.log",
         ("server", "pidfile"): f"{ok}/s.pid",
         ("server", "secret_files"): f"{ok}/hf.token",
+        ("front", "haproxy"): "/bin/true",
     }
     good[field] = bad
 
@@ -331,6 +332,8 @@ executable = {v("server", "executable")}
 log = {v("server", "log")}
 pidfile = {v("server", "pidfile")}
 secret_files = {v("server", "secret_files")}
+[front]
+haproxy = {v("front", "haproxy")}
 """
 
 

@@ -209,6 +209,7 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
     env = _environment(spec, key)
     started, out = time.monotonic(), []
     scratch = tempfile.mkdtemp(prefix="reconcile-bench-")  # 0700, ours
+    relay = _GuardedRelay(spec)  # vllm bench serve talks to the port only through it
     try:
         for i, row in enumerate(rows, 1):
             what = f"{row.concurrency} x " if row.concurrency > 1 else ""
@@ -219,16 +220,19 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
             row_dir = os.path.join(scratch, str(i))
             _still_ours(spec)  # the server may have gone since the last row, and its port been taken
             try:
-                argv = _command(spec, row, health.url, row_dir)
+                argv = _command(spec, row, relay.url, row_dir)
                 done = run_command(argv, env=env, timeout=spec.bench.timeout if spec.bench else 600.0)
             except (CommandTimeout, ToolMissing, UnsafePath) as exc:
                 raise BenchError(f"vllm bench serve: {exc}") from None
+            if relay.refused:
+                raise BenchError(f"port {spec.server.port}: {relay.refused[0]}: the key is not sent there")
             if not done.ok:
                 tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
                 raise BenchError(f"vllm bench serve exited {done.returncode}: {tail[-400:]}")
             result = _read_result(os.path.join(row_dir, "result.json"))
             out.append({**row._asdict(), "figures": figures(result), "vllm_result": _trimmed(result)})
     finally:
+        relay.close()
         shutil.rmtree(scratch, ignore_errors=True)
     say(f"bench done in {time.monotonic() - started:.0f}s")
     return {
@@ -238,6 +242,85 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
         "server": spec.server.name,
         "max_model_len": max_len,
     }
+
+
+class _GuardedRelay:
+    """A loopback port of ours that `vllm bench serve` sends its keyed requests to: each connection is
+    carried to the deployment's port only once key_holder_check found every listener there to be the
+    deployment's, after the connect and before a byte is sent (as probes.health's guard does for
+    reconcile's own requests). `_still_ours` before a row is not enough: vLLM's CLI imports for
+    seconds before its first request, and a server that died meanwhile leaves the port to whoever
+    binds it. A refused connection is closed unsent and named in `refused`."""
+
+    def __init__(self, spec: Spec) -> None:
+        import socket
+        import threading
+
+        from probes.health import _target
+        from reconcile.ownership.membership import scope_of
+        from reconcile.ownership.sockets import key_holder_check
+
+        assert spec.server is not None
+        port, scope, what = spec.server.port, scope_of(spec), f"deployment {spec.server.name}"
+        self._target = _target(spec)
+        self._check: Callable[[], None] = lambda: key_holder_check(port, scope, what)
+        self.refused: list[str] = []
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, name="bench-relay", daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed: the bench is over
+                return
+            threading.Thread(target=self._carry, args=(client,), daemon=True).start()
+
+    def _carry(self, client: Any) -> None:
+        import socket
+        import threading
+
+        from reconcile.ownership.sockets import ForeignListener
+
+        try:
+            upstream = socket.create_connection(self._target, timeout=30)
+        except OSError:
+            client.close()
+            return
+        try:
+            self._check()
+        except ForeignListener as exc:
+            self.refused.append(str(exc))
+            upstream.close()
+            client.close()
+            return
+        upstream.settimeout(None)
+        back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+        back.start()
+        _pump(client, upstream)
+        back.join()
+        upstream.close()
+        client.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _pump(src: Any, dst: Any) -> None:
+    """Bytes from `src` to `dst` until `src` ends, then end `dst`'s sending side."""
+    import contextlib
+    import socket
+
+    with contextlib.suppress(OSError):
+        while chunk := src.recv(1 << 16):
+            dst.sendall(chunk)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
 
 
 def _still_ours(spec: Spec) -> None:

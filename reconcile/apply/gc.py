@@ -22,25 +22,21 @@ class Collected:
     freed: int = 0  # bytes
 
 
-def collect(state_dir: str, store: str, *, keep: int, extra_keep: tuple[str, ...] = ()) -> Collected:
-    records = generations.read_all(state_dir)
-    current, hold = generations.current(state_dir), generations.read_hold(state_dir)
+def collect(
+    state_dir: str,
+    store: str,
+    *,
+    keep: int,
+    extra_keep: tuple[str, ...] = (),
+    others: tuple[tuple[str, str], ...] = (),
+) -> Collected:
+    """`others`: (name, state dir) of the spec's other deployments, which share the store: what their
+    generations keep is kept too (a gc of one deployment never removes another's realization)."""
     why: dict[str, str] = {p: "the spec's realization" for p in extra_keep}
-
-    def paths_of(g: dict[str, object]) -> list[str]:
-        venv, model = g.get("venv"), g.get("model")
-        out = [str(venv.get("path"))] if isinstance(venv, dict) and venv.get("path") else []
-        return out + ([str(model.get("dir"))] if isinstance(model, dict) and model.get("dir") else [])
-
-    for g in records[-keep:] if keep > 0 else []:
-        for p in paths_of(g):
-            why.setdefault(p, f"generation {g['generation']} (one of the last {keep})")
-    for g in records:
-        for p in paths_of(g):
-            if g["generation"] == current:
-                why[p] = f"generation {current} (current)"
-            if hold is not None and g["generation"] == hold.generation:
-                why[p] = f"generation {hold.generation} (held)"
+    for name, other in others:
+        for p, w in _kept_by(other, keep).items():
+            why.setdefault(p, f"deployment {name}'s {w}")
+    why.update(_kept_by(state_dir, keep))
     found = realizations(store)
     for p in in_use_by_processes(found):
         why[p] = "a running process uses it"
@@ -56,3 +52,26 @@ def collect(state_dir: str, store: str, *, keep: int, extra_keep: tuple[str, ...
     out.removed += collect_snapshots(store, referenced_snapshots(kept))
     out.freed = before - disk_usage([*kept, hub] if os.path.isdir(hub) else kept)
     return out
+
+
+def _kept_by(state_dir: str, keep: int) -> dict[str, str]:
+    """The realizations the generations in `state_dir` keep (current, held, the last `keep`), and why."""
+    records = generations.read_all(state_dir)
+    current, hold = generations.current(state_dir), generations.read_hold(state_dir)
+    why: dict[str, str] = {}
+
+    def paths_of(g: dict[str, object]) -> list[str]:
+        venv, model = g.get("venv"), g.get("model")
+        out = [str(venv.get("path"))] if isinstance(venv, dict) and venv.get("path") else []
+        return out + ([str(model.get("dir"))] if isinstance(model, dict) and model.get("dir") else [])
+
+    for g in records[-keep:] if keep > 0 else []:
+        for p in paths_of(g):
+            why.setdefault(p, f"generation {g['generation']} (one of the last {keep})")
+    for g in records:
+        for p in paths_of(g):
+            if g["generation"] == current:
+                why[p] = f"generation {current} (current)"
+            if hold is not None and g["generation"] == hold.generation:
+                why[p] = f"generation {hold.generation} (held)"
+    return why

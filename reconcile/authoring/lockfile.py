@@ -33,7 +33,7 @@ from reconcile.spec.pins import (
 
 if TYPE_CHECKING:
     from reconcile.spec.loaded import LoadedSpec
-    from reconcile.spec.models import Model, Venv
+    from reconcile.spec.models import Model, Spec, Venv
 
 COMPILE_TIMEOUT_S = 900.0  # a cold resolution of vLLM's closure reads ~150 index pages
 
@@ -79,10 +79,14 @@ def _sources(venv: Venv) -> list[str]:
 def target_interpreter(venv: Venv) -> tuple[str, str, str]:
     """(path, major.minor, platform) of the interpreter the venv is made from: the closure is resolved
     for it (its markers and wheel tags), not for reconcile's own."""
-    found = venv.python if os.path.isabs(venv.python) else shutil.which(venv.python)
+    from actions.venv import trusted_python
+
+    # root runs it (and uv does, with --python): held to the exec role, as apply holds it (an
+    # ActionError, a ReconcileError, naming the directory and the fix)
+    found = trusted_python(venv, missing_ok=True)
     probe = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sysconfig.get_platform())"
     try:
-        done = run([found or venv.python, "-c", probe], timeout=30)
+        done = run([found, "-c", probe], timeout=30) if found else None
     except (ToolMissing, CommandTimeout):
         done = None
     words = done.stdout.split() if done is not None and done.ok else []
@@ -193,6 +197,18 @@ def _closure_lines(old: list[str], new: list[str]) -> list[str]:
     return moved
 
 
+def _venv_paths_trusted(spec: Spec) -> None:
+    """The path rule plan and apply hold the venv's paths to (reconcile.preflight.paths), before root
+    runs its interpreter or hands uv its wheelhouse: uv builds an sdist it finds there to read its
+    metadata, running the sdist's build backend as root. `reconcile lock` runs no preflight."""
+    from reconcile.preflight.paths import path_findings
+
+    for finding in path_findings(spec):
+        key = finding.evidence.get("key", "")
+        if finding.severity == "error" and str(key).startswith("[venv]"):
+            raise ReconcileError(f"{finding.message}; {finding.fix}")
+
+
 def make_lock(loaded: LoadedSpec) -> LockResult:
     """Resolve what floats in `loaded` (the spec as written, without the lock) and write the lock."""
     spec, path = loaded.spec, lock_path(loaded)
@@ -211,6 +227,7 @@ def make_lock(loaded: LoadedSpec) -> LockResult:
     resolver = None
     if spec.venv is not None and spec.venv.packages:
         venv = spec.venv
+        _venv_paths_trusted(spec)
         interpreter, python, platform = target_interpreter(venv)
         started = time.monotonic()
         requirements = compile_closure(venv, interpreter)

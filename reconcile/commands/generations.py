@@ -108,17 +108,30 @@ def cmd_gc(args: Args) -> int:
     from reconcile.apply.lock import apply_lock
     from reconcile.apply.store import spec_store
     from reconcile.commands.deployments import one_deployment
+    from reconcile.spec.deployments import deployments, is_multi
 
-    loaded = one_deployment(args, load_spec(args))
+    whole = load_spec(args)
+    loaded = one_deployment(args, whole)
     spec = loaded.spec
     store = spec_store(spec)
     if store is None:
         print(f"{loaded.path}: [venv] store = false: nothing to collect")
         return 0
     state_dir = spec.machine.state_dir
-    own = tuple(p for p in (spec.venv and spec.venv.path, spec.model and spec.model.dir) if p)
-    with apply_lock(state_dir, timeout=args.lock_timeout):
-        done = collect(state_dir, store, keep=args.keep, extra_keep=own)
+    own = [p for p in (spec.venv and spec.venv.path, spec.model and spec.model.dir) if p]
+    # Several deployments share the store: what each one's generations and spec use is kept, under
+    # the machine's apply lock (the one a multi-deployment apply holds), not this deployment's alone.
+    lock_dir = state_dir
+    others: tuple[tuple[str, str], ...] = ()
+    if is_multi(whole):
+        lock_dir = whole.spec.machine.state_dir
+        every = [d for d in deployments(whole) if d.loaded.spec.machine.state_dir != state_dir]
+        others = tuple((d.name, d.loaded.spec.machine.state_dir) for d in every)
+        for d in every:
+            view = d.loaded.spec
+            own += [p for p in (view.venv and view.venv.path, view.model and view.model.dir) if p]
+    with apply_lock(lock_dir, timeout=args.lock_timeout):
+        done = collect(state_dir, store, keep=args.keep, extra_keep=tuple(own), others=others)
     for path, why in sorted(done.kept.items()):
         print(f"  kept     {path}: {why}")
     for path in done.removed:

@@ -59,6 +59,21 @@ class Const(Shape):
         return None if value == self.value else f'"{where}" is not "{self.value}"'
 
 
+class Matching(Shape):
+    """A string that matches `pattern` whole (re.fullmatch): a value that becomes a command's argument
+    or a requirement line (a lock's version, a commit), not just any string."""
+
+    def __init__(self, pattern: str, what: str) -> None:
+        self.pattern, self.what = pattern, what
+
+    def problem(self, value: object, where: str) -> str | None:
+        import re
+
+        if type(value) is str and re.fullmatch(self.pattern, value):
+            return None
+        return f'"{where}" is {_name(value)}, expected {self.what}'
+
+
 class Obj(Shape):
     """An object with these keys (others are let be: a newer reconcile may add some)."""
 

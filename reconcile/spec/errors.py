@@ -107,10 +107,24 @@ def describe(err: Any, doc: dict[str, Any]) -> tuple[list[Part], str]:
         if expect.noun.split()[-1] not in about:
             about = f"{about}, {expect.noun}" if about else expect.noun
         return parts, f"missing (required: {about})"
-    value: Any = doc
-    for p in parts:
-        value = value[p] if isinstance(value, dict) or isinstance(p, int) else err.get("input")
+    value: Any = _at_path(doc, parts, err)
     return parts, f"{show(value)} is not {expect.noun} ({expect.allowed})"
+
+
+def _at_path(doc: Any, parts: list[Part], err: Any) -> Any:
+    """The value the error is about: the document's at `parts`, else pydantic's input. A key of a
+    table (`[key]`) is the key itself; a value a validator filled in (a deployment's server name) or a
+    key that is not there is not in the document (issue 24: a KeyError here was an internal error)."""
+    if "[key]" in err.get("loc", ()):
+        return err.get("input")
+    value = doc
+    for p in parts:
+        there = isinstance(value, dict) and p in value
+        there |= isinstance(value, list) and isinstance(p, int) and -len(value) <= p < len(value)
+        if not there:
+            return err.get("input")
+        value = value[p]
+    return value
 
 
 def show(value: Any) -> str:

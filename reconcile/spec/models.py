@@ -164,9 +164,16 @@ class Cuda(_Model):
     )
 
 
+# A name that becomes a path component (<state_dir>/deployments/<name>/, <name>.pid,
+# liveness-<name>.json, reconcile-<name>.list) and a unit name: bounded far below NAME_MAX (255), so that
+# a long one is refused at load, not by ENAMETOOLONG halfway through an apply (issue 24, 4th round).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_RULE = "letters, digits, '.', '_', '-'; a letter or digit first; at most 64"
+
+
 class AptRepository(_Model):
-    name: Annotated[str, Expect("a repository name", "letters, digits, '.', '_', '-'; a file stem")] = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+    name: Annotated[str, Expect("a repository name", f"{NAME_RULE}; a file stem")] = Field(
+        pattern=NAME_PATTERN,
         description="File stem under /etc/apt/sources.list.d/ (reconcile-<name>.list).",
     )
     uri: Annotated[
@@ -367,9 +374,9 @@ class Liveness(_Model):
 
 
 class Server(_Model):
-    name: Annotated[
-        str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
-    ] = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Deployment name (marker, unit).")
+    name: Annotated[str, Expect("a deployment name", NAME_RULE)] = Field(
+        pattern=NAME_PATTERN, description="Deployment name (marker, unit)."
+    )
     supervisor: Literal["process", "systemd"] = Field(
         "process", description="process: a detached session of our own; systemd: a generated unit."
     )
@@ -462,8 +469,8 @@ class Health(_Model):
 
 DeploymentName = Annotated[
     str,
-    Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"),
-    Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first"),
+    Field(pattern=NAME_PATTERN),
+    Expect("a deployment name", NAME_RULE),
 ]
 GpuIndex = Annotated[int, BeforeValidator(no_bool), Field(ge=0), Expect("a GPU index", "an integer from 0")]
 
@@ -471,11 +478,9 @@ GpuIndex = Annotated[int, BeforeValidator(no_bool), Field(ge=0), Expect("a GPU i
 class DeploymentServer(Server):
     # Filled in with the deployment's name before validation (Spec._deployment_names): editors
     # (`reconcile schema --json`) must not ask for it.
-    name: Annotated[
-        str, Expect("a deployment name", "letters, digits, '.', '_', '-'; a letter or digit first")
-    ] = Field(
+    name: Annotated[str, Expect("a deployment name", NAME_RULE)] = Field(
         "default",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        pattern=NAME_PATTERN,
         description="Server name (marker, unit); default: the deployment's name.",
     )
 

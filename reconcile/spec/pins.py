@@ -75,6 +75,10 @@ def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
         ) from None
     if not isinstance(data, dict) or data.get("format") not in (FORMAT, *OLD_FORMATS):
         raise ReconcileError(f"{path}: not a {FORMAT} lock file; {fix}")
+    if (problem := _lock_problem(data)) is not None:
+        # every field its readers (_usable, lock_notes, used_pins) take as it is, checked once here
+        key = problem.split('"')[1].split(".")[0].split("[")[0] if '"' in problem else "format"
+        raise ReconcileError(f"{path}:{_line_of(text, json.dumps(key))}: {problem}; {fix}")
     closure = data.get("closure")
     if closure is not None:
         lines = closure.get("requirements") if isinstance(closure, dict) else None
@@ -95,6 +99,28 @@ def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
                     f"a locked distribution (name==version --hash=sha256:<64 hex>); {fix}"
                 )
     return data
+
+
+def _lock_problem(doc: dict[str, Any]) -> str | None:
+    """What is wrong with the lock's pins (its closure is checked line by line above), or None:
+    every field _usable, lock_notes and used_pins take as it is. A version becomes part of a
+    requirement root installs, a commit the model's revision: each must be one, not any string."""
+    from reconcile.safety.shapes import STR, MapOf, Matching, Obj
+
+    version = Matching(LOCKED.split("==(", 1)[1].split(")", 1)[0], "a version (digits, letters, . + ! _ -)")
+    shape = Obj(
+        {
+            "packages": MapOf(
+                Obj({"specifier": STR, "version": version}, required=("specifier", "version")), nullable=True
+            ),
+            "model": Obj(
+                {"repo": STR, "revision": STR, "commit": Matching(_COMMIT.strip("^$"), "a 40-hex commit")},
+                required=("repo", "revision", "commit"),
+                nullable=True,
+            ),
+        }
+    )
+    return shape.problem({k: v for k, v in doc.items() if k in ("packages", "model")}, "")
 
 
 def _line_of(text: str, needle: str) -> int:

@@ -62,6 +62,7 @@ PATHS: tuple[tuple[str, str, Role], ...] = (
     ("server", "log", WRITE),
     ("server", "pidfile", WRITE),
     ("server", "secret_files", READ),
+    ("front", "haproxy", EXEC),
 )
 
 
