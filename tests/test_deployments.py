@@ -422,3 +422,17 @@ def test_pausing_the_machine_holds_every_deployments_scheduled_apply(multi: Mult
     assert multi.cli("resume").returncode == 0
     ran = multi.cli("apply", "--scheduled")
     assert ran.returncode == 2 and {multi.pid("chat"), multi.pid("draft")}, ran.stdout + ran.stderr
+
+
+def test_deployments_with_one_venv_share_one_realization_in_the_machines_store(tmp_path: Path) -> None:
+    """Issue 27: realizations are shared between deployments when their inputs are equal. Both
+    deployments of the bundled spec use the machine's [venv]: on a fresh machine the plan of each names
+    the same `<state_dir>/store/<hash>-venv`, not one store per deployment's state dir."""
+    m = Multi(tmp_path, {name: free_port() for name in NAMES})
+    m.write()
+    plan = m.cli("plan")
+    assert plan.returncode in (1, 2), plan.stdout + plan.stderr
+    store = str(m.state_dir / "store") + "/"
+    realized = sorted(set(re.findall(re.escape(store) + r"[0-9a-f]{32}-venv", plan.stdout)))
+    assert len(realized) == 1, plan.stdout
+    assert "deployments/chat/store" not in plan.stdout and "deployments/draft/store" not in plan.stdout
