@@ -218,7 +218,7 @@ def _init(p: argparse.ArgumentParser) -> None:
 
 
 def _bench(p: argparse.ArgumentParser) -> None:
-    _spec(p)
+    _one(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON (format reconcile-bench/1)")
     p.add_argument(
         "--compare",

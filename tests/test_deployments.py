@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -436,3 +437,40 @@ def test_deployments_with_one_venv_share_one_realization_in_the_machines_store(t
     realized = sorted(set(re.findall(re.escape(store) + r"[0-9a-f]{32}-venv", plan.stdout)))
     assert len(realized) == 1, plan.stdout
     assert "deployments/chat/store" not in plan.stdout and "deployments/draft/store" not in plan.stdout
+
+
+def _generated(port: int) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = http_request("GET", "127.0.0.1", port, "/metrics").body.decode()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:generation_tokens_total"
+    )
+
+
+def test_bench_measures_each_deployment_through_its_own_key_and_keeps_it_in_its_own_records(
+    multi: Multi,
+) -> None:
+    """Issue 27 item 5: `bench` per deployment and for all. Without --deployment each deployment's
+    own server does the work (its token counter moves by what its rows generate), and each result is
+    kept in that deployment's state dir with its generation; --deployment NAME measures that one alone."""
+    profile = "\n[bench]\nrows = [{ prompt = 40, gen = 12 }]\n"
+    multi.spec_path.write_text(multi.write().read_text() + profile)
+    assert multi.cli("apply", "--auto-approve").returncode == 2
+    before = {name: _generated(multi.ports[name]) for name in NAMES}
+    every = multi.cli("bench", "--json")
+    assert every.returncode == 0, every.stdout + every.stderr
+    data = json.loads(every.stdout)
+    assert data["format"] == "reconcile-bench/1" and set(data["deployments"]) == set(NAMES)
+    for name in NAMES:
+        assert _generated(multi.ports[name]) - before[name] == 12, name
+        assert data["deployments"][name]["generation"] == 1
+        kept = multi.state_dir / "deployments" / name / "bench" / "results.json"
+        assert kept.exists() and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    one = multi.cli("bench", "--deployment", "draft")
+    assert one.returncode == 0 and "SINGLE-STREAM DECODE" in one.stdout, one.stdout + one.stderr
+    assert _generated(multi.ports["draft"]) - before["draft"] == 24
+    assert _generated(multi.ports["chat"]) - before["chat"] == 12

@@ -19,13 +19,41 @@ FORMAT = "reconcile-bench/1"
 
 
 def cmd_bench(args: Args) -> int:
+    """One deployment's benchmark (the spec's, or `--deployment NAME`'s), or, for a spec with
+    [deployments] and no name, every deployment's in turn (`--json`: one document, by name)."""
+    from reconcile.commands.deployments import one_deployment, views
+    from reconcile.spec.deployments import is_multi
+
+    whole = load_spec(args)
+    name = getattr(args, "deployment", None)
+    if args.compare or not is_multi(whole) or name is not None:
+        code, data = _bench(args, one_deployment(args, whole))
+        if data is not None:
+            print(json.dumps(data, indent=2, sort_keys=True))
+        return code
+    results: dict[str, Any] = {}
+    codes = []
+    for d in views(whole):
+        if not args.json:
+            print(f"── deployment {d.name}")
+        code, data = _bench(args, d.loaded)
+        codes.append(code)
+        results[d.name] = data
+    if args.json:
+        print(json.dumps({"format": FORMAT, "deployments": results}, indent=2, sort_keys=True))
+    return max(codes)
+
+
+def _bench(args: Args, loaded: Any) -> tuple[int, dict[str, Any] | None]:
+    """Measure one deployment and keep the run with its current generation; print the table, or
+    return the `--json` document."""
     from reconcile.apply import bench_records, benchmark, generations
     from reconcile.apply.lock import apply_lock
 
-    loaded, notes = with_hold(load_spec(args))
+    loaded, notes = with_hold(loaded)
     state_dir = loaded.spec.machine.state_dir
     if args.compare:
-        return _compare(state_dir, *args.compare, as_json=args.json, stream=sys.stdout)
+        return _compare(state_dir, *args.compare, as_json=args.json, stream=sys.stdout), None
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
 
@@ -42,18 +70,16 @@ def cmd_bench(args: Args) -> int:
         entry = bench_records.keep(state_dir, run, generations.current(state_dir))
     directory = bench_records.bench_dir(state_dir)
     if args.json:
-        data = {
+        return 0, {
             "format": FORMAT,
             **entry,
             "headline": bench_records.headline(entry),
             "records": f"{directory}/{bench_records.RESULTS}",
             "chart": f"{directory}/{bench_records.CHART}",
         }
-        print(json.dumps(data, indent=2, sort_keys=True))
-        return 0
     render_table(entry, sys.stdout)
     print(f"\nkept in {directory}/{bench_records.RESULTS}; chart: {directory}/{bench_records.CHART}")
-    return 0
+    return 0, None
 
 
 def render_table(entry: dict[str, Any], out: TextIO) -> None:
