@@ -43,12 +43,15 @@ def approve(
     loaded: LoadedSpec,
     *,
     title: str,
+    moves: tuple[str, ...] = (),
     stdin: TextIO | None = None,
     stdout: TextIO | None = None,
 ) -> dict[str, Any] | None:
     """Show the plan and ask. Returns the approved plan's fingerprint (for the executor), or None when
-    there is nothing to ask about (no change, or a preflight error that makes apply refuse anyway).
-    Raises NotApproved on any answer but `yes`."""
+    there is nothing to ask about (no change and no profile link to move, or a preflight error that
+    makes apply refuse anyway). `moves`: a rollback's profile links (`[venv] path`, `[model] dir`) that
+    point elsewhere now, which no plan row shows (the target's realizations already exist). Raises
+    NotApproved on any answer but `yes`."""
     from reconcile.apply.saved_plan import fingerprint
     from reconcile.plan.planner import make_plan
     from reconcile.plan.render import render_text
@@ -56,9 +59,11 @@ def approve(
     stdin = sys.stdin if stdin is None else stdin
     out = sys.stdout if stdout is None else stdout
     plan = make_plan(loaded)
-    if not plan.changes or plan.errors:
+    if (not plan.changes and not moves) or plan.errors:
         return None
     render_text(plan, out, title=title)
+    for move in moves:
+        out.write(f"  ~ switch           {move}\n")
     out.write(f"\n{QUESTION}\n\n  Enter a value: ")
     out.flush()
     answer = stdin.readline()

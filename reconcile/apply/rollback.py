@@ -14,10 +14,12 @@ from reconcile.apply import generations
 from reconcile.apply.realization import generation_spec, who
 from reconcile.apply.switching import SwitchInterrupted, serving_generation, switch_to
 from reconcile.errors import ReconcileError
+from reconcile.safety.display import shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
     from reconcile.apply.changes import ApplyReport, ProgressFn
     from reconcile.spec.loaded import LoadedSpec
@@ -55,12 +57,12 @@ def rollback(
     *,
     lock_timeout: float,
     progress: ProgressFn | None = None,
-    approve: Callable[[LoadedSpec], object] | None = None,
+    approve: Callable[[LoadedSpec, tuple[str, ...]], object] | None = None,
 ) -> tuple[int, ApplyReport]:
     """`reconcile rollback [N]`: switch to generation N's realization (default: the one numbered below
     the one serving), restart once (not at all when N already serves: it is marked current), and hold
     it until the spec changes or `reconcile resume`. `approve` (a terminal's question) sees generation
-    N's spec first and raises to change nothing."""
+    N's spec and the profile links it moves first, and raises to change nothing."""
     state_dir = loaded.spec.machine.state_dir
     have = [g["generation"] for g in generations.read_all(state_dir)]
     if target is None:
@@ -74,7 +76,7 @@ def rollback(
         target = below[-1]
     gen = generations.read(state_dir, target)
     if approve is not None:
-        approve(generation_spec(gen, loaded)[0])
+        approve(generation_spec(gen, loaded)[0], profile_moves(loaded, gen))
     venv = (gen.get("venv") or {}).get("path")
     rebuilt = bool(venv) and not os.path.isdir(str(venv))
     previous = generations.read_hold(state_dir)
@@ -98,3 +100,21 @@ def rollback(
     if rebuilt:
         report.notes.append(f"{venv} had been removed (gc): it was built again")
     return target, report
+
+
+def profile_moves(loaded: LoadedSpec, gen: dict[str, Any]) -> tuple[str, ...]:
+    """The profile links (the spec's `[venv] path` and `[model] dir`) that now point elsewhere than
+    generation `gen`'s realizations: what a rollback moves that no plan row shows."""
+    moves = []
+    for label, section, key in (("[venv] path", "venv", "path"), ("[model] dir", "model", "dir")):
+        link = (loaded.resolved.get(section) or {}).get(key)
+        target = (gen.get(section) or {}).get(key)
+        if not isinstance(link, str) or not isinstance(target, str) or link == target:
+            continue
+        try:
+            now = os.readlink(link)
+        except OSError:  # absent, or not a link (a real dir used in place): the switch makes it
+            now = "(not a link)" if os.path.lexists(link) else "(absent)"
+        if now != target:
+            moves.append(f"{label} {shown(link)}: {shown(now)} -> {shown(target)}")
+    return tuple(moves)

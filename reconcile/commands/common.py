@@ -69,11 +69,13 @@ def print_report(report: Any, *, as_json: bool, quiet: bool) -> None:
     sys.stdout.write(paint_report(text.getvalue()))
 
 
-def ask_approval(args: Args, loaded: LoadedSpec, title: str) -> dict[str, Any] | None:
+def ask_approval(
+    args: Args, loaded: LoadedSpec, title: str, moves: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
     """On a terminal (and without --auto-approve): the plan shown and a `yes`, or NotApproved."""
     from reconcile.apply.approval import approve, wants_question
 
-    return approve(loaded, title=title) if wants_question(args) else None
+    return approve(loaded, title=title, moves=moves) if wants_question(args) else None
 
 
 def record_failure(

@@ -62,8 +62,8 @@ def cmd_rollback(args: Args) -> int:
     from reconcile.apply.progress import showing
     from reconcile.apply.rollback import rollback
 
-    def ask(old: LoadedSpec) -> None:  # on a terminal: generation N's plan shown, then only `yes`
-        ask_approval(args, old, "rollback")
+    def ask(old: LoadedSpec, moves: tuple[str, ...] = ()) -> None:  # on a terminal: N's plan, then only `yes`
+        ask_approval(args, old, "rollback", moves)
 
     from reconcile.commands.deployments import one_deployment
     from reconcile.commands.machine import machine_rollback, machine_switch

@@ -185,7 +185,7 @@ def machine_rollback(
     held at theirs, untouched. Then machine generation N is current again."""
     from reconcile.apply.approval import wants_question
     from reconcile.apply.realization import generation_spec, who
-    from reconcile.apply.rollback import rollback
+    from reconcile.apply.rollback import profile_moves, rollback
     from reconcile.commands.common import ask_approval
     from reconcile.commands.deployments import views
 
@@ -199,7 +199,8 @@ def machine_rollback(
     first = _split(every, wants, target, [])[0]
     for d, want in first:  # every question first, before the lock (a person may take a while)
         state_dir = d.loaded.spec.machine.state_dir
-        ask_approval(args, generation_spec(generations.read(state_dir, want), d.loaded)[0], "rollback")
+        gen = generations.read(state_dir, want)
+        ask_approval(args, generation_spec(gen, d.loaded)[0], "rollback", profile_moves(d.loaded, gen))
     asked = {d.name for d, _ in first} if wants_question(args) else None
     with machine_switch(loaded, f"rollback to machine generation {target}", args.lock_timeout, notes):
         moves, stays = _split(every, wants, target, notes)  # again, under the lock
