@@ -59,24 +59,20 @@ def test_a_package_missing_from_the_index_blocks_the_server_while_model_and_key_
     assert results(fixed.json()) == {"server": "changed"}
 
 
-def test_a_missing_model_source_blocks_config_and_server_while_the_key_is_made(demo: Demo) -> None:
+def test_a_missing_model_source_is_refused_before_anything_changes(demo: Demo) -> None:
+    """Issue 26 item 5: what cannot start is refused by the plan before anything is touched (before
+    issue 26 the key was made and the model and server failed one by one, after the apply began)."""
+
     def no_source(doc: Any) -> None:
         doc["model"]["source"] = str(demo.root / "no-such-model")
 
     demo.write_spec(no_source)
     run = demo.cli("apply", "--json")
-    assert run.returncode == 4, run.output
+    assert run.returncode == 1, run.output
     data = run.json()
-    assert results(data) == {
-        "model.files": "failed",
-        "model.config": "blocked",
-        "api_key": "changed",
-        "server": "blocked",
-    }
-    assert "no-such-model" in data["results"][0]["message"]
-    config = next(r for r in data["results"] if r["resource"] == "model.config")
-    assert config["message"] == "model.files failed"
-    assert demo.key_file.exists() and not (demo.model_dir / "config.json").exists()
+    assert data["refused"] and data["results"] == [] and not data["changed"]
+    assert data["error"]["rule"] == "start.missing" and "no-such-model" in data["error"]["message"]
+    assert not demo.key_file.exists() and not (demo.model_dir / "config.json").exists()
     assert demo.server_pids() == []
 
 
