@@ -11,7 +11,7 @@ import stat
 from typing import TYPE_CHECKING
 
 from reconcile.errors import ActionError
-from reconcile.host import temp_prefix
+from reconcile.host import checkpoint, temp_prefix
 from reconcile.plan.records import ActionResult
 from reconcile.safety.untrusted import NotRegular, open_regular
 
@@ -112,7 +112,8 @@ def _generate(api_key: ApiKey, mode: int, uid: int, gid: int, why: str) -> Actio
     try:  # A trailing newline, like `print(token) > file`: readers strip() it.
         data = (secrets.token_urlsafe(32) + "\n").encode()
         name = os.path.basename(api_key.file)
-        write_new_at(fd, name, data, mode=mode, uid=uid, gid=gid, prefix=temp_prefix(api_key.file))
+        prefix = temp_prefix(api_key.file)
+        write_new_at(fd, name, data, mode=mode, uid=uid, gid=gid, prefix=prefix, checkpoint=checkpoint)
     except OSError as exc:
         if exc.filename is None:  # ENOSPC on write names no file: name the key's
             raise OSError(exc.errno, exc.strerror, api_key.file) from exc

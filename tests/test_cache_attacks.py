@@ -136,6 +136,8 @@ def test_no_cache_keeps_a_secret_the_spec_holds_inline(tmp_path: Path) -> None:
     clear, and kept it after the operator moved it to secret_files."""
     specs = tmp_path / "specs"
     shutil.copytree(ROOT / "specs", specs)
+    # The demo's executable, `{spec_dir}/../tests/fakes/vllm`: the plan refuses one that is not there.
+    shutil.copytree(ROOT / "tests" / "fakes", tmp_path / "tests" / "fakes")
     demo = specs / "cpu-demo.toml"
     text = demo.read_text()
     assert 'env = { HF_HUB_OFFLINE = "1"' in text

@@ -11,7 +11,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from reconcile.errors import ReconcileError
 from reconcile.safety.untrusted import kind, walk_tree
@@ -351,11 +351,22 @@ def _walk(path: str, mode: int, *, create: bool) -> int:
     return fd
 
 
-def write_new_at(dir_fd: int, name: str, data: bytes, *, mode: int, uid: int, gid: int, prefix: str) -> None:
+def write_new_at(
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    *,
+    mode: int,
+    uid: int,
+    gid: int,
+    prefix: str,
+    checkpoint: Callable[[str], None] | None = None,
+) -> None:
     """Write file `name` in the directory open at `dir_fd` (reached by walk(), never by its name
     again), atomically: a temp file (`prefix`: host.temp_prefix, so the stale-temp sweep knows it)
     made O_EXCL|O_NOFOLLOW there, mode and owner set before a byte is written, fsync, renamed over
-    `name` within the same directory descriptor, the directory fsynced."""
+    `name` within the same directory descriptor, the directory fsynced. `checkpoint` (host.checkpoint)
+    names the points where the crash-safety tests kill the writer, as host.atomic_write's."""
     import secrets
 
     tmp = f"{prefix}{secrets.token_hex(4)}.tmp"
@@ -366,12 +377,18 @@ def write_new_at(dir_fd: int, name: str, data: bytes, *, mode: int, uid: int, gi
         try:
             os.fchmod(fd, mode)
             os.fchown(fd, uid, gid)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            half = len(data) // 2
+            for i, part in enumerate((data[:half], data[half:])):
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if i == 0 and checkpoint is not None:
+                    checkpoint(f"atomic_write.partial:{name}")
             os.fsync(fd)
         finally:
             os.close(fd)
+        if checkpoint is not None:
+            checkpoint(f"atomic_write.rename:{name}")
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
