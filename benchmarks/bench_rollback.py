@@ -56,7 +56,7 @@ def _quote(arg: str) -> str:
 def _journal_server_seconds(demo: Demo) -> float:
     """The server step of the newest apply journal entry (stop, start, /health)."""
     journal = demo.state_dir / "generations"
-    newest = max(journal.glob("*.json"), key=lambda p: int(p.stem))
+    newest = max((p for p in journal.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem))
     changes = json.loads(newest.read_text())["changes"]
     return sum(float(c["seconds"]) for c in changes if c["resource"] == "server")
 
