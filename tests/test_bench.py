@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from reconcile.host import http_request
 from tests.apply_support import Demo, demo_in
 from tests.ownership_support import SPY, as_nobody, received, root_only
+from tests.test_server_support import generated_tokens
 
 
 @pytest.fixture
@@ -34,22 +34,14 @@ def spec_with(demo: Demo, *, seqs: int, bench: str = "", token_s: str = "0.0005"
         path.write_text(path.read_text() + "\n" + bench)
 
 
-def generated_tokens(demo: Demo) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = http_request("GET", "127.0.0.1", demo.port, "/metrics").body.decode()
-    return sum(
-        s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "vllm:generation_tokens_total"
-    )
+def generated(demo: Demo) -> float:
+    return generated_tokens(demo.port)
 
 
 def test_bench_prints_the_reference_table_and_keeps_it_with_the_generation(demo: Demo) -> None:
     spec_with(demo, seqs=8)
     assert demo.cli("apply").returncode == 2
-    before = generated_tokens(demo)
+    before = generated(demo)
     run = demo.cli("bench", timeout=300)
     assert run.returncode == 0, run.output
     out = run.stdout
@@ -60,7 +52,7 @@ def test_bench_prints_the_reference_table_and_keeps_it_with_the_generation(demo:
     assert "LONG GENERATION (1024 output, 24-token prompt)" in out
     assert "CONCURRENT (8 parallel streams, 512 gen each): total=4096 tokens" in out
     assert "bench 1/6: prompt 16, gen 512" in run.stderr  # progress while it runs
-    assert generated_tokens(demo) - before == 4 * 512 + 1024 + 8 * 512  # the server did the work
+    assert generated(demo) - before == 4 * 512 + 1024 + 8 * 512  # the server did the work
 
     directory = demo.state_dir / "bench"
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700

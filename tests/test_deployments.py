@@ -28,7 +28,7 @@ from reconcile.spec.deployments import deployments
 from reconcile.spec.loader import load_spec
 from tests.apply_support import DEMO_MODEL, copy_venv, seed_venv
 from tests.test_ansible import ansible_playbook, collections, playbook
-from tests.test_server_support import FAKE_VLLM, free_port
+from tests.test_server_support import FAKE_VLLM, free_port, generated_tokens
 
 REPO = Path(__file__).resolve().parent.parent
 MULTI_SPEC = REPO / "specs" / "cpu-demo-multi.toml"
@@ -439,18 +439,6 @@ def test_deployments_with_one_venv_share_one_realization_in_the_machines_store(t
     assert "deployments/chat/store" not in plan.stdout and "deployments/draft/store" not in plan.stdout
 
 
-def _generated(port: int) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = http_request("GET", "127.0.0.1", port, "/metrics").body.decode()
-    return sum(
-        s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "vllm:generation_tokens_total"
-    )
-
-
 def test_bench_measures_each_deployment_through_its_own_key_and_keeps_it_in_its_own_records(
     multi: Multi,
 ) -> None:
@@ -460,17 +448,17 @@ def test_bench_measures_each_deployment_through_its_own_key_and_keeps_it_in_its_
     profile = "\n[bench]\nrows = [{ prompt = 40, gen = 12 }]\n"
     multi.spec_path.write_text(multi.write().read_text() + profile)
     assert multi.cli("apply", "--auto-approve").returncode == 2
-    before = {name: _generated(multi.ports[name]) for name in NAMES}
+    before = {name: generated_tokens(multi.ports[name]) for name in NAMES}
     every = multi.cli("bench", "--json")
     assert every.returncode == 0, every.stdout + every.stderr
     data = json.loads(every.stdout)
     assert data["format"] == "reconcile-bench/1" and set(data["deployments"]) == set(NAMES)
     for name in NAMES:
-        assert _generated(multi.ports[name]) - before[name] == 12, name
+        assert generated_tokens(multi.ports[name]) - before[name] == 12, name
         assert data["deployments"][name]["generation"] == 1
         kept = multi.state_dir / "deployments" / name / "bench" / "results.json"
         assert kept.exists() and stat.S_IMODE(kept.stat().st_mode) == 0o600
     one = multi.cli("bench", "--deployment", "draft")
     assert one.returncode == 0 and "SINGLE-STREAM DECODE" in one.stdout, one.stdout + one.stderr
-    assert _generated(multi.ports["draft"]) - before["draft"] == 24
-    assert _generated(multi.ports["chat"]) - before["chat"] == 12
+    assert generated_tokens(multi.ports["draft"]) - before["draft"] == 24
+    assert generated_tokens(multi.ports["chat"]) - before["chat"] == 12

@@ -34,6 +34,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def generated_tokens(port: int, host: str = "127.0.0.1") -> float:
+    """vllm:generation_tokens_total from the server's /metrics, read by Prometheus's own parser: how
+    many tokens the engine really generated (summed over its label sets)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from reconcile.host import http_request
+
+    text = http_request("GET", host, port, "/metrics", timeout=5).body.decode()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:generation_tokens_total"
+    )
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
