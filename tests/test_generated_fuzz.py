@@ -131,6 +131,7 @@ def test_the_cron_and_timer_writers_inject_no_job_and_no_key() -> None:
             "WorkingDirectory",
             "SuccessExitStatus",
             "TimeoutStartSec",
+            "TimeoutStopSec",  # issue 30: the server's drain and stop, plus a minute
             "Environment",
         ]
         values = {k: v for sec, k, v in service if sec == "Service"}
