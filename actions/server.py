@@ -61,6 +61,9 @@ class ServerStartError(ActionError):
         self.failure = failure
 
 
+HUNG_STOP_S = 5.0  # a hung engine's stop: SIGTERM, then SIGKILL after this (it has nothing to drain)
+
+
 def apply(
     change: Change, spec: Spec, inputs: LaunchInputs, *, progress: ProgressFn | None = None
 ) -> ActionResult:
@@ -110,7 +113,9 @@ def ensure_running(
     if pid is not None and hung is not None:  # (a held guard leaves a hung server as it is, and says so)
         _record_hang(spec, record, pid, hung)
     down = time.monotonic()  # from here the deployment refuses new connections until the new one is ready
-    stopped = supervising.stop_marked(scope_of(spec), timeout=server.stop_timeout, leader=pid)
+    # A hung engine finishes no request: its drain (--shutdown-timeout) would only wait it out.
+    timeout = min(server.stop_timeout, HUNG_STOP_S) if hung is not None else server.stop_timeout
+    stopped = supervising.stop_marked(scope_of(spec), timeout=timeout, leader=pid)
     drained = time.monotonic() - down
     holder = _port_holder(server.port)
     if holder is not None:
