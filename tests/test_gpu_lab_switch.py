@@ -59,15 +59,20 @@ def switched(load: Load, label: str, *args: str) -> dict[str, Any]:
     FIGURES[label] = {"seconds": round(took, 1), "apply_says": line.group(0) if line else None,
                       "whole": t.ok, "cut": t.cut, "failed": t.failed, "refused": t.refused,
                       "errors": t.errors[:5]}  # fmt: skip
+    _save()  # after each switch: a call cut short by its time limit still brings back what it saw
     return FIGURES[label]
+
+
+def _save() -> None:
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu-lab-switch.json").write_text(json.dumps(FIGURES, indent=2))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def figures() -> Iterator[None]:
     yield
     print("\nFIGURES " + json.dumps(FIGURES, indent=2))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu-lab-switch.json").write_text(json.dumps(FIGURES, indent=2))
+    _save()
     stop_all()
 
 
