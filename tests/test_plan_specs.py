@@ -33,7 +33,9 @@ def plan(spec: Path, tmp_path: Path) -> tuple[int, dict[str, object], str]:
 def test_every_spec_plans_to_json_with_a_plan_exit_code(spec: Path, tmp_path: Path) -> None:
     code, data, _ = plan(spec, tmp_path)
     assert code in (0, 1, 2) and data["exit_code"] == code
-    assert {r["resource"] for r in data["resources"]} >= {"server"}
+    # A spec with [deployments]: one plan document per deployment, each with its server row.
+    for doc in data["deployments"].values() if "deployments" in data else [data]:
+        assert {r["resource"] for r in doc["resources"]} >= {"server"}
 
 
 def _ci_like() -> bool:

@@ -55,16 +55,19 @@ def _remembered(spec: Any, inputs: PreflightInputs) -> tuple[Any, bool]:
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.name for p in SPECS])
 def test_a_hit_gives_the_rules_own_findings_for_every_bundled_spec(path: Path) -> None:
-    spec = load_spec(str(path)).spec
-    direct = rule_findings(spec, GOOD)
-    first, ran = _remembered(spec, GOOD)
-    assert ran and _same(first, direct)
-    again, ran = _remembered(spec, GOOD)
-    assert not ran and _same(again, direct) and repr(again) == repr(direct)
-    # The spec cache's plain twin of the same spec has the same key: a cold run's entry serves warm.
-    view = decode(encode(spec))
-    hit, ran = _remembered(view, GOOD)
-    assert not ran and _same(hit, direct)
+    from reconcile.spec.deployments import deployments
+
+    for each in deployments(load_spec(str(path))):  # a spec with [deployments]: each one's view
+        spec = each.loaded.spec
+        direct = rule_findings(spec, GOOD)
+        first, ran = _remembered(spec, GOOD)
+        assert ran and _same(first, direct)
+        again, ran = _remembered(spec, GOOD)
+        assert not ran and _same(again, direct) and repr(again) == repr(direct)
+        # The spec cache's plain twin of the same spec has the same key: a cold run's entry serves warm.
+        view = decode(encode(spec))
+        hit, ran = _remembered(view, GOOD)
+        assert not ran and _same(hit, direct)
 
 
 @pytest.mark.parametrize(
@@ -159,8 +162,10 @@ def test_a_warm_converged_plan_imports_no_rule_and_no_engine_and_says_the_same(t
     ]
     cold, warm, again = (r.stdout.rsplit("\n", 2) for r in runs)
     assert "reconcile.vllm.memory" in cold[1]  # the first plan ran the rules
+    # paths and startable run on every plan (a path or an executable may change with nothing in the
+    # memo's key); draining gives the launch its --shutdown-timeout (the server's identity).
     assert warm[1] == again[1] == str(
         ["reconcile.preflight.context", "reconcile.preflight.gather", "reconcile.preflight.memo",
-         "reconcile.preflight.paths"]
+         "reconcile.preflight.paths", "reconcile.preflight.startable", "reconcile.vllm.draining"]
     ), runs[1].stderr  # fmt: skip
     assert cold[0] == warm[0] == again[0]  # the plan's text
