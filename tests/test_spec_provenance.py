@@ -209,7 +209,7 @@ def test_a_user_may_plan_their_own_spec(yard: Path, theirs: Path) -> None:
         env={**os.environ, "XDG_CACHE_HOME": f"{theirs}/cache", "HOME": str(theirs)},
     )
     assert run.returncode == 2, run.stdout + run.stderr
-    assert f"create {theirs}/venv" in run.stdout
+    assert f"create {theirs}/state/store/" in run.stdout  # the store by default (issue 26)
 
 
 def fleet(yard: Path) -> Path:

@@ -134,15 +134,21 @@ def claim_gpu(hold: str, rank: int, util: float) -> list | str:
                     used += float(f.read().strip() or "0.9")
                     continue
             os.unlink(other)  # its holder is gone
+        gpu = open(os.path.join(hold, f"cuda{rank}.lock"), "a+")  # noqa: SIM115 - held for life, like GPU memory
+        try:
+            fcntl.flock(gpu, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # an exclusive holder: another program has the whole GPU's memory
+            gpu.close()
+            used = 1.0
         if used + util > 1.0 + 1e-9:
+            if not gpu.closed:
+                gpu.close()
             free = GPU_GIB * max(0.0, 1.0 - used)
             return (
                 f"ValueError: Free memory on device cuda:{rank} ({free:.1f}/{GPU_GIB} GiB) on startup is "
                 f"less than desired GPU memory utilization ({util}, {util * GPU_GIB:.1f} GiB). Decrease GPU "
                 "memory utilization or reduce GPU memory used by other processes."
             )
-        gpu = open(os.path.join(hold, f"cuda{rank}.lock"), "a+")  # noqa: SIM115 - held for life, like GPU memory
-        fcntl.flock(gpu, fcntl.LOCK_SH)
         if used == 0.0:  # the first holder names itself
             gpu.truncate(0)
             gpu.write(f"{os.getpid()}\n")
