@@ -35,6 +35,7 @@ MACHINE_RULES = frozenset(
         "model.chat-template",
         "paths.owner",
         "paths.symlink",
+        "start.missing",  # the executable, model source and wheelhouse on the machine that applies
         "venv.features",
         "venv.requirements",
     }
