@@ -21,7 +21,7 @@ def test_the_bundled_specs_pass_and_a_base_is_checked_through_its_users() -> Non
     out = validate(str(REPO / "specs"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{REPO / 'specs' / 'base.toml'}: a base, checked through blackwell-2x5090.toml" in out.stdout
-    assert out.stdout.strip().endswith("3 spec(s) checked, 0 failed")
+    assert out.stdout.strip().endswith("4 spec(s) checked, 0 failed")  # with cpu-demo-multi.toml
 
 
 def test_a_bad_spec_and_a_preflight_error_fail_with_one_line_each(tmp_path: Path) -> None:
