@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.mirror_support import Mirror, path_of
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -187,64 +190,27 @@ def _deep_tree_cases(tree: Tree, command: str) -> None:
         assert "RecursionError" not in again.output and "internal error" not in again.output, again.output
 
 
-class HeadDripper:
+class HeadDripper(Mirror):
     """A mirror in front of a FakeHub: `/api/` answered at once, every `/resolve/` answer (the HEAD
     for a file's metadata included) sent a byte every `gap` seconds, its status line and headers
     first, so huggingface_hub's per-read timeout never fires and no body has started."""
 
     def __init__(self, upstream: str, gap: float = 2.0) -> None:
-        import socket
-        import threading
+        super().__init__(upstream)
+        self.gap = gap
+        self.start()
 
-        self.upstream, self.gap = upstream, gap
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        import threading
-
-        while True:
+    def answer(self, conn: socket.socket, lines: list[bytes]) -> None:
+        answer = self.forward(lines)
+        if "/resolve/" not in path_of(lines):
+            conn.sendall(answer)
+            return
+        for i in range(len(answer)):
             try:
-                conn, _ = self.server.accept()
+                conn.sendall(answer[i : i + 1])
             except OSError:
                 return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: object) -> None:
-        import socket
-        import time
-        from urllib.parse import urlsplit
-
-        assert isinstance(conn, socket.socket)
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
-                head += data
-            if not head:
-                return
-            lines = head.split(b"\r\n")
-            path = lines[0].split(b" ")[1].decode()
-            kept = [ln for ln in lines[1:] if not ln.lower().startswith((b"connection:", b"host:"))]
-            up = urlsplit(self.upstream)
-            request = b"\r\n".join([lines[0], f"Host: {up.netloc}".encode(), b"Connection: close", *kept])
-            with socket.create_connection((up.hostname, up.port)) as upstream:
-                upstream.sendall(request)
-                answer = b""
-                while data := upstream.recv(65536):
-                    answer += data
-            if "/resolve/" not in path:
-                conn.sendall(answer)
-                return
-            for i in range(len(answer)):
-                try:
-                    conn.sendall(answer[i : i + 1])
-                except OSError:
-                    return
-                time.sleep(self.gap)
-
-    def close(self) -> None:
-        self.server.close()
+            time.sleep(self.gap)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 
 from reconcile.errors import ActionError
 from tests.apply_support import Demo
+from tests.mirror_support import Mirror, one_answer, path_of
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -194,78 +197,39 @@ def test_a_toolkit_file_of_nobodys_fails_the_plan(yard: Path, where: str) -> Non
     assert run.returncode == 1, run.stdout
 
 
-class Overfeeder:
+class Overfeeder(Mirror):
     """A mirror in front of a FakeHub: everything passed through, except the body of a `/resolve/`
     GET for `name`, which is `extra` bytes longer than the hub lists (declared in Content-Length,
     or gzip-compressed zeros with `gzip`). Counts what the client took."""
 
     def __init__(self, upstream: str, name: str, extra: int, *, gzip: bool) -> None:
-        import socket
-        import threading
-
-        self.upstream, self.name, self.extra, self.gzip = upstream, name, extra, gzip
+        super().__init__(upstream)
+        self.name, self.extra, self.gzip = name, extra, gzip
         self.sent = 0
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.start()
 
-    def _serve(self) -> None:
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: object) -> None:
-        import socket
+    def answer(self, conn: socket.socket, lines: list[bytes]) -> None:
         import zlib
-        from urllib.parse import urlsplit
 
-        assert isinstance(conn, socket.socket)
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
-                head += data
-            if not head:
-                return
-            lines = head.split(b"\r\n")
-            method, path = lines[0].split(b" ")[0], lines[0].split(b" ")[1].decode()
-            if method == b"GET" and "/resolve/" in path and path.endswith("/" + self.name):
-                if self.gzip:
-                    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
-                    body = packer.compress(b"\0" * self.extra) + packer.flush()
-                    top = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(
-                        body
-                    )
-                    chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)]
-                else:
-                    top = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.extra
-                    chunks = [b"\0" * 65536] * (self.extra // 65536)
-                try:
-                    conn.sendall(top.replace(b"\r\n", b"\r\nConnection: close\r\n", 1))
-                    for chunk in chunks:
-                        conn.sendall(chunk)
-                        self.sent += len(chunk)
-                except OSError:
-                    pass
-                return
-            kept = [ln for ln in lines[1:] if not ln.lower().startswith((b"connection:", b"host:"))]
-            up = urlsplit(self.upstream)
-            request = b"\r\n".join([lines[0], f"Host: {up.netloc}".encode(), b"Connection: close", *kept])
-            answer = b""
-            with socket.create_connection((up.hostname, up.port)) as upstream:
-                upstream.sendall(request)
-                while data := upstream.recv(65536):
-                    answer += data
-            top, _, body = answer.partition(b"\r\n\r\n")  # one answer a connection: say so
-            kept = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
-            conn.sendall(b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + body)
-
-    def close(self) -> None:
-        self.server.close()
+        method, path = lines[0].split(b" ")[0], path_of(lines)
+        if not (method == b"GET" and "/resolve/" in path and path.endswith("/" + self.name)):
+            conn.sendall(one_answer(self.forward(lines)))
+            return
+        if self.gzip:
+            packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+            body = packer.compress(b"\0" * self.extra) + packer.flush()
+            top = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body)
+            chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)]
+        else:
+            top = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.extra
+            chunks = [b"\0" * 65536] * (self.extra // 65536)
+        try:
+            conn.sendall(top.replace(b"\r\n", b"\r\nConnection: close\r\n", 1))
+            for chunk in chunks:
+                conn.sendall(chunk)
+                self.sent += len(chunk)
+        except OSError:
+            pass
 
 
 @pytest.mark.parametrize("gzip", [False, True], ids=["longer", "gzip-bomb"])
@@ -306,22 +270,17 @@ def test_a_mirror_cannot_write_more_than_the_hub_lists_into_the_model_dir(tmp_pa
             assert mirror.sent < 16 << 20, mirror.sent  # main: all 64 MiB taken, three times
 
 
-class XetMirror:
+class XetMirror(Mirror):
     """A mirror in front of a FakeHub that says a file is stored in Xet (the HEAD's X-Xet-Hash and
     X-Xet-Refresh-Route headers, as the real hub sends them), and whose token route names as the
     CAS server a `tarpit` that accepts connections and never answers."""
 
     def __init__(self, upstream: str) -> None:
-        import socket
-        import threading
-
-        self.upstream = upstream
+        super().__init__(upstream)
         self.tarpit = socket.create_server(("127.0.0.1", 0))
         self.held: list[socket.socket] = []
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
         threading.Thread(target=self._pit, daemon=True).start()
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.start()
 
     def _pit(self) -> None:
         while True:
@@ -330,53 +289,22 @@ class XetMirror:
             except OSError:
                 return
 
-    def _serve(self) -> None:
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: object) -> None:
-        import socket
-        import time
-        from urllib.parse import urlsplit
-
-        assert isinstance(conn, socket.socket)
-        with conn:
-            head = b""
-            while b"\r\n\r\n" not in head and (data := conn.recv(65536)):
-                head += data
-            if not head:
-                return
-            lines = head.split(b"\r\n")
-            path = lines[0].split(b" ")[1].decode()
-            if path.startswith("/xet-token"):
-                cas = f"http://127.0.0.1:{self.tarpit.getsockname()[1]}"
-                expires = int(time.time()) + 3600
-                token = f"X-Xet-Cas-Url: {cas}\r\nX-Xet-Access-Token: t\r\nX-Xet-Token-Expiration: {expires}"
-                answer = f"HTTP/1.1 200 OK\r\nConnection: close\r\n{token}\r\nContent-Length: 2\r\n\r\n{{}}"
-                conn.sendall(answer.encode())
-                return
-            kept = [ln for ln in lines[1:] if not ln.lower().startswith((b"connection:", b"host:"))]
-            up = urlsplit(self.upstream)
-            request = b"\r\n".join([lines[0], f"Host: {up.netloc}".encode(), b"Connection: close", *kept])
-            answer = b""
-            with socket.create_connection((up.hostname, up.port)) as upstream:
-                upstream.sendall(request)
-                while data := upstream.recv(65536):
-                    answer += data
-            top, _, body = answer.partition(b"\r\n\r\n")
-            out = [ln for ln in top.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
-            if "/resolve/" in path and path.endswith("/tokenizer.json"):
-                out += [b"X-Xet-Hash: " + b"a" * 64, f"X-Xet-Refresh-Route: {self.url}/xet-token".encode()]
-            conn.sendall(b"\r\n".join([*out, b"Connection: close"]) + b"\r\n\r\n" + body)
+    def answer(self, conn: socket.socket, lines: list[bytes]) -> None:
+        path = path_of(lines)
+        if path.startswith("/xet-token"):
+            cas = f"http://127.0.0.1:{self.tarpit.getsockname()[1]}"
+            expires = int(time.time()) + 3600
+            token = f"X-Xet-Cas-Url: {cas}\r\nX-Xet-Access-Token: t\r\nX-Xet-Token-Expiration: {expires}"
+            answer = f"HTTP/1.1 200 OK\r\nConnection: close\r\n{token}\r\nContent-Length: 2\r\n\r\n{{}}"
+            conn.sendall(answer.encode())
+            return
+        extra: tuple[bytes, ...] = ()
+        if "/resolve/" in path and path.endswith("/tokenizer.json"):
+            extra = (b"X-Xet-Hash: " + b"a" * 64, f"X-Xet-Refresh-Route: {self.url}/xet-token".encode())
+        conn.sendall(one_answer(self.forward(lines), extra))
 
     def close(self) -> None:
-        self.server.close()
+        super().close()
         self.tarpit.close()
         for conn in self.held:
             conn.close()
