@@ -6,7 +6,8 @@
 #   28a, 28b: issue 28's cases (--kv-cache-memory-bytes verdicts; Cohere2, Llama 4, Granite-4.0-H,
 #   NemotronH's padded groups, Zamba2), ~5 and ~4 min.
 #   28c: one served row for each family of architectures none had checked (tools/vllm_architectures.py
-#   --families), most informative first, in one call of < 9 min; a timed-out call keeps its finished rows.
+#   --families), most informative first; each case takes 86-161 s, so the first call (2026-12-02) served
+#   falcon-h1, qwen3-next, jamba, minicpm3 and the list holds the other eight; a timed-out call keeps its rows.
 # usage: OUT=dir tools/preflight_oracle_lab.sh 1|2      results: $OUT/preflight-{oracle,serve}.{json,md}
 set -u
 cd "$(dirname "$0")/.."
@@ -27,8 +28,8 @@ case "${1:-}" in
   28a) timeout 560 tools/preflight_oracle.sh --serve dense-kvbytes-nofit dense-kvbytes-fits mamba-kvbytes-graphs \
          cohere2 llama4-text > "$OUT/serve.log" 2>&1 ;;
   28b) timeout 560 tools/preflight_oracle.sh --serve granite-h nemotronh-pad zamba2 > "$OUT/serve.log" 2>&1 ;;
-  28c) timeout 540 tools/preflight_oracle.sh --serve falcon-h1 qwen3-next jamba minicpm3 glm4-moe-lite \
-         cohere2-moe phimoe qwen3-sliding gptbigcode-tf qwen2-heads gpt2 qwen2-moe > "$OUT/serve.log" 2>&1 ;;
+  28c) timeout 540 tools/preflight_oracle.sh --serve glm4-moe-lite cohere2-moe phimoe qwen3-sliding \
+         gptbigcode-tf qwen2-heads gpt2 qwen2-moe > "$OUT/serve.log" 2>&1 ;;
   *) echo "usage: OUT=dir tools/preflight_oracle_lab.sh 1|2|28a|28b|28c" >&2; exit 2 ;;
 esac
 echo "serve rc=$?"

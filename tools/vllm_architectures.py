@@ -66,11 +66,7 @@ _MLA_LAYERS = re.compile(r"MultiHeadLatentAttentionWrapper|MLAAttention\b|Deepse
 # Served cases written for families without a served row, not yet run on the lab (issue 28, 28c in
 # tools/preflight_oracle_lab.sh); a row moves to SERVED once the lab has run it.
 PLANNED = {
-    "FalconH1ForCausalLM": "serve: falcon-h1",
-    "Qwen3NextForCausalLM": "serve: qwen3-next",
-    "JambaForCausalLM": "serve: jamba",
     "Glm4MoeLiteForCausalLM": "serve: glm4-moe-lite",
-    "MiniCPM3ForCausalLM": "serve: minicpm3",
     "Qwen2ForCausalLM": "serve: qwen2-heads",
     "PhiMoEForCausalLM": "serve: phimoe",
     "Cohere2MoeForCausalLM": "serve: cohere2-moe",
@@ -93,6 +89,10 @@ SERVED = {
     "Llama4ForCausalLM": ["serve: llama4-text"],
     "GraniteMoeHybridForCausalLM": ["serve: granite-h"],
     "Zamba2ForCausalLM": ["serve: zamba2"],
+    "FalconH1ForCausalLM": ["serve: falcon-h1"],
+    "Qwen3NextForCausalLM": ["serve: qwen3-next"],
+    "JambaForCausalLM": ["serve: jamba"],
+    "MiniCPM3ForCausalLM": ["serve: minicpm3"],
 }  # fmt: skip
 
 
