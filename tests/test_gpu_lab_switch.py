@@ -10,8 +10,9 @@ and apply's "prepared in X s, down for Y s" (tests/switch_load_support.py counts
 Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on 8001/8002;
 gpu-memory-utilization 0.3 leaves room for both), the same load through a switch and a rollback.
 Figures in $OUT/gpu-lab-switch.json, written after each switch (a call cut by its time limit keeps
-what it saw). Expected duration on the H200: about 6 minutes (six switches of ~40 s, each waiting
-for 8 whole requests after it, plus the starts and stops around them); keep the call's limit at 600 s.
+what it saw). Expected duration on the H200: about 7 minutes (the drain test ~4 min: a start and four
+switches of ~45 s each, as the 2026-12-02 run reached the blue/green test before 320 s; blue/green
+~3 min: a start, two switches, the stops); give the call its 600 s limit.
 
     GPU_LAB_TESTS=tests/test_gpu_lab_switch.py tools/gpu_lab.sh
 """
