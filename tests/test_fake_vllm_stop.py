@@ -127,6 +127,17 @@ def accept_queue(port: int) -> int | None:
     return None
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of `pid` stopped (state T in /proc)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return all(state == "T" for state in states)
+
+
 def test_connections_open_or_queued_as_the_listener_closes_get_no_answer_and_count_as_unanswered(
     deployment: Deployment,
 ) -> None:
@@ -146,6 +157,7 @@ def test_connections_open_or_queued_as_the_listener_closes_get_no_answer_and_cou
         conn.connect()  # no request yet: as a client between connect() and send()
     wait_for(lambda: accept_queue(d.port) == 0, 10, "the server to accept the 32 connections")
     proc.send_signal(signal.SIGSTOP)  # many connects right at SIGTERM: they wait in the accept queue
+    wait_for(lambda: stopped(proc.pid), 10, "the API server to stop")
     queued = [http.client.HTTPConnection("127.0.0.1", d.port, timeout=30) for _ in range(32)]
     for conn in queued:
         conn.connect()
