@@ -186,6 +186,65 @@ def read_config_json(spec: Spec) -> bytes | None:
         return None
 
 
+# Where vLLM 0.26.0 and the libraries under it keep what they build at start-up, each redirected into
+# the deployment's cache root (serving_caches) unless the spec's [server].env names it:
+# VLLM_CACHE_ROOT (vllm/envs.py; default $XDG_CACHE_HOME/vllm or ~/.cache/vllm): torch.compile's
+#   artifacts under torch_compile_cache/<config hash>/ (inductor and Triton caches beside them, set by
+#   vllm/compilation/compiler_interface.py), the FlashInfer autotune results, the modelinfo cache;
+# TRITON_CACHE_DIR (~/.triton/cache): Triton kernels compiled outside torch.compile (vLLM's own ops),
+#   and their autotuning (vllm/env_override.py sets TRITON_CACHE_AUTOTUNING=1);
+# TORCHINDUCTOR_CACHE_DIR (default /tmp/torchinductor_<user>: under the unit's PrivateTmp, lost at
+#   each stop) until vLLM points it at the compile cache;
+# FLASHINFER_WORKSPACE_BASE (~): FlashInfer's JIT-built kernels in <it>/.cache/flashinfer/;
+# CUDA_CACHE_PATH (~/.nv/ComputeCache): the driver's PTX-to-SASS JIT cache.
+CACHE_ENV_DIRS = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "CUDA_CACHE_PATH": "nv-compute",
+}
+
+
+def serving_home(user: str | None) -> str:
+    """The serving user's home (root's: /root) from the password database."""
+    if user is None or user == "root":
+        return "/root"
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_dir
+    except KeyError:
+        raise ActionError(
+            f"[server].user = {user!r}: no such user on this machine: create it or fix the name"
+        ) from None
+
+
+def serving_user(spec: Spec) -> str | None:
+    """Who the server runs as: [server].user under systemd; root otherwise (None)."""
+    server = _server(spec)
+    return server.user if server.supervisor == "systemd" and server.user not in (None, "root") else None
+
+
+def cache_root(spec: Spec) -> str:
+    """Where the server's compile and JIT caches live, kept across generations and switches so that a
+    start whose compile key did not change is warm. A server of our own session (root's):
+    <state_dir>/vllm-cache, one per machine (vLLM keys each entry by its config hash; colors and
+    deployments share it). A systemd unit: ~<its user>/.cache/reconcile-vllm (root's /root), inside
+    the unit's writable ~/.cache (ReadWritePaths= cannot name every state dir path, and root's state
+    dir is closed to another user). Never the applying shell's HOME: a timer and a login shell
+    differ."""
+    if _server(spec).supervisor == "systemd":
+        return os.path.join(serving_home(serving_user(spec)), ".cache", "reconcile-vllm")
+    return f"{spec.machine.state_dir.rstrip('/')}/vllm-cache"
+
+
+def cache_env(spec: Spec) -> dict[str, str]:
+    """The cache variables of a launch (CACHE_ENV_DIRS), those the spec's env sets left to it."""
+    root, declared = cache_root(spec), _server(spec).env
+    return {k: os.path.join(root, d) for k, d in CACHE_ENV_DIRS.items() if k not in declared}
+
+
 def launch_command(
     spec: Spec,
     inputs: LaunchInputs,
@@ -221,7 +280,15 @@ def launch_command(
     identity = launch_identity(
         argv, declared, secret, inputs.packages, inputs.model_revision, inputs.config_json
     )
-    env = {"HOME": base.get("HOME") or "/root", "LANG": base.get("LANG") or "C.UTF-8", **declared}
+    # HOME is the serving user's (systemd's User= sets it, but the EnvironmentFile would win); the
+    # caches are outside the identity, as HOME is: where they live does not change what is served.
+    home, caches = base.get("HOME") or "/root", {}
+    try:
+        home = serving_home(serving_user(spec)) if serving_user(spec) else home
+        caches = cache_env(spec)
+    except ActionError:  # an unknown [server].user: the unit's rendering says so (a plan goes on)
+        pass
+    env = {"HOME": home, "LANG": base.get("LANG") or "C.UTF-8", **caches, **declared}
     env["PATH"] = declared["PATH"].replace("$PATH", base.get("PATH") or DEFAULT_PATH)
     env[MARKER] = deployment_id(spec)
     env[IDENTITY] = identity.digest

@@ -19,10 +19,12 @@ from actions.launching import (
     LaunchCommand,
     LaunchInputs,
     ReadinessFailure,
+    cache_root,
     connect_host,
     launch_command,
     private_dir,
     refuse_crash_loop,
+    serving_user,
     wait_ready,
     write_record,
 )
@@ -223,6 +225,8 @@ def _start(
         for path in (server.log, pidfile_path(spec)):
             ensure_dir(os.path.dirname(path), 0o755)
         private_dir(os.path.dirname(state_file_path(spec)))
+        if serving_user(spec) is None:  # root's caches, kept across generations (launching.cache_root)
+            private_dir(cache_root(spec))  # another user's: vLLM makes it under its ~/.cache
         # Never through a symlink, never left writable by others (the preflight checked its parents).
         log = os.fdopen(open_append(server.log), "ab")  # closed below, once the child holds its own copy
     except UnsafePath as exc:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from actions.launching import LaunchCommand
+from actions.launching import LaunchCommand, serving_home
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 from reconcile.safety.filesafety import ensure_dir
@@ -61,16 +61,7 @@ CACHE_ENV = (
 
 
 def _home(user: str | None) -> str:
-    if user is None or user == "root":
-        return "/root"
-    import pwd
-
-    try:
-        return pwd.getpwnam(user).pw_dir
-    except KeyError:
-        raise ActionError(
-            f"[server].user = {user!r}: no such user on this machine: create it or fix the name"
-        ) from None
+    return serving_home(user)
 
 
 def _path_word(path: str) -> str:

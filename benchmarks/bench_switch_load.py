@@ -1,9 +1,11 @@
 """A switch and a rollback under the reference's load: 8 concurrent streams (new connection per
 request, a refused one retried after 50 ms) run through `reconcile apply` of a changed spec and
 `reconcile rollback`, on the CPU demo with the fake vLLM (which stops as vLLM 0.26.0 does).
-Prints, per phase, whole requests, cut in-flight requests, failed requests, refused connections,
-and the gap (longest run from a refused connection to the next accepted one), plus apply's own
-"prepared in X s, down for Y s".
+Prints, per phase, whole requests, cut in-flight requests (an answer had started), failed requests,
+and those the gap did not serve: refused connections and unanswered requests (reset before any
+answer: queued on the closing listener); the gap (longest run from an attempt not served to the next
+served one), plus apply's own "prepared in X s, down for Y s". tests/switch_load_support.py says how
+each request is counted.
 
     .venv/bin/python benchmarks/bench_switch_load.py [--mode drain-restart|blue-green] [--tokens 150]
         [--token-s 0.02] [--startup-s 1.0] [--json OUT]
@@ -86,10 +88,14 @@ def main() -> int:
     finally:
         stop_servers(demo)
         stop_front(str(demo.spec_path))
-    print(f"{'phase':<16}{'whole':>7}{'cut':>6}{'failed':>8}{'refused':>9}")
+    print(f"{'phase':<16}{'whole':>7}{'cut':>6}{'failed':>8}{'refused':>9}{'unanswered':>12}")
     for phase, t in result["phases"].items():  # type: ignore[union-attr]
-        print(f"{phase:<16}{t['ok']:>7}{t['cut']:>6}{t['failed']:>8}{t['refused']:>9}")
-    print(f"gap (refused -> next accepted, longest): {result['gap_s']} s")
+        print(f"{phase:<16}{t['ok']:>7}{t['cut']:>6}{t['failed']:>8}{t['refused']:>9}{t['unanswered']:>12}")
+    print(
+        f"not served during the gap: {result['refused']} refused + {result['unanswered']} unanswered; "
+        f"cut in flight: {result['cut']}; failed: {result['failed']}"
+    )
+    print(f"gap (not served -> next served, longest): {result['gap_s']} s")
     for what, line in said.items():
         print(f"{what}: {line}")
     if args.json:

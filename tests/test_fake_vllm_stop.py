@@ -115,3 +115,72 @@ def test_a_drain_that_runs_out_of_time_aborts_the_rest(deployment: Deployment) -
         s.join(30)
     assert proc.wait(10) == 0
     assert all(s.done and s.reason == "abort" and s.tokens < TOKENS for s in streams)
+
+
+def accept_queue(port: int) -> int | None:
+    """The listener's accept queue on `port` as the kernel shows it (/proc/net/tcp rx_queue of the
+    LISTEN row); None: nothing listens."""
+    for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = row.split()
+        if f[1].endswith(f":{port:04X}") and f[3] == "0A":
+            return int(f[4].split(":")[1], 16)
+    return None
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of `pid` stopped (state T in /proc)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return all(state == "T" for state in states)
+
+
+def test_connections_open_or_queued_as_the_listener_closes_get_no_answer_and_count_as_unanswered(
+    deployment: Deployment,
+) -> None:
+    """The race at a drain's SIGTERM (uvicorn's stop, vLLM 0.26.0's server): a connection made just
+    before it, with its request not read yet, is closed unanswered (accepted and waiting: uvicorn's
+    connection.shutdown(); still in the accept queue: the kernel resets it when the listener closes).
+    The load counts such a request as unanswered (not served during the gap), never cut or failed;
+    the streams in flight finish whole."""
+    from tests.switch_load_support import outcome, send
+
+    d = deployment
+    proc = serve(d, "--shutdown-timeout", "60", FAKE_VLLM_TOKEN_S="0.02")
+    streams = load(d, 4)
+    model = str(d.model_dir)
+    waiting = [http.client.HTTPConnection("127.0.0.1", d.port, timeout=30) for _ in range(32)]
+    for conn in waiting:
+        conn.connect()  # no request yet: as a client between connect() and send()
+    wait_for(lambda: accept_queue(d.port) == 0, 10, "the server to accept the 32 connections")
+    proc.send_signal(signal.SIGSTOP)  # many connects right at SIGTERM: they wait in the accept queue
+    wait_for(lambda: stopped(proc.pid), 10, "the API server to stop")
+    queued = [http.client.HTTPConnection("127.0.0.1", d.port, timeout=30) for _ in range(32)]
+    for conn in queued:
+        conn.connect()
+        send(conn, d.key, model, 5)
+    assert accept_queue(d.port) == 32
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: refused(d.port), 10, "the listener to close")
+    sent: list[BaseException | None] = []
+    for conn in waiting:  # the request goes out after the stop closed the connection
+        try:
+            send(conn, d.key, model, 5)
+            sent.append(None)
+        except OSError as exc:
+            sent.append(exc)
+    late = [outcome(conn, exc) for conn, exc in zip(waiting, sent, strict=True)]
+    racing = [outcome(conn) for conn in queued]
+    for s in streams:
+        s.join(30)
+    assert proc.wait(30) == 0
+    assert [w for w, _ in late] == ["unanswered"] * 32, late  # uvicorn closes them: no answer
+    counts = {what: sum(1 for w, _ in racing if w == what) for what in ("ok", "cut", "unanswered", "failed")}
+    print(f"32 requests queued at SIGTERM: {counts}")
+    # Accepted before the listener closed: answered whole (the drain); left in the queue: reset.
+    assert counts["ok"] + counts["unanswered"] == 32, racing
+    assert all(s.error == "" and s.done and s.reason == "length" for s in streams)  # the drain finished them

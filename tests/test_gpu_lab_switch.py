@@ -4,10 +4,15 @@ The reference's load, 8 concurrent streams (a new connection per request, a refu
 after 50 ms; tests/switch_load_support.py), runs through: A -> B (`reconcile apply`, the old server
 drains with reconcile's default --shutdown-timeout), B -> A (`reconcile rollback`, drains too), then
 the same switch with `shutdown-timeout = 0` (vLLM's own default: abort) for comparison. Per switch:
-whole, cut and failed requests, refused connections, the gap, and apply's "prepared in X s, down
-for Y s". Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on 8001/8002;
+whole, cut (an answer had started) and failed requests, those the gap did not serve (refused, and
+unanswered: reset before any answer, as a connection queued on vLLM's closing listener is), the gap,
+and apply's "prepared in X s, down for Y s" (tests/switch_load_support.py counts them).
+Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on 8001/8002;
 gpu-memory-utilization 0.3 leaves room for both), the same load through a switch and a rollback.
-Figures in $OUT/gpu-lab-switch.json.
+Figures in $OUT/gpu-lab-switch.json, written after each switch (a call cut by its time limit keeps
+what it saw). Expected duration on the H200: about 7 minutes (the drain test ~4 min: a start and four
+switches of ~45 s each, as the 2026-12-02 run reached the blue/green test before 320 s; blue/green
+~3 min: a start, two switches, the stops); give the call its 600 s limit.
 
     GPU_LAB_TESTS=tests/test_gpu_lab_switch.py tools/gpu_lab.sh
 """
@@ -58,7 +63,7 @@ def switched(load: Load, label: str, *args: str) -> dict[str, Any]:
     t = load.tally(label)
     FIGURES[label] = {"seconds": round(took, 1), "apply_says": line.group(0) if line else None,
                       "whole": t.ok, "cut": t.cut, "failed": t.failed, "refused": t.refused,
-                      "errors": t.errors[:5]}  # fmt: skip
+                      "unanswered": t.unanswered, "errors": t.errors[:5]}  # fmt: skip
     _save()  # after each switch: a call cut short by its time limit still brings back what it saw
     return FIGURES[label]
 
@@ -109,8 +114,13 @@ def test_drain_restart_cuts_no_stream_and_abort_cuts_them() -> None:
         # ... then a switch away from it: vLLM aborts the streams in flight.
         abort = switched(load, "abort_switch", "apply", "--spec", spec("d", "0.31", ", shutdown-timeout = 0"))
     FIGURES["gap_s_longest"] = load.gap()
-    assert drain["cut"] == 0 and drain["failed"] == 0, drain
-    assert back["cut"] == 0 and back["failed"] == 0, back
+    _save()
+    for label, f in (("drain switch", drain), ("drain rollback", back)):
+        assert f["cut"] == 0 and f["failed"] == 0, (
+            f"{label}: {f['cut']} cut in flight and {f['failed']} failed (want 0 and 0); "
+            f"not served during the gap: {f['refused']} refused + {f['unanswered']} unanswered; "
+            f"{f['whole']} whole; apply said {f['apply_says']!r}; errors {f['errors']}"
+        )
     FIGURES["abort_cut_some"] = abort["cut"] > 0  # expected with a load in flight; a figure, not a rule
 
 
@@ -127,5 +137,10 @@ def test_blue_green_fails_no_request_across_a_switch_and_a_rollback() -> None:
         bg = switched(load, "bg_switch", "apply", "--spec", spec("bg-b", "0.31", extra=FRONT))
         bg_back = switched(load, "bg_rollback", "rollback", "--spec", spec("bg-b", "0.31", extra=FRONT))
     FIGURES["bg_gap_s_longest"] = load.gap()
-    for figure in (bg, bg_back):
-        assert figure["failed"] == 0 and figure["cut"] == 0 and figure["refused"] == 0, figure
+    _save()
+    for label, f in (("blue/green switch", bg), ("blue/green rollback", bg_back)):
+        assert f["failed"] == 0 and f["cut"] == 0 and f["refused"] == 0 and f["unanswered"] == 0, (
+            f"{label}: {f['failed']} failed, {f['cut']} cut, {f['refused']} refused, {f['unanswered']} "
+            f"unanswered (want 0 each); {f['whole']} whole; apply said {f['apply_says']!r}; "
+            f"errors {f['errors']}"
+        )

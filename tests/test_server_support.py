@@ -164,6 +164,7 @@ class Deployment:
             "PATH": f"{self.root}/venv/bin:{os.environ['PATH']}",  # python3 is the venv's, as in a launch
             "HOME": os.environ.get("HOME", "/root"),
             MARKER: self.marker,
+            "VLLM_CACHE_ROOT": str(self.root / "vllm-cache"),  # its torch.compile cache: not root's ~/.cache
             **self.fake_env(),
             **(env or {}),
         }

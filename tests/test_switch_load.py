@@ -54,7 +54,7 @@ def test_a_drain_restart_under_load_cuts_no_request_and_counts_the_refused(demo:
         load.phase = "after rollback"
         wait_for(lambda: load.tally("after rollback").ok >= 8, 30, "requests served after the rollback")
     s = load.summary()
-    assert s["cut"] == 0 and s["failed"] == 0, s
+    assert s["cut"] == 0 and s["failed"] == 0, s  # unanswered (reset in the closing listener's queue) may be
     assert load.tally("switch").refused > 0 and load.tally("rollback").refused > 0, s  # counted, not hidden
     assert load.tally("switch").ok > 0  # the streams in flight at the stop finished whole
     assert "it drains in-flight requests first (up to 20s)" in switched.output
@@ -93,7 +93,8 @@ def test_a_blue_green_switch_and_rollback_under_load_fail_no_request(demo: Demo)
             load.phase = "after rollback"
             wait_for(lambda: load.tally("after rollback").ok >= 8, 30, "requests served after the rollback")
         s = load.summary()
-        assert s["failed"] == 0 and s["cut"] == 0 and s["refused"] == 0, s  # zero downtime
+        zero = s["failed"] == 0 and s["cut"] == 0 and s["refused"] == 0 and s["unanswered"] == 0
+        assert zero, s  # zero downtime
         assert "traffic moved to green" in switched.output and "down for 0.0s" in switched.output
         assert "traffic moved to blue" in back.output, back.output
         master = front_master(load_spec(str(demo.spec_path)).spec)

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -210,6 +211,54 @@ def child_main(argv: list) -> None:
     sys.exit(0)
 
 
+class UvicornServer(ThreadingHTTPServer):
+    """The HTTP side of uvicorn 0.51 (vLLM 0.26.0's), as its stop treats connections (uvicorn/server.py
+    Server.shutdown): the listener closes first (the kernel resets every connection still in its accept
+    queue, a request sent on it or not); then each open connection without a request in progress (none
+    sent yet, or between two on a kept-alive one: h11/httptools' `cycle is None or response_complete`)
+    is closed unanswered; a request whose headers were read is answered (the drain), and its
+    connection is not kept alive. The handler reports a request's headers read (`request_read`)."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 2048  # uvicorn's backlog: a burst of connects is not dropped
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.conn_lock = threading.Lock()
+        self.waiting: set = set()  # open connections with no request in progress
+        self.closing = False
+
+    def process_request(self, request: object, client_address: object) -> None:
+        self.between_requests(request)
+        super().process_request(request, client_address)  # type: ignore[arg-type]
+
+    def between_requests(self, conn: object) -> None:
+        with self.conn_lock:
+            self.waiting.add(conn)
+
+    def request_read(self, conn: object) -> bool:
+        """A request's headers were read on `conn`: False when the stop already closed it (not answered)."""
+        with self.conn_lock:
+            if self.closing and conn not in self.waiting:
+                return False
+            self.waiting.discard(conn)
+            return True
+
+    def close_listener_and_waiting(self) -> int:
+        """uvicorn's first steps of a stop: server.close(), then connection.shutdown() on each; returns
+        how many open connections were closed without an answer."""
+        self.shutdown()  # the accept loop ends
+        self.server_close()  # the listening socket: the kernel resets what is left in its queue
+        with self.conn_lock:
+            self.closing = True
+            waiting, self.waiting = list(self.waiting), set()
+        for conn in waiting:  # transport.close(): the handler's blocked read ends, nothing is answered
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)  # type: ignore[attr-defined]
+        return len(waiting)
+
+
 def serve(args: object, state: object, handler: type, *, exit_on_engine_death: bool) -> int:
     """The API server: engine children first, then the port after the load delay, until a signal."""
     set_comm("vllm")
@@ -279,11 +328,8 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         stop_children([engine])
         return 1
     bound = type("Handler", (handler,), {"state": state})
-    ThreadingHTTPServer.allow_reuse_address = True
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer.request_queue_size = 2048  # uvicorn's backlog: a burst of connects is not dropped
     try:
-        httpd = ThreadingHTTPServer((host, port), bound)
+        httpd = UvicornServer((host, port), bound)
     except OSError as exc:
         uvicorn(
             f"[Errno {exc.errno}] error while attempting to bind on address ('{host}', {port}): "
@@ -311,24 +357,28 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     uvicorn("Application startup complete.")
     watch_engine(engine, state, stop, exit_on_engine_death)
     lifetime = float(os.environ.get("FAKE_VLLM_MAX_LIFETIME", "0")) or None
-    stop.wait(lifetime)
+    until = time.monotonic() + lifetime if lifetime else None
+    # uvicorn's main loop looks at should_exit every 0.1 s; a tick here also runs a SIGTERM that the
+    # kernel gave to another thread (a lock wait of the main thread is not woken by it).
+    while not stop.wait(0.1) and (until is None or time.monotonic() < until):
+        pass
     shut_down(httpd, state, int(getattr(args, "shutdown_timeout", None) or 0))
     stop_children([engine])
     uvicorn(f"Finished server process [{os.getpid()}]")
     return 0
 
 
-def shut_down(httpd: ThreadingHTTPServer, state: object, drain: int) -> None:
+def shut_down(httpd: UvicornServer, state: object, drain: int) -> None:
     """vLLM 0.26's stop on SIGTERM (seen on an H200): the listening socket closes at once (new
-    connections are refused; no 503 phase). With --shutdown-timeout N the requests in flight finish
-    (up to N s); without it they end within a second, each stream with finish_reason "abort" and a
-    clean [DONE]."""
+    connections are refused; no 503 phase; one already queued is reset, and an open one with no
+    request read yet is closed unanswered: UvicornServer). With --shutdown-timeout N the requests in
+    flight finish (up to N s); without it they end within a second, each stream with finish_reason
+    "abort" and a clean [DONE]."""
     engine = engine_of(state)
     mode = "drain" if drain > 0 else "abort"
     log("INFO", "launcher.py:150", f"stopping engine client mode={mode} timeout={drain}s")
     uvicorn("Shutting down")
-    httpd.shutdown()
-    httpd.server_close()
+    httpd.close_listener_and_waiting()
     with engine.cond:
         count = engine.inflight
     if drain > 0:
@@ -341,6 +391,31 @@ def shut_down(httpd: ThreadingHTTPServer, state: object, drain: int) -> None:
     engine.wait_idle(1.0)
 
 
+def compile_cache(model: str) -> str:
+    """vLLM's torch.compile cache dir: $VLLM_CACHE_ROOT (default ~/.cache/vllm, vllm/envs.py), then
+    torch_compile_cache/<config hash>/rank_0_0/backbone. vLLM's hash covers far more (dtype,
+    parallelism, compilation config, max_num_batched_tokens, ...); the fake's covers the model only, and
+    the tests that look at it change only gpu-memory-utilization, which vLLM leaves out too."""
+    import hashlib
+
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm")
+    key = hashlib.sha256(model.encode()).hexdigest()[:10]
+    return os.path.join(root, "torch_compile_cache", key, "rank_0_0", "backbone")
+
+
+def compiled(cache: str, delay: float) -> tuple[str, str]:
+    """A warm start loads the compiled graph from the cache; a cold one compiles it and saves it there."""
+    artifact = os.path.join(cache, "cache_key_factors.json")
+    if os.path.isfile(artifact):
+        loaded = "Directly load the compiled graph(s) for compile range (1, 8192) from the cache"
+        return ("backends.py:293", f"{loaded}, "
+                f"took {delay / 50:.3f} s")  # fmt: skip
+    os.makedirs(cache, exist_ok=True)
+    with open(artifact, "w") as f:
+        f.write("{}\n")
+    return ("backends.py:394", f"Compiling a graph for compile range (1, 8192) takes {delay / 5:.2f} s")
+
+
 def load_model(pid: int, model: str, stop: threading.Event) -> bool:
     """vLLM 0.26's log lines of a model load and torch.compile, spread over FAKE_VLLM_STARTUP_DELAY;
     FAKE_VLLM_SILENT_S adds a stretch with no output (a stuck download or compile). False: stopped."""
@@ -350,10 +425,8 @@ def load_model(pid: int, model: str, stop: threading.Event) -> bool:
         ("gpu_model_runner.py:2602", f"Starting to load model {model}..."),
         ("default_loader.py:267", f"Loading weights took {delay / 5:.2f} seconds"),
         ("gpu_model_runner.py:2653", f"Model loading took 0.01 GiB and {delay / 4:.6f} seconds"),
-        (
-            "backends.py:548",
-            "Using cache directory: /root/.cache/vllm/torch_compile_cache/0 for vLLM's torch.compile",
-        ),
+        ("backends.py:548", f"Using cache directory: {compile_cache(model)} for vLLM's torch.compile"),
+        compiled(compile_cache(model), delay),
         ("backends.py:559", f"Dynamo bytecode transform time: {delay / 5:.2f} s"),
         ("monitor.py:34", f"torch.compile takes {delay / 5:.2f} s in total"),
     ]
