@@ -11,7 +11,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
 from reconcile.safety.untrusted import kind, walk_tree
@@ -281,6 +281,68 @@ def search_path(value: str) -> tuple[str, list[str]]:
         else:
             dropped.append(f"{entry}: {problem}")
     return os.pathsep.join(kept), dropped
+
+
+# Environment variables that name a directory (or file) the tools root runs take as their own: git's
+# global config (which chooses programs: a filter, a pager), uv's and pip's config and caches (index
+# URLs, built wheels, an interpreter's facts they trust next time), the hub's token and cache. Under
+# `sudo -E` (or a sudo that keeps HOME) they are another user's.
+ENV_DIRS = (
+    "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
+    "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
+)  # fmt: skip
+ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")
+
+
+def env_dir_problem(path: str) -> str | None:
+    """Why a directory a tool keeps its config or cache in is not root's or ours alone: the write-dir
+    role (StrictModes on the way, links only from directories of root or ours, the directory itself
+    root's or ours and writable by nobody else). A missing one is made by the tool, under a parent
+    that passed."""
+    if not path.startswith("/"):
+        return f"{path or '(empty)'}: not an absolute path"
+    problem = parent_problem(path, follow=True, is_dir=True)
+    if problem is not None:
+        return problem
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot check it ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is {kind(st.st_mode)}, not a directory"
+    return _loose(path, st)
+
+
+def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | None], list[str]]:
+    """What to change in `environ` so that no tool root runs takes its config or cache from a place
+    another user can change (ENV_DIRS: the write-dir role; ENV_FILES: the read role): each such
+    variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
+    new value, None to unset) and one "NAME left out: path: why" line for each."""
+    changes: dict[str, str | None] = {}
+    notes: list[str] = []
+    for name in (*ENV_DIRS, *ENV_FILES):
+        value = environ.get(name)
+        if not value:
+            continue
+        problem = env_dir_problem(value) if name in ENV_DIRS else read_problem(value)
+        if problem is None and name in ENV_FILES and not value.startswith("/"):
+            problem = f"{value}: not an absolute path"
+        if problem is None:
+            continue
+        why = f"{name} left out: {value}: {problem}"
+        if name == "HOME":
+            import pwd
+
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+            ok = home != value and env_dir_problem(home) is None
+            changes[name] = home if ok else "/"
+            why += f"; HOME={changes[name]}"
+        else:
+            changes[name] = None
+        notes.append(why)
+    return changes, notes
 
 
 def _loose(path: str, st: os.stat_result) -> str | None:
