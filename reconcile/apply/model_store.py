@@ -63,8 +63,8 @@ def source_content(
     recorded is not hashed again. NotRegular (an OSError) names a FIFO; Unsized when the files to
     hash do not fit the store's free space."""
     from reconcile import private_cache
-    from reconcile.safety.source_content import same_stamp, selected, sha256_file
-    from reconcile.safety.untrusted import NotRegular, not_regular, past_free_space
+    from reconcile.safety.source_content import reserved, same_stamp, selected, sha256_file
+    from reconcile.safety.untrusted import past_free_space, tree_stat
 
     entries = []
     for root, dirs, names in walk_tree(source):  # as probes.model_source walks it
@@ -72,11 +72,9 @@ def source_content(
         for name in sorted(names):
             path = os.path.join(root, name)
             rel = os.path.relpath(path, source).replace(os.sep, "/")
-            if rel in (RECORD, BACKUP) or name == SEAL or (patterns and not selected(rel, patterns)):
+            if reserved(rel) or (patterns and not selected(rel, patterns)):
                 continue
-            st = os.stat(path)
-            if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
-                raise NotRegular(rel, what)
+            st = tree_stat(path, source, rel)  # NotRegular: a FIFO (never opened), a link out of it
             entries.append((rel, path, st))
     cache_file = os.path.join(
         private_cache.cache_root(), "source-hashes", hashlib.sha256(source.encode()).hexdigest()[:32]
@@ -97,7 +95,7 @@ def source_content(
     for rel, path, st in entries:
         digest = stamped(rel, st)
         if digest is None:
-            digest = sha256_file(path)
+            digest = sha256_file(path, source)
             fresh[rel] = {
                 "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
                 "ctime_ns": st.st_ctime_ns, "sha256": digest,
