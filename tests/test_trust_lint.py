@@ -59,7 +59,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "reconcile/apply/benchmark.py": (1, TEMP),  # rmtree of the mkdtemp where vllm bench serve writes
     "reconcile/apply/generations.py": (1, STATE),
     "reconcile/apply/journal.py": (1, STATE),
-    "reconcile/apply/model_store.py": (7, BELOW + "; each by a descriptor from filesafety.open_dir"),
+    "reconcile/apply/model_store.py": (6, BELOW + "; each by a descriptor from filesafety.open_dir"),
     "reconcile/apply/realization.py": (1, STATE),
     "reconcile/apply/store.py": (9, BELOW),
     "reconcile/authoring/init_survey.py": (2, PROC),

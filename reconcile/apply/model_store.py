@@ -23,8 +23,10 @@ from reconcile.safety.untrusted import JSON_LIMIT, load_json, open_regular, read
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
-    from typing import Any
+    from collections.abc import Callable, Collection, Mapping
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
     from reconcile.spec.models import Model
 
@@ -303,7 +305,7 @@ def collect_snapshots(store: str, keep: set[tuple[str, str]]) -> list[str]:
     os.close(fd)
     from huggingface_hub import scan_cache_dir
 
-    info = scan_cache_dir(hub)
+    info = _deep(lambda: scan_cache_dir(hub))
     doomed = [
         rev.commit_hash
         for repo in info.repos
@@ -322,6 +324,41 @@ def collect_snapshots(store: str, keep: set[tuple[str, str]]) -> list[str]:
     return removed
 
 
+DEEP_RECURSION = 20_000  # frames: a snapshot nested to PATH_MAX (~2,000 levels), a few frames a level
+DEEP_STACK = 512 << 20  # bytes of the thread's C stack for that recursion
+
+
+def _deep(call: Callable[[], T]) -> T:
+    """`call()` where a tree nested to PATH_MAX fits its recursion: huggingface_hub's scan globs `**/*`,
+    which Python 3.11's pathlib walks a frame or two a level, and a snapshot is as deep as the source
+    it was copied from (another user's tree: round 2 copies 1,100 levels). In a thread of its own
+    with a large stack, the recursion limit raised for the call (gc runs nothing else meanwhile)."""
+    import sys
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    limit, stack = sys.getrecursionlimit(), threading.stack_size(DEEP_STACK)
+    sys.setrecursionlimit(max(limit, DEEP_RECURSION))
+    try:
+        worker = threading.Thread(target=run, name="hub-scan")
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(stack)
+        sys.setrecursionlimit(limit)
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
 def _remove_inside(hub: str, path: str) -> bool:
     rel = os.path.relpath(path, hub)
     if rel.startswith("..") or os.path.isabs(rel) or rel == ".":
@@ -337,10 +374,10 @@ def _remove_inside(hub: str, path: str) -> bool:
         except FileNotFoundError:
             return False
         if stat.S_ISDIR(st.st_mode):
-            import shutil
+            from reconcile.safety.filesafety import remove_tree_at
 
             os.rename(name, f".gc-{name}", src_dir_fd=fd, dst_dir_fd=fd)
-            shutil.rmtree(f"/proc/self/fd/{fd}/.gc-{name}")  # the directory we walked, by its descriptor
+            remove_tree_at(fd, f".gc-{name}")  # by the walked directory's descriptor, no recursion
         else:
             os.unlink(name, dir_fd=fd)
         return True
