@@ -28,7 +28,7 @@ from reconcile.host import atomic_write, download_deadline_s, hub_deadline
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import source_content
-from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, open_dir, umask
+from reconcile.safety.filesafety import FIX, TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
 from reconcile.safety.names import name_problem
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
@@ -391,6 +391,10 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     """Copy `source` into `dir` (allow_patterns apply), skipping files whose size and mtime match."""
     if not os.path.isdir(source):
         raise ActionError(f"[model].source {source}: not a directory (point it at the model's files)")
+    try:  # read by its real path, every link on the way one only root or we could have made
+        source = data_root(source)
+    except UnsafePath as exc:
+        raise ActionError(f"[model].source {source}: {exc}; {FIX}") from None
     names = source_files(source)
     names = [n for n in names if not source_content.reserved(n) and selected(n, model.allow_patterns)]
     if not names:

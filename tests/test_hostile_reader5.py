@@ -59,7 +59,9 @@ def _as_nobody_sh(script: str) -> None:
     subprocess.run([*AS_NOBODY, "/bin/sh", "-c", script], check=True, timeout=30)
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, cwd: str = "/", timeout: float = 180) -> tuple[int, str]:
+def _cli(
+    *args: str, env: dict[str, str] | None = None, cwd: str = "/", timeout: float = 180
+) -> tuple[int, str]:
     run = subprocess.run(
         [sys.executable, "-m", "reconcile", *args],
         capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})},
@@ -154,7 +156,9 @@ def test_reconcile_lock_never_runs_a_build_backend_from_the_specs_own_sources(
 # --- class 1: the path-trust layer ------------------------------------------------------------------
 
 
-def test_a_uv_of_nobodys_in_a_root_directory_on_path_never_runs_as_root(tmp_path: Path, outside: Path) -> None:
+def test_a_uv_of_nobodys_in_a_root_directory_on_path_never_runs_as_root(
+    tmp_path: Path, outside: Path
+) -> None:
     """Round 3 held every program run by name to the exec role (host._program). `reconcile lock` and
     apply's uv installer look uv up themselves (shutil.which) and run the absolute path they found,
     which host.run passed unchecked ("a path, checked by its own role": it has none). A `uv` of
@@ -169,7 +173,8 @@ def test_a_uv_of_nobodys_in_a_root_directory_on_path_never_runs_as_root(tmp_path
     os.chown(shim, NOBODY, NOGROUP)
     spec = _lock_spec(tmp_path)
     path = f"{bindir}:/usr/bin:/bin"
-    code, output = _cli("lock", "--spec", str(spec), env={"PATH": path, "XDG_CACHE_HOME": str(tmp_path / "c")})
+    env = {"PATH": path, "XDG_CACHE_HOME": str(tmp_path / "c")}
+    code, output = _cli("lock", "--spec", str(spec), env=env)
     assert not proof.exists(), f"nobody's uv ran as uid {proof.read_text().strip()}: {output}"
     assert code == 1 and "Traceback" not in output, output
     assert f"{shim} is owned by nobody" in output, output
@@ -203,7 +208,8 @@ def test_a_git_config_of_another_users_xdg_config_home_never_runs_a_program_as_r
     (theirs / "git").mkdir()
     (theirs / "attributes").write_text("* filter=x\n")
     (theirs / "git" / "config").write_text(
-        f'[core]\n\tattributesFile = {theirs}/attributes\n[filter "x"]\n\tclean = sh -c "id -u > {proof}; cat"\n'
+        f"[core]\n\tattributesFile = {theirs}/attributes\n"
+        f'[filter "x"]\n\tclean = sh -c "id -u > {proof}; cat"\n'
     )
     for path in (theirs / "git", theirs / "attributes", theirs / "git" / "config"):
         os.chown(path, NOBODY, NOGROUP)  # nobody's files in nobody's directory
@@ -229,6 +235,7 @@ def test_a_cache_dir_of_another_users_xdg_cache_home_never_receives_roots_writes
     (outside / "no-wheels").mkdir()
     code, output = _cli("lock", "--spec", str(spec), env={"XDG_CACHE_HOME": str(theirs)})
     assert sorted(p.name for p in target.iterdir()) == [], output
+    assert code == 1, output  # the wheelhouse is empty: no closure, said in one line
     assert f"reconcile: environment XDG_CACHE_HOME left out: {theirs}" in output, output
     assert "Traceback" not in output, output
 
@@ -321,9 +328,65 @@ def test_validate_never_opens_a_path_outside_the_repository(tmp_path: Path, outs
         assert str(fifo) in text
         (repo / "gpu-1.toml").write_text(text)
         code, output = _cli("validate", str(repo))
-        assert "Traceback" not in output, output
+        assert code == 0 and "Traceback" not in output, output
         assert _blocked_in_open(writer.pid), f"validate opened {fifo}, outside the repository: {output}"
         assert not proof.exists()
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_gc_collects_the_snapshot_of_a_source_nested_past_the_recursion_limit(tree: Tree) -> None:
+    """Round 2 copies nobody's source nested 1,100 levels deep (a/a/...) like any tree, and round 3
+    removes such a realization by descriptor; but the realization's snapshot in the store's
+    huggingface_hub layout is as deep, and gc's snapshot cleaning (scan_cache_dir's glob, then
+    shutil.rmtree) recursed once a level. main: once that source changed, every gc ended in an
+    internal error."""
+    from tests.test_hostile_reader2 import DEEPEN
+
+    tree.as_nobody(sys.executable, "-c", DEEPEN, str(tree.source))
+    try:
+        first = tree.cli("apply", timeout=300)
+        assert first.returncode == 2, first.output
+        old = tree.copied()
+        tree.as_nobody("/bin/sh", "-c", f"echo y > {tree.source}/tokenizer/extra.txt")
+        second = tree.cli("apply", timeout=300)
+        assert second.returncode == 2, second.output
+        assert tree.copied() != old
+        gc = tree.cli("gc", "--keep", "0", timeout=300)
+        assert gc.returncode == 0, gc.output
+        assert "internal error" not in gc.output and "RecursionError" not in gc.output, gc.output
+        assert f"removed  {old}" in gc.stdout, gc.output
+        assert not old.exists()
+        snapshots = list((tree.root / "state" / "store" / "hub").glob("models--*/snapshots/*"))
+        assert len(snapshots) == 1, snapshots  # the current realization's only
+    finally:  # shutil.rmtree (the fixture's) recurses too
+        deep = [str(tree.source / "a"), str(tree.root / "state")]
+        subprocess.run(["rm", "-rf", *deep], check=False, timeout=120)
+
+
+def test_nobody_cannot_point_their_source_at_a_directory_only_root_may_read(
+    tree: Tree, outside: Path
+) -> None:
+    """`[model] source` may be nobody's (it is data), and round 3 keeps each file of it inside the source
+    as resolved at the copy. But the source path itself was resolved with realpath, links and all: a
+    source in nobody's directory that nobody turns into a link to a directory only root may enter
+    makes root copy that directory, as the model, into the model dir, its 0644 files 0644 (readable by
+    the server's user, and by everyone where the store is readable). main: root's private file was
+    copied into the realization."""
+    private = outside / "root-only"
+    private.mkdir(mode=0o700)
+    shutil.copytree(tree.source, private / "model")
+    (private / "model" / "private.txt").write_text("root's private notes\n")
+    (private / "model" / "private.txt").chmod(0o644)
+    theirs = _nobodys_dir(outside, "home")
+    tree.as_nobody("ln", "-s", str(private / "model"), str(theirs / "model"))
+    tree.spec.write_text(
+        tree.spec.read_text().replace(f'source = "{tree.source}"', f'source = "{theirs}/model"')
+    )
+    run = tree.cli("apply")
+    store = tree.root / "state" / "store"
+    copied = [p for p in store.rglob("private.txt")] if store.is_dir() else []
+    assert copied == [], f"root copied its own private file as nobody's model: {copied}: {run.output}"
+    assert run.returncode != 2 and "Traceback" not in run.output, run.output
+    assert f"{theirs}/model" in run.output and "owned by nobody" in run.output, run.output

@@ -18,7 +18,7 @@ import os
 import re
 import stat
 
-from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, open_dir, umask
+from reconcile.safety.filesafety import TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, open_regular, read_regular, sha256_fd, walk_tree
 
 TYPE_CHECKING = False
@@ -116,10 +116,11 @@ def model_inputs(model: Model, store: str | None = None) -> dict[str, Any]:
         known = _read_json(os.path.join(current, RECORD)).get("source_files")
         try:
             stamps = known if isinstance(known, dict) else {}
+            source = data_root(model.source)  # no link on the way from another user's directory
             origin: dict[str, Any] = {
-                "source": content_id(source_content(model.source, list(model.allow_patterns), stamps, store))
+                "source": content_id(source_content(source, list(model.allow_patterns), stamps, store))
             }
-        except OSError:
+        except (OSError, UnsafePath):
             # A FIFO in it, a source not there, one too big: no content to address. An address of its
             # own that is never made (apply refuses first), so the planner names what is wrong.
             origin = {"unusable source": model.source}
