@@ -28,7 +28,7 @@ from reconcile.host import atomic_write, download_deadline_s, hub_deadline
 from reconcile.plan.records import ActionResult
 from reconcile.record import Record
 from reconcile.safety import source_content
-from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, open_dir, umask
+from reconcile.safety.filesafety import FIX, TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
 from reconcile.safety.names import name_problem
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
@@ -79,7 +79,13 @@ def _download(model: Model, *, progress: bool) -> ActionResult:
     repo, endpoint = model.repo, _endpoint()
     commit, listing = _listing(repo, model.revision, endpoint)
     _refuse_names(listing, f"{repo}@{commit[:12]}: the hub lists", _HUB_FIX)
-    wanted = {n: f for n, f in sorted(listing.items()) if selected(n, model.allow_patterns)}
+    # A listed name that is one of reconcile's own records (the download record, the seal) is not
+    # fetched: the hub would choose what the record says.
+    wanted = {
+        n: f
+        for n, f in sorted(listing.items())
+        if not source_content.reserved(n) and selected(n, model.allow_patterns)
+    }
     if not wanted:
         raise ActionError(f"{repo}@{commit[:12]}: no file matches allow_patterns {model.allow_patterns}")
     sizes = {n: f.size for n, f in wanted.items()}
@@ -235,6 +241,7 @@ def _snapshot(
                 revision=commit,
                 cache_dir=cache_dir,
                 allow_patterns=list(model.allow_patterns) or None,
+                ignore_patterns=sorted(source_content.RESERVED),  # reconcile's own record names
                 max_workers=model.max_workers,
                 endpoint=endpoint,
                 tqdm_class=tqdm_class,
@@ -246,6 +253,7 @@ def _snapshot(
         revision=commit,
         local_dir=model.dir,
         allow_patterns=list(model.allow_patterns) or None,
+        ignore_patterns=sorted(source_content.RESERVED),  # never a record a hub listing names
         max_workers=model.max_workers,
         endpoint=endpoint,
         tqdm_class=tqdm_class,
@@ -383,8 +391,12 @@ def _copy_source(model: Model, source: str) -> ActionResult:
     """Copy `source` into `dir` (allow_patterns apply), skipping files whose size and mtime match."""
     if not os.path.isdir(source):
         raise ActionError(f"[model].source {source}: not a directory (point it at the model's files)")
+    try:  # read by its real path, every link on the way one only root or we could have made
+        source = data_root(source)
+    except UnsafePath as exc:
+        raise ActionError(f"[model].source {source}: {exc}; {FIX}") from None
     names = source_files(source)
-    names = [n for n in names if n not in (MANIFEST, BACKUP) and selected(n, model.allow_patterns)]
+    names = [n for n in names if not source_content.reserved(n) and selected(n, model.allow_patterns)]
     if not names:
         raise ActionError(f"[model].source {source}: no file matches allow_patterns {model.allow_patterns}")
     _refuse_past_free_space(f"[model].source {source}", model.dir, _source_sizes(source, names))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from reconcile.safety.source_content import content_changed, selected
-from reconcile.safety.untrusted import NotRegular, not_regular, walk_tree
+from reconcile.safety.source_content import content_changed, reserved, selected
+from reconcile.safety.untrusted import NotRegular, tree_stat, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def source_drift(
         if have.get(rel) != st.st_size:
             out.append(rel)
             continue
-        changed = content_changed(path, hashes.get(rel), st)
+        changed = content_changed(path, source, hashes.get(rel), st)
         if changed:
             out.append(rel if rel in hashes else f"{rel} (no recorded hash)")
         elif changed is False:
@@ -48,13 +48,13 @@ def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.st
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for f in sorted(files):
             path = os.path.join(root, f)
-            rel = os.path.relpath(path, source)
-            if patterns and not selected(rel, patterns):
+            rel = os.path.relpath(path, source).replace(os.sep, "/")
+            if reserved(rel) or (patterns and not selected(rel, patterns)):
                 continue
-            try:
-                st = os.stat(path)
-            except OSError:
+            try:  # a FIFO is never opened (it would hang us); a link out of the source never followed
+                st = tree_stat(path, source, rel)
+            except NotRegular:
+                raise
+            except OSError:  # gone since the walk
                 continue
-            if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
-                raise NotRegular(rel, what)
             yield rel, path, st

@@ -395,9 +395,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _trusted_search_path() -> None:
     """Every program reconcile runs by name is looked up on a PATH only root or we can change
-    (reconcile.safety.filesafety.search_path); what it leaves out is said once on stderr."""
+    (reconcile.safety.filesafety.search_path), and no program it runs takes its config or cache from
+    a directory another user can change (HOME, XDG_*, uv's and pip's: filesafety.trusted_environment,
+    as `sudo -E` hands them over); what is left out is said once on stderr."""
     from reconcile.host import check_programs
-    from reconcile.safety.filesafety import resolve_exec, search_path
+    from reconcile.safety.filesafety import resolve_exec, search_path, trusted_environment
+
+    changes, notes = trusted_environment(os.environ)
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    for why in notes:
+        print(f"reconcile: environment {why}", file=sys.stderr)
 
     check_programs(resolve_exec)  # and each program found there: the exec role, file and interpreter
     kept, dropped = search_path(os.environ.get("PATH", os.defpath))

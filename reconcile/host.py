@@ -52,11 +52,19 @@ def check_programs(check: Callable[[str], object]) -> None:
 
 
 def _program(name: str, env: Mapping[str, str] | None) -> str | None:
-    """The file a command named `name` runs: for a bare name, where PATH has it, after the program
-    check (PATH's directories pass the read role at start, but a file in them may still be another
-    user's: a tarball's owners kept). None: run as given (a path, checked by its own role)."""
-    if "/" in name or not _PROGRAM_CHECK:
+    """The file a command named `name` runs, after the program check (the exec role): for a bare name,
+    where PATH has it (PATH's directories pass the read role at start, but a file in them may still be
+    another user's: a tarball's owners kept); for a path, that path. A caller that looked a program up
+    itself (shutil.which("uv")) hands an absolute path, which is held to the same check: no program
+    root runs skips it. None: no check installed (a library use), run as given."""
+    if not _PROGRAM_CHECK:
         return None
+    if "/" in name:
+        try:  # every link on the way was judged by the walk: the name runs what was checked
+            _PROGRAM_CHECK[0](name if name.startswith("/") else os.path.join("/", name))
+        except Exception as exc:
+            raise ToolMissing(f"{name}: not run: {exc}") from None
+        return name
     import shutil
 
     found = shutil.which(name, path=(os.environ if env is None else env).get("PATH", os.defpath))

@@ -1,6 +1,7 @@
 """`reconcile gc [--keep N]`: remove the realizations no current, held or recent generation uses.
 
-Called by the CLI, under the apply lock. Never removes what a live process runs from, nor anything
+Called by the CLI, under the apply lock. Never removes what a live process of reconcile's own runs
+from (its cgroups, its recorded launches: never a stranger's command line), nor anything
 under the store that is not a `<hash>-venv` or `<hash>-model` realization, or, under `<store>/hub`,
 a model snapshot no kept realization holds and the blobs only it held (huggingface_hub decides which).
 """
@@ -8,6 +9,7 @@ a model snapshot no kept realization holds and the blobs only it held (huggingfa
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from reconcile.apply import generations
@@ -29,16 +31,18 @@ def collect(
     keep: int,
     extra_keep: tuple[str, ...] = (),
     others: tuple[tuple[str, str], ...] = (),
+    running: Collection[int] = (),
 ) -> Collected:
     """`others`: (name, state dir) of the spec's other deployments, which share the store: what their
-    generations keep is kept too (a gc of one deployment never removes another's realization)."""
+    generations keep is kept too (a gc of one deployment never removes another's realization).
+    `running`: reconcile's own processes (membership.reconcile_processes); what they run from is kept."""
     why: dict[str, str] = {p: "the spec's realization" for p in extra_keep}
     for name, other in others:
         for p, w in _kept_by(other, keep).items():
             why.setdefault(p, f"deployment {name}'s {w}")
     why.update(_kept_by(state_dir, keep))
     found = realizations(store)
-    for p in in_use_by_processes(found):
+    for p in in_use_by_processes(found, running):
         why[p] = "a running process uses it"
     out = Collected(kept={p: w for p, w in why.items() if p in found})
     doomed = [p for p in found if p not in why]

@@ -18,13 +18,15 @@ import os
 import re
 import stat
 
-from reconcile.safety.filesafety import TREE_UMASK, ensure_dir, open_dir, umask
+from reconcile.safety.filesafety import TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, open_regular, read_regular, sha256_fd, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
-    from typing import Any
+    from collections.abc import Callable, Collection, Mapping
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
     from reconcile.spec.models import Model
 
@@ -63,8 +65,8 @@ def source_content(
     recorded is not hashed again. NotRegular (an OSError) names a FIFO; Unsized when the files to
     hash do not fit the store's free space."""
     from reconcile import private_cache
-    from reconcile.safety.source_content import same_stamp, selected, sha256_file
-    from reconcile.safety.untrusted import NotRegular, not_regular, past_free_space
+    from reconcile.safety.source_content import reserved, same_stamp, selected, sha256_file
+    from reconcile.safety.untrusted import past_free_space, tree_stat
 
     entries = []
     for root, dirs, names in walk_tree(source):  # as probes.model_source walks it
@@ -72,11 +74,9 @@ def source_content(
         for name in sorted(names):
             path = os.path.join(root, name)
             rel = os.path.relpath(path, source).replace(os.sep, "/")
-            if rel in (RECORD, BACKUP) or name == SEAL or (patterns and not selected(rel, patterns)):
+            if reserved(rel) or (patterns and not selected(rel, patterns)):
                 continue
-            st = os.stat(path)
-            if (what := not_regular(st.st_mode)) is not None:  # never opened: a FIFO would hang us
-                raise NotRegular(rel, what)
+            st = tree_stat(path, source, rel)  # NotRegular: a FIFO (never opened), a link out of it
             entries.append((rel, path, st))
     cache_file = os.path.join(
         private_cache.cache_root(), "source-hashes", hashlib.sha256(source.encode()).hexdigest()[:32]
@@ -97,7 +97,7 @@ def source_content(
     for rel, path, st in entries:
         digest = stamped(rel, st)
         if digest is None:
-            digest = sha256_file(path)
+            digest = sha256_file(path, source)
             fresh[rel] = {
                 "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
                 "ctime_ns": st.st_ctime_ns, "sha256": digest,
@@ -116,10 +116,11 @@ def model_inputs(model: Model, store: str | None = None) -> dict[str, Any]:
         known = _read_json(os.path.join(current, RECORD)).get("source_files")
         try:
             stamps = known if isinstance(known, dict) else {}
+            source = data_root(model.source)  # no link on the way from another user's directory
             origin: dict[str, Any] = {
-                "source": content_id(source_content(model.source, list(model.allow_patterns), stamps, store))
+                "source": content_id(source_content(source, list(model.allow_patterns), stamps, store))
             }
-        except OSError:
+        except (OSError, UnsafePath):
             # A FIFO in it, a source not there, one too big: no content to address. An address of its
             # own that is never made (apply refuses first), so the planner names what is wrong.
             origin = {"unusable source": model.source}
@@ -305,7 +306,7 @@ def collect_snapshots(store: str, keep: set[tuple[str, str]]) -> list[str]:
     os.close(fd)
     from huggingface_hub import scan_cache_dir
 
-    info = scan_cache_dir(hub)
+    info = _deep(lambda: scan_cache_dir(hub))
     doomed = [
         rev.commit_hash
         for repo in info.repos
@@ -324,6 +325,41 @@ def collect_snapshots(store: str, keep: set[tuple[str, str]]) -> list[str]:
     return removed
 
 
+DEEP_RECURSION = 20_000  # frames: a snapshot nested to PATH_MAX (~2,000 levels), a few frames a level
+DEEP_STACK = 512 << 20  # bytes of the thread's C stack for that recursion
+
+
+def _deep(call: Callable[[], T]) -> T:
+    """`call()` where a tree nested to PATH_MAX fits its recursion: huggingface_hub's scan globs `**/*`,
+    which Python 3.11's pathlib walks a frame or two a level, and a snapshot is as deep as the source
+    it was copied from (another user's tree: round 2 copies 1,100 levels). In a thread of its own
+    with a large stack, the recursion limit raised for the call (gc runs nothing else meanwhile)."""
+    import sys
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    limit, stack = sys.getrecursionlimit(), threading.stack_size(DEEP_STACK)
+    sys.setrecursionlimit(max(limit, DEEP_RECURSION))
+    try:
+        worker = threading.Thread(target=run, name="hub-scan")
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(stack)
+        sys.setrecursionlimit(limit)
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
 def _remove_inside(hub: str, path: str) -> bool:
     rel = os.path.relpath(path, hub)
     if rel.startswith("..") or os.path.isabs(rel) or rel == ".":
@@ -339,10 +375,10 @@ def _remove_inside(hub: str, path: str) -> bool:
         except FileNotFoundError:
             return False
         if stat.S_ISDIR(st.st_mode):
-            import shutil
+            from reconcile.safety.filesafety import remove_tree_at
 
             os.rename(name, f".gc-{name}", src_dir_fd=fd, dst_dir_fd=fd)
-            shutil.rmtree(f"/proc/self/fd/{fd}/.gc-{name}")  # the directory we walked, by its descriptor
+            remove_tree_at(fd, f".gc-{name}")  # by the walked directory's descriptor, no recursion
         else:
             os.unlink(name, dir_fd=fd)
         return True

@@ -285,19 +285,19 @@ def disk_usage(paths: Collection[str]) -> int:
     return total
 
 
-def in_use_by_processes(paths: Collection[str]) -> set[str]:
-    """Which of `paths` a live process runs from: its executable, command line or cwd lies inside."""
+def in_use_by_processes(paths: Collection[str], pids: Collection[int]) -> set[str]:
+    """Which of `paths` one of `pids` runs from: its executable, command line or cwd lies inside. `pids`
+    are reconcile's own processes (membership.reconcile_processes): a stranger's command line naming a
+    realization must never keep it (any user can put any path in their argv)."""
     used: set[str] = set()
     prefixes = {p.rstrip("/") + "/": p for p in paths}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids:
         seen: list[str] = []
-        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
             seen += f.read().decode(errors="replace").split("\0")
         for link in ("exe", "cwd"):
             with contextlib.suppress(OSError):
-                seen.append(os.readlink(f"/proc/{entry}/{link}") + "/")
+                seen.append(os.readlink(f"/proc/{pid}/{link}") + "/")
         for text in seen:
             for prefix, path in prefixes.items():
                 if text.startswith(prefix) or text == prefix[:-1]:

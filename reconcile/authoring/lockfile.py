@@ -100,7 +100,8 @@ def target_interpreter(venv: Venv) -> tuple[str, str, str]:
 
 def parse_pylock(text: str) -> list[str]:
     """uv's PEP 751 `pylock.toml` answer as one `name==version --hash=sha256:...` line per
-    distribution: the sha256 of every wheel and sdist it lists for that version."""
+    distribution: the sha256 of every wheel it lists for that version. Not the sdist's: the install
+    is hash-checked, so with no sdist hash pip or uv can never take (and build, as root) the sdist."""
     if sys.version_info >= (3, 11):
         import tomllib
 
@@ -111,7 +112,7 @@ def parse_pylock(text: str) -> list[str]:
         doc = tomlkit.parse(text).unwrap()
     entries = []
     for package in doc.get("packages") or []:
-        files = [*(package.get("wheels") or []), *([package["sdist"]] if package.get("sdist") else [])]
+        files = list(package.get("wheels") or [])
         hashes = sorted(
             {f"--hash=sha256:{f['hashes']['sha256']}" for f in files if "sha256" in f.get("hashes", {})}
         )
@@ -119,7 +120,8 @@ def parse_pylock(text: str) -> list[str]:
         if not package.get("version") or not re.fullmatch(LOCKED, entry):
             raise ReconcileError(
                 f"uv's resolution has {package.get('name')} {package.get('version') or '(no version)'} "
-                "without sha256 hashes: a direct URL, a directory or a source without hashes cannot be locked"
+                "without wheels with sha256 hashes: a direct URL, a directory, an sdist or a source without "
+                "hashes cannot be locked (an sdist's build would run its code as root)"
             )
         entries.append(entry)
     return sorted(entries)
@@ -139,6 +141,9 @@ def compile_closure(venv: Venv, python: str) -> list[str]:
             uv, "pip", "compile", wanted, "--format", "pylock.toml", "--generate-hashes",
             "--python", python, "--no-header", "--no-progress", "--color", "never",
             "--refresh",  # what the sources offer today, not uv's cached index pages (revalidated)
+            # Wheels only: uv builds an sdist to learn its metadata, running its build backend (the
+            # index's or wheelhouse's code) as root, before anyone has looked at what was resolved.
+            "--no-build",
             *(["--no-deps"] if venv.no_deps else []), *_source_args(venv),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -149,11 +154,16 @@ def compile_closure(venv: Venv, python: str) -> list[str]:
                 raise ReconcileError(_redact(f"uv pip compile: {exc}")) from None
     if not done.ok:
         lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        text = " ".join(lines[-4:]) or f"exit {done.returncode}"
+        if "building from source is disabled" in text or "--no-build" in text:
+            text += (
+                " (reconcile lock resolves wheels only: building an sdist runs its build backend as "
+                "root; put a wheel of it in the wheelhouse or the index)"
+            )
         raise ReconcileError(
             _redact(
                 f"uv pip compile ({', '.join(_sources(venv)) or 'the configured index'}) found no "
-                f"closure for {', '.join(f'{n}{s}' for n, s in venv.packages.items())}: "
-                + (" ".join(lines[-4:]) or f"exit {done.returncode}")
+                f"closure for {', '.join(f'{n}{s}' for n, s in venv.packages.items())}: " + text
             )
         )
     return parse_pylock(done.stdout)

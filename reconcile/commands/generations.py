@@ -108,6 +108,7 @@ def cmd_gc(args: Args) -> int:
     from reconcile.apply.lock import apply_lock
     from reconcile.apply.store import spec_store
     from reconcile.commands.deployments import one_deployment
+    from reconcile.ownership.membership import reconcile_processes
     from reconcile.spec.deployments import deployments, is_multi
 
     whole = load_spec(args)
@@ -119,6 +120,7 @@ def cmd_gc(args: Args) -> int:
         return 0
     state_dir = spec.machine.state_dir
     own = [p for p in (spec.venv and spec.venv.path, spec.model and spec.model.dir) if p]
+    specs = [spec]
     # Several deployments share the store: what each one's generations and spec use is kept, under
     # the machine's apply lock (the one a multi-deployment apply holds), not this deployment's alone.
     lock_dir = state_dir
@@ -130,8 +132,14 @@ def cmd_gc(args: Args) -> int:
         for d in every:
             view = d.loaded.spec
             own += [p for p in (view.venv and view.venv.path, view.model and view.model.dir) if p]
+            specs.append(view)
     with apply_lock(lock_dir, timeout=args.lock_timeout):
-        done = collect(state_dir, store, keep=args.keep, extra_keep=tuple(own), others=others)
+        # In use: what reconcile's own processes run from (its cgroups and recorded launches), never
+        # what a stranger's command line names (it would keep any realization alive).
+        running = reconcile_processes(specs)
+        done = collect(
+            state_dir, store, keep=args.keep, extra_keep=tuple(own), others=others, running=running
+        )
     for path, why in sorted(done.kept.items()):
         print(f"  kept     {path}: {why}")
     for path in done.removed:

@@ -85,6 +85,29 @@ def deployment_cgroup(spec: Spec) -> str | None:
     return path if path is not None and trusted(path) else None
 
 
+def subtree_procs() -> set[int]:
+    """The processes in every trusted cgroup of reconcile's own subtree (`<cgroup2>/reconcile/*`, and
+    below): only root can move a process there, so each is one reconcile runs, whatever its uid."""
+    root, _ = cgroup_root()
+    top = os.path.join(root, SUBTREE) if root is not None else None
+    if top is None or not trusted(top):
+        return set()
+    out: set[int] = set()
+    todo = [top]
+    while todo:
+        here = todo.pop()
+        out.update(cgroup_procs(here))
+        try:
+            names = os.listdir(here)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(here, name)
+            if os.path.isdir(path) and not os.path.islink(path) and trusted(path):
+                todo.append(path)
+    return out
+
+
 def cgroup_procs(path: str) -> list[int]:
     """The processes in cgroup `path` (empty when it is gone)."""
     try:

@@ -198,6 +198,20 @@ def deployment_members(scope: Scope | str) -> dict[int, bytes]:
     return {pid: envs[pid] for pid in sorted(proven | hidden)}
 
 
+def reconcile_processes(specs: Iterable[Spec]) -> set[int]:
+    """Every process reconcile itself runs: one in its own cgroup subtree (only root fills it), and each
+    member, by proof, of the deployments of `specs` (its cgroup, a recorded launch or member with its
+    start time, the marker of our uid; deployment_members). Never a process named only by what it
+    says of itself (its command line, cwd or executable): any user can say anything there."""
+    from reconcile.ownership.cgroups import subtree_procs
+
+    out = subtree_procs()
+    for spec in specs:
+        if spec.server is not None:
+            out.update(deployment_members(scope_of(spec)))
+    return out
+
+
 def _proven(pid: int, scope: Scope, stat: ProcStat, raw: bytes | None) -> bool:
     if uids(pid) != (scope.owner(), scope.owner()):
         return False

@@ -278,7 +278,10 @@ def findings_for(spec: Spec, obs: Observed, within: str | None = None) -> tuple[
     from reconcile.preflight.startable import start_findings
 
     inputs = inputs_from(spec, obs, within)
-    found = path_findings(spec) + start_findings(spec)  # reads the paths now: never remembered
+    # The path and start rules judge the machine's files at the paths the spec names: they walk them,
+    # open an exec path for its `#!` line (a device's open can act) and walk read trees whole.
+    # `validate` reads a repository under review and nothing outside it: not run there at all.
+    found = () if within is not None else path_findings(spec) + start_findings(spec)  # never remembered
     if spec.server is None:
         return found
     from reconcile.preflight.memo import remembered

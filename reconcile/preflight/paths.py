@@ -8,7 +8,15 @@ import contextlib
 import os
 
 from reconcile.plan.records import Finding
-from reconcile.safety.filesafety import FIX, UnsafePath, owners, parent_problem, read_problem, resolve_exec
+from reconcile.safety.filesafety import (
+    FIX,
+    UnsafePath,
+    data_problem,
+    owners,
+    parent_problem,
+    read_problem,
+    resolve_exec,
+)
 from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
 
@@ -23,8 +31,6 @@ def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int], Role]]:
     (reconcile.spec.roles), plus the default executable, <venv>/bin/vllm, when none is named."""
     out = []
     for p in spec_paths(spec):
-        if p.role.kind == "data":
-            continue  # a tree from outside: copied as data, whoever owns it
         allowed = owners()
         if p.key == "[api_key].file" and spec.api_key is not None:
             import pwd
@@ -153,6 +159,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             problem = _exec_problem(path, allowed)
         elif role.kind == "read":  # root trusts what it reads: the file or tree, not only the way to it
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
+        elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's
+            problem = data_problem(path)
         else:
             problem = parent_problem(path, allowed)
         if problem is not None:

@@ -11,7 +11,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
 from reconcile.safety.untrusted import kind, walk_tree
@@ -111,7 +111,12 @@ def _dir_problem(
 
 
 def walk(
-    path: str, allowed: Collection[int] | None = None, *, follow_last: bool = False, is_dir: bool = False
+    path: str,
+    allowed: Collection[int] | None = None,
+    *,
+    follow_last: bool = False,
+    is_dir: bool = False,
+    data: bool = False,
 ) -> Walked:
     """The one path walk: from / one component at a time, each opened O_PATH|O_NOFOLLOW relative to
     the last, never by name from the top again. Every directory it passes is held to _dir_problem,
@@ -122,7 +127,10 @@ def walk(
     directory we make or use as such (ensure_dir): the directory holding it is not its "own"
     directory, so a sticky one (/tmp) may hold it when it is ours, or when we make it (a name someone
     else made first is then caught by the mkdir's O_NOFOLLOW open and owner check). Raises UnsafePath
-    naming the first directory another user could change, or a component that is not a directory."""
+    naming the first directory another user could change, or a component that is not a directory.
+    With `data` (a tree from outside, copied as data: a `[model] source`), directories may be anyone's,
+    but a link is still followed only from a directory of root or ours that nobody else may write: the
+    tree's owner chooses what the tree holds, never which of root's directories root reads as theirs."""
     ok = owners() if allowed is None else frozenset(allowed)
     todo = [c for c in os.path.abspath(path).split("/") if c][::-1]  # a stack: next component last
     stack: list[tuple[int, str, os.stat_result]] = []
@@ -151,7 +159,7 @@ def walk(
                         f"{os.path.join(where, name)} does not exist, yet the path goes on through '..'"
                     ) from None
                 # What we will create is ours; the directory is its own only when `name` is the last.
-                problem = _dir_problem(where, dst, None, ok, own=not rest and not is_dir)
+                problem = None if data else _dir_problem(where, dst, None, ok, own=not rest and not is_dir)
                 if problem is not None:
                     raise UnsafePath(problem) from None
                 return Walked(os.dup(fd), where, name, None, rest)
@@ -176,11 +184,11 @@ def walk(
                 if last or not stat.S_ISDIR(st.st_mode):
                     if not last:
                         raise UnsafePath(f"{here} is not a directory")
-                    problem = _dir_problem(where, dst, (name, st), ok, own=not is_dir)
+                    problem = None if data else _dir_problem(where, dst, (name, st), ok, own=not is_dir)
                     if problem is not None:
                         raise UnsafePath(problem)
                     return Walked(os.dup(fd), where, name, st, [])
-                problem = _dir_problem(where, dst, (name, st), ok, own=False)
+                problem = None if data else _dir_problem(where, dst, (name, st), ok, own=False)
                 if problem is not None:
                     raise UnsafePath(problem)
                 stack.append((nfd, here, st))
@@ -219,6 +227,34 @@ def parent_problem(
         return None
     finally:
         w.close()
+
+
+def data_root(path: str) -> str:
+    """The real path of a data tree (the data role: a `[model] source`), reached by walk(data=True): its
+    directories may be anyone's, but every link on the way was followed only from a directory only
+    root or we can change. Callers read the tree by this path (with untrusted.source_roots of it), so a
+    component its owner turns into a link later leads out of it, and is refused file by file. Raises
+    UnsafePath naming the link; FileNotFoundError when absent."""
+    w = walk(path, follow_last=True, data=True)
+    try:
+        if w.st is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return w.real
+    finally:
+        w.close()
+
+
+def data_problem(path: str) -> str | None:
+    """Why data_root(path) refuses `path` (None: it may be read as data, or is not there)."""
+    try:
+        data_root(path)
+    except UnsafePath as exc:
+        return str(exc)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{exc.filename or path}: cannot check it ({exc.strerror})"
+    return None
 
 
 def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: int = 0) -> str | None:
@@ -281,6 +317,68 @@ def search_path(value: str) -> tuple[str, list[str]]:
         else:
             dropped.append(f"{entry}: {problem}")
     return os.pathsep.join(kept), dropped
+
+
+# Environment variables that name a directory (or file) the tools root runs take as their own: git's
+# global config (which chooses programs: a filter, a pager), uv's and pip's config and caches (index
+# URLs, built wheels, an interpreter's facts they trust next time), the hub's token and cache. Under
+# `sudo -E` (or a sudo that keeps HOME) they are another user's.
+ENV_DIRS = (
+    "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
+    "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
+)  # fmt: skip
+ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")
+
+
+def env_dir_problem(path: str) -> str | None:
+    """Why a directory a tool keeps its config or cache in is not root's or ours alone: the write-dir
+    role (StrictModes on the way, links only from directories of root or ours, the directory itself
+    root's or ours and writable by nobody else). A missing one is made by the tool, under a parent
+    that passed."""
+    if not path.startswith("/"):
+        return f"{path or '(empty)'}: not an absolute path"
+    problem = parent_problem(path, follow=True, is_dir=True)
+    if problem is not None:
+        return problem
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot check it ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is {kind(st.st_mode)}, not a directory"
+    return _loose(path, st)
+
+
+def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | None], list[str]]:
+    """What to change in `environ` so that no tool root runs takes its config or cache from a place
+    another user can change (ENV_DIRS: the write-dir role; ENV_FILES: the read role): each such
+    variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
+    new value, None to unset) and one "NAME left out: path: why" line for each."""
+    changes: dict[str, str | None] = {}
+    notes: list[str] = []
+    for name in (*ENV_DIRS, *ENV_FILES):
+        value = environ.get(name)
+        if not value:
+            continue
+        problem = env_dir_problem(value) if name in ENV_DIRS else read_problem(value)
+        if problem is None and name in ENV_FILES and not value.startswith("/"):
+            problem = f"{value}: not an absolute path"
+        if problem is None:
+            continue
+        why = f"{name} left out: {value}: {problem}"
+        if name == "HOME":
+            import pwd
+
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+            ok = home != value and env_dir_problem(home) is None
+            changes[name] = home if ok else "/"
+            why += f"; HOME={changes[name]}"
+        else:
+            changes[name] = None
+        notes.append(why)
+    return changes, notes
 
 
 def _loose(path: str, st: os.stat_result) -> str | None:

@@ -10,13 +10,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from reconcile.safety.untrusted import open_regular, sha256_fd
+from reconcile.safety.untrusted import open_regular, sha256_fd, source_roots
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     Entry = Mapping[str, Any]  # {"size", "mtime_ns", "ino", "ctime_ns", "sha256"}
+
+
+# reconcile's own records in a model dir or realization: the download record, the config backup, the
+# realization's seal. Never taken from a source tree (another user's data would choose what the record
+# says: a forged seal keeps the snapshot it names from gc, and stops the realization being sealed).
+RESERVED = frozenset({".reconcile-model.json", "config.json.bak", ".reconcile-realization.json"})
+
+
+def reserved(rel: str) -> bool:
+    """`rel` (a "/"-separated name relative to the source) is one of reconcile's own record names."""
+    return rel in RESERVED
 
 
 def selected(name: str, patterns: Iterable[str]) -> bool:
@@ -29,10 +40,11 @@ def selected(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatchcase(name, p + "*" if p.endswith("/") else p) for p in patterns)
 
 
-def sha256_file(path: str) -> str:
-    """The sha256 of a source file, opened as data (untrusted.open_regular: a FIFO or device raises
-    NotRegular, never blocks), as big as fstat saw it. Its links were judged by the caller's walk."""
-    fd, st = open_regular(os.path.realpath(path))
+def sha256_file(path: str, tree: str) -> str:
+    """The sha256 of a file of source `tree`, opened as data (untrusted.open_regular: a FIFO or device
+    raises NotRegular, never blocks), as big as fstat saw it, and only when the descriptor opened lies
+    inside the tree (a link out, or one put there since the walk, is NotRegular, never read)."""
+    fd, st = open_regular(os.path.realpath(path), inside=source_roots(tree))
     try:
         return sha256_fd(fd, st.st_size)
     finally:
@@ -62,12 +74,12 @@ def same_stamp(recorded: Entry | None, st: os.stat_result) -> bool:
     )
 
 
-def content_changed(path: str, recorded: Entry | None, st: os.stat_result) -> bool | None:
+def content_changed(path: str, tree: str, recorded: Entry | None, st: os.stat_result) -> bool | None:
     """True: its bytes differ from those copied; False: same bytes (perhaps touched); None: its
     stamp is the recorded one, so it was not hashed at all (the cheap, usual case)."""
     if same_stamp(recorded, st):
         return None
-    return not isinstance(recorded, Mapping) or recorded.get("sha256") != sha256_file(path)
+    return not isinstance(recorded, Mapping) or recorded.get("sha256") != sha256_file(path, tree)
 
 
 def fd_content_changed(fd: int, recorded: Entry | None, st: os.stat_result) -> bool | None:

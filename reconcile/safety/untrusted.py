@@ -162,6 +162,20 @@ def source_roots(source: str) -> list[str]:
     return roots
 
 
+def tree_stat(path: str, tree: str, name: str | None = None) -> os.stat_result:
+    """The stat of a file in `tree` (a `[model] source`: another user's data) through its links, only
+    when they lead inside it (source_roots): a link out is NotRegular ("a symlink to X, outside the
+    source"), never stat'ed, hashed or read there; so is a FIFO, device or socket. Every walk of a
+    source (the realization's address, the plan's drift, the copy) judges its entries by this."""
+    real = os.path.realpath(path)
+    if not _below(real, source_roots(tree)):
+        raise NotRegular(name or path, f"a symlink to {real}, outside the source")
+    st = os.stat(real)
+    if (what := not_regular(st.st_mode)) is not None:
+        raise NotRegular(name or path, what)
+    return st
+
+
 def read_regular(path: str, limit: int, *, follow: bool = False, tree: str | None = None) -> bytes:
     """The bytes of the regular file at `path`, at most `limit` of them (TooLarge beyond). With
     `tree` (a `[model] source`: another user's data), links are followed only inside it
