@@ -22,6 +22,7 @@ from reconcile.errors import ActionError, ReconcileError
 from reconcile.host import checkpoint
 from reconcile.plan.records import Change, Plan, Result
 from reconcile.record import Record
+from reconcile.safety.filesafety import walked_once
 from reconcile.spec.loaded import LoadedSpec
 
 TYPE_CHECKING = False
@@ -250,7 +251,8 @@ def apply_spec(
     def waiting(holder: str) -> None:
         show(f"waiting up to {lock_timeout:g}s for the apply lock, held by {holder}")
 
-    with apply_lock(state_dir, timeout=lock_timeout, on_wait=waiting) as lock:
+    # Under the lock, a tree the path rule walked whole (a site-packages) is walked once, not by each plan.
+    with apply_lock(state_dir, timeout=lock_timeout, on_wait=waiting) as lock, walked_once():
         if lock.took_over:
             report.notes.append(f"took over the lock left by {lock.took_over.describe()}, which is gone")
         checkpoint("apply.locked")
