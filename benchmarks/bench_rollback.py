@@ -7,7 +7,13 @@ proxy pointed at a closed port, and the script switches 1 -> 2 -> 1 ... `--round
 Per switch it prints the wall time of the command, the server step (stop the old server, start
 the new one, wait for /health; from the apply journal) and the rest: what rollback itself costs.
 
-    .venv/bin/python benchmarks/bench_rollback.py [--rounds 6] [--json OUT]
+`--site-files N` adds an extra site-packages of N files in 150 distributions (`[venv]
+extra_site_packages`, as the H200 lab's torch environment is: the path rule walks it whole).
+`--versus DIR` runs every other round with the reconcile in DIR (a checkout of another commit, e.g.
+`git archive main | tar -x -C DIR`), interleaved, and prints each one's median and their ratio.
+Each round's phases (reconcile.apply.phases, from the journal) are printed when it has them.
+
+    .venv/bin/python benchmarks/bench_rollback.py [--rounds 6] [--site-files N] [--versus DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -53,26 +59,64 @@ def _quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
-def _journal_server_seconds(demo: Demo) -> float:
-    """The server step of the newest apply journal entry (stop, start, /health)."""
+def _journal(demo: Demo) -> dict[str, object]:
+    """The newest apply journal entry: its changes (the server step: stop, start, /health) and phases."""
     journal = demo.state_dir / "generations"
     newest = max((p for p in journal.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem))
-    changes = json.loads(newest.read_text())["changes"]
+    data: dict[str, object] = json.loads(newest.read_text())
+    return data
+
+
+def _server_seconds(entry: dict[str, object]) -> float:
+    changes = entry["changes"]
+    assert isinstance(changes, list)
     return sum(float(c["seconds"]) for c in changes if c["resource"] == "server")
+
+
+def _site_packages(top: Path, files: int, dists: int = 150) -> None:
+    """A site-packages of `files` small files in `dists` distributions (dist-info and a package each)."""
+    per = max(1, files // dists)
+    for d in range(dists):
+        name = f"pad{d:03d}"
+        info = top / f"{name}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n\n")
+        for i in range(per):
+            sub = top / name / f"m{i // 20:03d}"
+            sub.mkdir(parents=True, exist_ok=True)
+            (sub / f"f{i}.py").write_text("x = 1\n")
+
+
+def _command(demo: Demo, versus: str | None, *args: str) -> list[str]:
+    """The CLI: this checkout's, or (versus) the one in that directory, first on sys.path."""
+    if versus is None:
+        return demo.command(*args)
+    boot = f"import sys; sys.path.insert(0, {versus!r}); from reconcile.cli import main; sys.exit(main())"
+    return [sys.executable, "-c", boot, *args, "--spec", str(demo.spec_path)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--json", metavar="OUT")
+    parser.add_argument("--site-files", type=int, default=0, metavar="N")
+    parser.add_argument("--versus", metavar="DIR")
     args = parser.parse_args()
     _netns()
     root = Path(tempfile.mkdtemp(prefix="bench-rollback-"))
     demo = Demo(root, f"bench-{uuid.uuid4().hex[:8]}", free_port())
     try:
         wheels = build_wheelhouse(root / "build")
+        site = root / "site-packages"
+        if args.site_files:
+            _site_packages(site, args.site_files)
         for version, seqs in (("1.0", 4), ("2.0", 8)):
-            stored_spec(demo, wheels, version, args={"max-num-seqs": seqs}, config={"attention_dropout": 0.1})
+            path = stored_spec(
+                demo, wheels, version, args={"max-num-seqs": seqs}, config={"attention_dropout": 0.1}
+            )
+            if args.site_files:
+                text = path.read_text()
+                path.write_text(text.replace("[venv]\n", f'[venv]\nextra_site_packages = ["{site}"]\n', 1))
             done = demo.cli("apply")
             if done.returncode != 2:
                 sys.exit(f"apply {version} failed:\n{done.output}")
@@ -81,18 +125,34 @@ def main() -> int:
         rows = []
         for i in range(args.rounds):
             target = 1 if i % 2 == 0 else 2
+            versus = args.versus if args.versus and i % 4 in (1, 2) else None  # ABBA: neither goes first
             started = time.monotonic()
             proc = subprocess.run(
-                demo.command("rollback", str(target)), capture_output=True, text=True, env=env, cwd=str(root)
+                _command(demo, versus, "rollback", str(target)),
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=str(root),
             )
             wall = time.monotonic() - started
             if proc.returncode != 2:
                 sys.exit(f"rollback {target} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-            server = _journal_server_seconds(demo)
-            rows.append({"to": target, "wall_s": wall, "server_step_s": server, "rollback_s": wall - server})
+            entry = _journal(demo)
+            server = _server_seconds(entry)
+            rows.append(
+                {
+                    "to": target,
+                    "code": "versus" if versus else "this",
+                    "wall_s": wall,
+                    "server_step_s": server,
+                    "rollback_s": wall - server,
+                    "phases": entry.get("phases"),
+                }
+            )
             print(
-                f"rollback to {target}: {wall:.2f} s wall, server step {server:.2f} s, "
-                f"rollback itself {wall - server:.2f} s"
+                f"{'versus' if versus else 'this'}: rollback to {target}: {wall:.2f} s wall, server step "
+                f"{server:.2f} s, rollback itself {wall - server:.2f} s"
+                + (f"\n  phases: {entry['phases']}" if entry.get("phases") else "")
             )
         summary = {
             "network": "unshare -n (loopback only)" if os.environ.get(INSIDE) else "proxies/indexes closed",
@@ -109,6 +169,17 @@ def main() -> int:
             f"{summary['median_server_step_s']:.2f} s server step + {summary['median_rollback_s']:.2f} s "
             f"rollback (max {summary['max_rollback_s']:.2f} s); load {os.getloadavg()[0]:.1f}"
         )
+        if args.versus:
+            own = {
+                code: statistics.median(r["rollback_s"] for r in rows if r["code"] == code)
+                for code in ("this", "versus")
+            }
+            summary["median_rollback_s_by_code"] = own
+            summary["ratio_this_over_versus"] = own["this"] / own["versus"]
+            print(
+                f"rollback itself, median: this {own['this']:.2f} s, versus ({args.versus}) "
+                f"{own['versus']:.2f} s: {own['this'] / own['versus']:.3f}x"
+            )
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     finally:

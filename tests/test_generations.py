@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,9 +89,22 @@ def test_rollback_switches_offline_to_the_old_realization_restarts_once_and_hold
     shutil.move(str(wheels), str(tmp_path / "wheels-away"))
     try:
         offline = offline_env(demo)
+        started = time.monotonic()
         back = cli_env(demo, "rollback", env=offline)
+        took = time.monotonic() - started
         assert back.returncode == 2, back.output
         assert "rolled back to generation 1" in back.stdout
+        # Where the rollback's time went, by phase, in its journal and on its report: in the order
+        # they ran, the server step inside the Changes, no more in all than the command took.
+        ran = demo.generations()[-1]["phases"]
+        assert list(ran) == [
+            "start", "load", "setup", "lock", "prepare", "plan", "changes", "final plan", "journal",
+            "judge", "record",
+        ]  # fmt: skip
+        server = sum(c["seconds"] for c in demo.generations()[-1]["changes"] if c["resource"] == "server")
+        assert min(ran.values()) >= 0 and ran["changes"] >= server > 0
+        assert sum(ran.values()) <= took + 0.05, (ran, took)  # /proc's start time: 10 ms ticks
+        assert "  phases: start " in back.stdout and " · judge " in back.stdout, back.stdout
         assert f"{a}/bin/vllm serve" in server_cmdline(demo)
         assert demo.starts_in_log() == starts + 1
         assert (demo.model_dir / "config.json").read_bytes() == config_1

@@ -5,8 +5,13 @@ The lab spec with no store line (only its venv path and model source moved, so t
 tests' venv and source stay as they are): A, then B (another config.json patch: another model
 realization over the same blobs), then B' (a file of the local source edited), then `rollback 1`
 (the lab has no network; nothing is built or copied): A's venv and A's model bytes (sha256 of every file under
-`[model] dir`), held. Each switch is timed, with its server step from the apply journal; `du` of the
-model realizations. Figures in $OUT/gpu-lab-store.json.
+`[model] dir`), held. Each switch is timed, with its server step from the apply journal and its
+phases (reconcile.apply.phases: start, load, plan, changes, final plan, judge, record ...); `du` of
+the model realizations. Figures in $OUT/gpu-lab-store.json. Before the timed `rollback 1`, a
+`rollback 2` runs under cProfile (its phases inflated by the profiler, so not the figure): the
+profile in $OUT/rollback.prof, its top 25 entries (cumulative, then own time) in
+$OUT/rollback-profile.txt, and the seconds the interpreter spent compiling source (the lab's image
+sets PYTHONDONTWRITEBYTECODE=1 and tools/gpu_lab.sh installs reconcile's libraries --no-compile).
 
     GPU_LAB_TESTS=tests/test_gpu_lab_store.py tools/gpu_lab.sh
 """
@@ -14,17 +19,19 @@ model realizations. Figures in $OUT/gpu-lab-store.json.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, cli, get, starts_in_log, variant
+from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, ROOT, cli, get, key, starts_in_log, variant
 
 pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
 
@@ -57,10 +64,16 @@ def du(*paths: Path, apart: bool = False) -> float:
     return round(sum(int(line.split()[0]) for line in out.splitlines()) / 2**20, 1)
 
 
+def journal() -> dict[str, Any]:
+    """The newest apply journal entry (what the last apply or rollback ran)."""
+    where = LAB / "state" / "generations"
+    newest = max((p for p in where.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem))
+    data: dict[str, Any] = json.loads(newest.read_text())
+    return data
+
+
 def server_step() -> float:
-    journal = LAB / "state" / "generations"
-    newest = max((p for p in journal.glob("*.json") if p.stem.isdigit()), key=lambda p: int(p.stem))
-    changes = json.loads(newest.read_text())["changes"]
+    changes = journal()["changes"]
     return round(sum(float(c["seconds"]) for c in changes if c["resource"].endswith("server")), 2)
 
 
@@ -68,8 +81,83 @@ def timed(label: str, *args: str, expect: int) -> str:
     code, out, err, took = cli(*args)
     assert code == expect, out + err
     step = server_step()
-    FIGURES[label] = {"seconds": round(took, 2), "server_step_s": step, "own_s": round(took - step, 2)}
+    FIGURES[label] = {
+        "seconds": round(took, 2),
+        "server_step_s": step,
+        "own_s": round(took - step, 2),
+        "phases": journal().get("phases"),
+    }
     return out
+
+
+def profiled(label: str, *args: str, expect: int) -> None:
+    """The CLI under cProfile (`python -m cProfile -o rollback.prof`, with the lab's cli() boot):
+    the profile and its top entries in $OUT, the compile time, the phases."""
+    import pstats
+    import time
+
+    out_dir = Path(os.environ.get("OUT") or LAB)
+    prof = out_dir / "rollback.prof"
+    boot = LAB / "reconcile-boot.py"
+    site = os.environ.get("RECONCILE_SITE", "")
+    boot.write_text(
+        f"import sys\nsys.path[:0] = [p for p in ({site!r}, {str(ROOT)!r}) if p]\n"
+        "from reconcile.cli import main\nsys.exit(main())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [sys.executable, "-m", "cProfile", "-o", str(prof), str(boot), *args]
+    started = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    took = time.monotonic() - started
+    print(f"\n$ {' '.join(argv)}  -> exit {proc.returncode} in {took:.2f}s\n{proc.stdout[-3000:]}")
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    text = io.StringIO()
+    stats = pstats.Stats(str(prof), stream=text)
+    stats.sort_stats("cumulative").print_stats(25)
+    stats.sort_stats("tottime").print_stats(25)
+    (out_dir / "rollback-profile.txt").write_text(text.getvalue())
+    rows = stats.stats.items()  # type: ignore[attr-defined]  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    compiled = sum(row[3] for func, row in rows if func[2] == "<built-in method builtins.compile>")
+    step = server_step()
+    FIGURES[label] = {
+        "seconds": round(took, 2),
+        "server_step_s": step,
+        "own_s": round(took - step, 2),
+        "compile_s": round(compiled, 2),
+        "phases": journal().get("phases"),
+    }
+
+
+def acceptance_chat() -> dict[str, Any]:
+    """The acceptance check's chat as the switch's `judge` phase sends it (probes.health.chat_check:
+    the smoke prompt, temperature 0, max_tokens half of max-model-len 1024), timed: how much of the
+    judge phase is the random-weights model generating its tokens."""
+    import http.client
+    import time
+
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "In one sentence, what is the capital of France?"}],
+        "max_tokens": 512,
+        "temperature": 0,
+    }
+    conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=120)
+    started = time.monotonic()
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(body),
+        {"Authorization": f"Bearer {key()}", "Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    data = json.loads(resp.read() or b"null")
+    took = time.monotonic() - started
+    usage = (data or {}).get("usage") or {}
+    return {
+        "status": resp.status,
+        "seconds": round(took, 2),
+        "completion_tokens": usage.get("completion_tokens"),
+    }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,13 +205,15 @@ def test_a_b_b_prime_then_rollback_restores_a_venv_and_model_bytes_offline() -> 
         sum(int(x.split()[0]) for x in du_apart.stdout.splitlines()) / 2**20, 1
     )
 
+    profiled("rollback_to_b_profiled", "rollback", "2", "--spec", spec("b", B), expect=2)
     starts = starts_in_log()
     out = timed("rollback_to_a", "rollback", "1", "--spec", spec("b", B), expect=2)
-    assert "rolled back to generation 1" in out
+    assert "rolled back to generation 1" in out and "  phases: start " in out
     assert starts_in_log() == starts + 1
     assert os.readlink(LAB / "models" / "tiny-llama") == str(model_a) and model_bytes() == a_bytes
     assert os.readlink(LAB / "venv-default-store") == str(venv_a)
     assert get("/v1/models")[0] == 200
+    FIGURES["acceptance_chat"] = acceptance_chat()
     code, out, _err, _took = cli("apply", "--scheduled", "--spec", spec("b", B))
     assert code == 0 and starts_in_log() == starts + 1, out
     code, out, _err, _took = cli("gc", "--keep", "0", "--spec", spec("b", B))

@@ -431,3 +431,30 @@ def test_a_directory_of_ours_in_a_sticky_dir_is_used_and_made_but_never_someone_
         ensure_dir(str(sticky / "theirs"), 0o755)
     problem = parent_problem(str(sticky / "x.log"))
     assert problem is not None and "world-writable" in problem
+
+
+def test_one_apply_walks_a_tree_it_found_safe_once_and_the_way_to_it_every_time(yard: Path) -> None:
+    """An extra site-packages (the lab's torch: tens of thousands of files) is walked whole by the
+    read role; within one apply (reconcile.safety.filesafety.walked_once, under the lock) the plan
+    after the Changes does not walk a tree the plan before them found safe: only root or we can have
+    changed it since. The way to it is checked again each time, a tree with a problem is walked again,
+    and the next apply walks it afresh."""
+    from reconcile.safety.filesafety import read_problem, walked_once
+
+    site = yard / "site"
+    module = site / "pkg" / "sub" / "mod.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("")
+    with walked_once():
+        assert read_problem(str(site), entries=-1) is None
+        site.chmod(0o777)  # the way to the tree: checked every time
+        assert f"{site} is writable by others" in str(read_problem(str(site), entries=-1))
+        site.chmod(0o755)
+        os.chown(module, NOBODY, NOBODY)  # root's doing, after the walk found the tree safe
+        assert read_problem(str(site), entries=-1) is None  # not walked again in this apply
+    found = read_problem(str(site), entries=-1)  # the next apply
+    assert f"{module} is owned by" in str(found), found
+    with walked_once():
+        assert f"{module} is owned by" in str(read_problem(str(site), entries=-1))
+        os.chown(module, 0, 0)
+        assert read_problem(str(site), entries=-1) is None  # a tree with a problem is walked again

@@ -62,6 +62,12 @@ def test_apply_reports_what_it_found_changed_and_that_it_converged(tmp_path: Pat
     assert [(r["resource"], r["status"]) for r in run["found"]] == [("api_key", "change")]
     assert [(r["resource"], r["result"]) for r in run["results"]] == [("api_key", "changed")]
     assert run["duration_seconds"] >= run["results"][0]["seconds"] >= 0
+    # Where the run's time went, by phase (reconcile.apply.phases), in the order they ran.
+    ran = list(run["phases"])
+    assert ran[ran.index("load") :] == [
+        "load", "setup", "lock", "prepare", "plan", "changes", "final plan", "journal", "judge", "record",
+    ]  # fmt: skip
+    assert run["phases"]["changes"] >= run["results"][0]["seconds"]
     assert run["generation"] == 1 and run["spec"] == str(spec)
     m = metrics(prom)
     assert m[("reconcile_converged", ())] == 1

@@ -7,12 +7,14 @@ re-decided right before each runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
 
+from reconcile.apply import phases
 from reconcile.apply.journal import write_generation
 from reconcile.apply.lock import apply_lock, sweep_stale_temps
 from reconcile.apply.saved_plan import moved_since, read_plan_file
@@ -20,6 +22,7 @@ from reconcile.errors import ActionError, ReconcileError
 from reconcile.host import checkpoint
 from reconcile.plan.records import Change, Plan, Result
 from reconcile.record import Record
+from reconcile.safety.filesafety import walked_once
 from reconcile.spec.loaded import LoadedSpec
 
 TYPE_CHECKING = False
@@ -70,6 +73,7 @@ class ApplyReport:
         self.refused = refused
         self.seconds = seconds
         self.paused = paused
+        self.phases: dict[str, float] = {}  # each phase of the run and its seconds (reconcile.apply.phases)
 
     @property
     def changed(self) -> bool:
@@ -228,6 +232,7 @@ def apply_spec(
     from reconcile.unattended.pause import read_pause
 
     show = progress or _stderr_progress
+    phases.lap("setup")  # since the caller's last phase: the spec held or rolled back to, approval
     started = time.monotonic()
     report = ApplyReport(loaded.path)
     state_dir = loaded.spec.machine.state_dir
@@ -237,6 +242,8 @@ def apply_spec(
         report.paused = held
         report.first_plan = report.final_plan = make_plan(loaded)
         report.seconds = time.monotonic() - started
+        phases.lap("plan")
+        report.phases = phases.taken()
         return report
     if held is not None:
         report.notes.append(f"scheduled applies are {held.describe()}; this apply runs anyway")
@@ -244,12 +251,15 @@ def apply_spec(
     def waiting(holder: str) -> None:
         show(f"waiting up to {lock_timeout:g}s for the apply lock, held by {holder}")
 
-    with apply_lock(state_dir, timeout=lock_timeout, on_wait=waiting) as lock:
+    # Under the lock, a tree the path rule walked whole (a site-packages) is walked once, not by each plan.
+    with apply_lock(state_dir, timeout=lock_timeout, on_wait=waiting) as lock, walked_once():
         if lock.took_over:
             report.notes.append(f"took over the lock left by {lock.took_over.describe()}, which is gone")
         checkpoint("apply.locked")
+        phases.lap("lock")
         if on_locked is not None:
             on_locked(report)
+            phases.lap("prepare")
         observed = probe_all(loaded.spec)
         plan = make_plan(loaded, observed)
         report.first_plan = plan
@@ -257,9 +267,11 @@ def apply_spec(
             remember(loaded.spec, observed)
         except (OSError, ReconcileError) as exc:
             report.notes.append(f"could not keep the run's observations: {exc}")
+        phases.lap("plan")
         if plan.errors:
             report.refused = f"{len(plan.errors)} preflight error(s); nothing was changed"
             report.final_plan = plan
+            report.phases = phases.taken()
             return report
         if expected is not None:
             moved = moved_since(expected, plan)
@@ -269,10 +281,13 @@ def apply_spec(
                     "(make a new one with `reconcile plan --out FILE`)"
                 )
                 report.final_plan = plan
+                report.phases = phases.taken()
                 return report
         swept = sweep_stale_temps(loaded.spec)
         if swept:
             report.notes.append(f"removed {len(swept)} temp file(s) a killed apply left: {', '.join(swept)}")
+
+        written: dict[str, Any] = {}  # the complete record as last written
 
         def record(complete: bool) -> None:
             # As soon as something changed, after each Change, and complete at the end: a killed
@@ -281,7 +296,7 @@ def apply_spec(
                 return
             report.seconds = time.monotonic() - started
             try:
-                report.journal = _record(loaded, report, rollback_of, complete=complete)
+                report.journal = _record(loaded, report, rollback_of, complete=complete, written=written)
             except (OSError, ReconcileError) as exc:
                 note = f"could not write the generation record: {exc}"
                 if note not in report.notes:
@@ -297,6 +312,7 @@ def apply_spec(
                 after_each=lambda: record(False),
             )
             checkpoint("apply.executed")
+            phases.lap("changes")
             report.final_plan = plan
             if report.results:
                 try:
@@ -304,9 +320,15 @@ def apply_spec(
                 except Exception as exc:  # things changed: report them; not knowing the result is exit 4
                     report.final_plan = None
                     report.notes.append(f"the plan after apply failed: {type(exc).__name__}: {exc}")
+                phases.lap("final plan")
             record(True)
+            phases.lap("journal")
             if on_done is not None:
                 on_done(report)
+            report.phases = phases.taken()
+            if written and report.journal is not None:  # the record again, with the phases after it
+                with contextlib.suppress(OSError, ReconcileError):
+                    write_generation(state_dir, {**written, "phases": report.phases}, report.journal)
         except KeyboardInterrupt:
             if on_interrupt is not None:
                 on_interrupt(report)
@@ -328,9 +350,17 @@ def plan_file_spec(path: str) -> tuple[LoadedSpec, dict[str, Any]]:
     return loaded, expected
 
 
-def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *, complete: bool) -> int:
+def _record(
+    loaded: LoadedSpec,
+    report: ApplyReport,
+    rollback_of: int | None,
+    *,
+    complete: bool,
+    written: dict[str, Any],
+) -> int:
     """Write this apply's generation (again): `complete` once the final plan is made; before that,
-    after each Change, without the resolved versions (probing them each time would cost)."""
+    after each Change, without the resolved versions (probing them each time would cost). The
+    complete record is left in `written` (the phases are added to it once the switch is judged)."""
     from reconcile.plan.planner import resolved_versions
     from reconcile.spec.origin import git_info
     from reconcile.spec.pins import used_pins
@@ -355,7 +385,11 @@ def _record(loaded: LoadedSpec, report: ApplyReport, rollback_of: int | None, *,
         "complete": complete,  # false: the apply (pid) was still running, or was killed
         "pid": os.getpid(),
         "seconds": round(report.seconds, 3),
+        "phases": phases.taken(),
     }
+    if complete:
+        written.clear()
+        written.update(record)
     return write_generation(loaded.spec.machine.state_dir, record, report.journal)
 
 
@@ -412,6 +446,8 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
             f"  {_RESULT_SYMBOL.get(r.result, '?')} {r.resource:<16} {r.result}: {r.message} "
             f"({r.seconds:.1f}s)\n"
         )
+    if report.phases:
+        stream.write(f"  phases: {phases.describe(report.phases)}\n")
     stream.write("\n")
     if report.final_plan is not None and report.final_plan.changes:
         stream.write("Still different from the spec after apply:\n")

@@ -75,8 +75,9 @@ def rollback(
             )
         target = below[-1]
     gen = generations.read(state_dir, target)
+    at = generation_spec(gen, loaded)  # once: the question shows it, the switch applies it
     if approve is not None:
-        approve(generation_spec(gen, loaded)[0], profile_moves(loaded, gen))
+        approve(at[0], profile_moves(loaded, gen))
     venv = (gen.get("venv") or {}).get("path")
     rebuilt = bool(venv) and not os.path.isdir(str(venv))
     previous = generations.read_hold(state_dir)
@@ -88,7 +89,7 @@ def rollback(
         ),
     )
     try:
-        report = switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}")
+        report = switch_to(loaded, gen, lock_timeout, progress, reason=f"rollback to {target}", at=at)
     except BaseException as exc:
         if isinstance(exc, SwitchInterrupted) and generations.current(state_dir) == target:
             raise  # interrupted once generation N's server was started: it stays held

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
-from reconcile.apply import bench_gate, generations
+from reconcile.apply import bench_gate, generations, phases
 from reconcile.apply.changes import ApplyReport, ChangeResult, ProgressFn, apply_spec
 from reconcile.apply.realization import (
     generation_spec,
@@ -232,9 +232,11 @@ def switch(
 
     def done(report: ApplyReport) -> None:
         judged = judge(sw, report) if report.refused is None else False
+        phases.lap("judge")
         record(sw, report, judged=judged, always=always_record)
         if after is not None:
             after(sw, report)
+        phases.lap("record")
 
     with _terminable():
         try:
@@ -256,11 +258,18 @@ def switch(
 
 
 def switch_to(
-    loaded: LoadedSpec, gen: dict[str, Any], lock_timeout: float, progress: ProgressFn | None, *, reason: str
+    loaded: LoadedSpec,
+    gen: dict[str, Any],
+    lock_timeout: float,
+    progress: ProgressFn | None,
+    *,
+    reason: str,
+    at: tuple[LoadedSpec, list[str]] | None = None,
 ) -> ApplyReport:
-    """Switch to generation `gen`: its spec at its realization, its config.json bytes put back first,
-    recorded current even when it already served (nothing to restart)."""
-    applied, notes = generation_spec(gen, loaded)
+    """Switch to generation `gen`: its spec at its realization (`at`: generation_spec's answer, when
+    the caller made it already), its config.json bytes put back first, recorded current even when it
+    already served (nothing to restart)."""
+    applied, notes = at if at is not None else generation_spec(gen, loaded)
     report = switch(
         Switch(loaded, applied, reason, gen),
         lock_timeout=lock_timeout,

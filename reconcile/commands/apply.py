@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 
 def cmd_apply(args: Args) -> int:
+    from reconcile.apply import phases
     from reconcile.apply.executor import apply, apply_saved
     from reconcile.apply.progress import showing
 
+    phases.begin()
     started = time.time()
     loaded: LoadedSpec | None = None
     try:
@@ -35,6 +37,7 @@ def cmd_apply(args: Args) -> int:
                 report = apply_saved(args.planfile, lock_timeout=args.lock_timeout, progress=progress)
         else:
             loaded = load_spec(args)
+            phases.lap("load")
             if getattr(loaded.spec, "deployments", None) or getattr(args, "deployment", None):
                 from reconcile.commands.deployments import cmd_apply_all
 

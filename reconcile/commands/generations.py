@@ -59,8 +59,11 @@ def cmd_diff(args: Args) -> int:
 
 
 def cmd_rollback(args: Args) -> int:
+    from reconcile.apply import phases
     from reconcile.apply.progress import showing
     from reconcile.apply.rollback import rollback
+
+    phases.begin()
 
     def ask(old: LoadedSpec, moves: tuple[str, ...] = ()) -> None:  # on a terminal: N's plan, then only `yes`
         ask_approval(args, old, "rollback", moves)
@@ -70,6 +73,7 @@ def cmd_rollback(args: Args) -> int:
     from reconcile.spec.deployments import is_multi
 
     whole = load_spec(args)
+    phases.lap("load")
     if is_multi(whole) and getattr(args, "deployment", None) is None:
         return _machine_rollback(args, whole, machine_rollback)
     loaded = one_deployment(args, whole)

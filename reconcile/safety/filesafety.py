@@ -14,7 +14,7 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
-from reconcile.safety.untrusted import kind, walk_tree
+from reconcile.safety.untrusted import kind
 
 PRIVATE_DIR = 0o700  # state_dir, generations/: only root (or the deployment user) reads them
 PRIVATE_FILE = 0o600  # every state file: generations, reports, the index
@@ -257,6 +257,23 @@ def data_problem(path: str) -> str | None:
     return None
 
 
+_SAFE_TREES: list[set[tuple[str, frozenset[int], int]]] = []  # while walked_once() holds: trees found safe
+
+
+@contextlib.contextmanager
+def walked_once() -> Iterator[None]:
+    """While it holds (one apply, under its lock), a tree read_problem found safe is not walked again:
+    the plan before the Changes and the plan after them check a 6 GB site-packages once, not twice.
+    Nobody but root or us can have changed what it found: every entry was root's or ours and not
+    writable by group or others, and so was every directory above it. The way to the tree (its
+    parents, its own owner and mode) is checked again each time; a tree with a problem is walked again."""
+    _SAFE_TREES.append(set())
+    try:
+        yield
+    finally:
+        _SAFE_TREES.pop()
+
+
 def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: int = 0) -> str | None:
     """The read role (root reads `path` and trusts what it says): parent_problem(follow=True), and
     what the path leads to not writable by group or others either (a root-owned 0666 apt key or a
@@ -279,24 +296,49 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     if entries == 0 or not stat.S_ISDIR(st.st_mode):
         return None
     real = os.path.realpath(path)
-    for top, dirs, files in walk_tree(real):
-        depth = top[len(real) :].count(os.sep) + 1
-        for name in sorted(dirs + files):
-            entry = os.path.join(top, name)
-            try:
-                est = os.lstat(entry)
-            except OSError:
-                continue  # gone meanwhile: whoever removed it could write here, which was checked
-            if stat.S_ISLNK(est.st_mode):
-                if (problem := read_problem(entry, ok)) is not None:
-                    return problem
-                continue
-            if est.st_uid not in ok:
-                return f"{entry} is owned by {_who(est.st_uid)}, who could change what root reads there"
-            if (loose := _loose(entry, est)) is not None:
-                return loose
-        if entries > 0 and depth >= entries:
-            dirs[:] = []
+    seen = (real, ok, entries)
+    if _SAFE_TREES and seen in _SAFE_TREES[-1]:
+        return None  # walked whole in this apply and found safe (walked_once)
+    problem = _tree_problem(real, ok, entries)
+    if problem is None and _SAFE_TREES:
+        _SAFE_TREES[-1].add(seen)
+    return problem
+
+
+def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
+    """read_problem's check of each entry below the directory `real` (`entries` levels; -1: all), in
+    name order. Each directory is listed by a descriptor and its entries stat'ed relative to it
+    (fstatat: no path looked up again per entry); a link is judged as a path itself, never entered."""
+    stack = [(real, 1)]
+    while stack:
+        top, depth = stack.pop()
+        try:
+            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # unreadable, or gone meanwhile: as walk_tree passes it over
+        below: list[str] = []
+        try:
+            with os.scandir(fd) as listing:
+                found = sorted(listing, key=lambda e: e.name)
+            for e in found:
+                try:
+                    est = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile: whoever removed it could write here, which was checked
+                if stat.S_ISLNK(est.st_mode):
+                    if (problem := read_problem(os.path.join(top, e.name), ok)) is not None:
+                        return problem
+                    continue
+                if est.st_uid not in ok:
+                    entry = os.path.join(top, e.name)
+                    return f"{entry} is owned by {_who(est.st_uid)}, who could change what root reads there"
+                if est.st_mode & 0o022:
+                    return _loose(os.path.join(top, e.name), est)
+                if stat.S_ISDIR(est.st_mode) and (entries < 0 or depth < entries):
+                    below.append(os.path.join(top, e.name))
+        finally:
+            os.close(fd)
+        stack.extend((d, depth + 1) for d in reversed(below))
     return None
 
 

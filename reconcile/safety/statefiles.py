@@ -213,6 +213,7 @@ LAST_RUN = Obj(
         "last_success_timestamp": OPT_NUM,
         "timestamp": OPT_NUM,
         "exit_code": OPT_INT,
+        "phases": MapOf(NUM, nullable=True),  # each phase of the run and its seconds
     },
     required=("format",),
 )
@@ -243,6 +244,7 @@ GENERATION_RECORD = Obj(
         "spec_text": STR,
         "resolved": Obj({}),
         "generation": INT,
+        "phases": MapOf(NUM),  # each phase of the apply or rollback and its seconds
     }
 )
 

@@ -144,6 +144,7 @@ def build_record(f: RunFacts, previous: Mapping[str, Any] | None) -> dict[str, A
         "error": f.error,
         "refused": f.report.refused if f.report is not None else None,
         "generation": f.report.generation if f.report is not None else None,
+        "phases": f.report.phases if f.report is not None else None,  # reconcile.apply.phases
         "found": _resources(f.first_plan or final),
         "results": results,
         "result_counts": counts,
