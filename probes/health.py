@@ -201,6 +201,13 @@ def _message(data: Any) -> dict[str, Any]:
         return {}
 
 
+# New tokens a chat is given. Without a reasoning parser the first tokens are the answer: 16 show that
+# the template renders and the model generates, and a model that never stops early (the lab's random
+# weights) is not made to write 512, which took most of a rollback's own time on the H200 (issue 26).
+# With one, the answer comes after the reasoning: room for both.
+ANSWER_TOKENS, REASONING_TOKENS = 16, 512
+
+
 def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     """One chat completion; its reasoning text when a reasoning parser is set; a forced tool call when
     the server enables auto tool choice."""
@@ -221,7 +228,8 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
         # Room for the prompt: a 512-token context cannot take 512 new tokens (seen on vLLM 0.26:
         # "This model's maximum context length is 512 tokens").
         limit = min((c.max_model_len for c in seen.models if c.max_model_len), default=None)
-        budget = 512 if limit is None else max(16, min(512, limit // 2))
+        wanted = REASONING_TOKENS if server.args.get("reasoning-parser") else ANSWER_TOKENS
+        budget = wanted if limit is None else max(16, min(wanted, limit // 2))
         status, data, raw = _chat(
             spec,
             {

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from probes.health import ANSWER_TOKENS
 from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, ROOT, cli, get, key, starts_in_log, variant
 
 pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
@@ -128,17 +129,17 @@ def profiled(label: str, *args: str, expect: int) -> None:
     }
 
 
-def acceptance_chat() -> dict[str, Any]:
+def acceptance_chat(max_tokens: int) -> dict[str, Any]:
     """The acceptance check's chat as the switch's `judge` phase sends it (probes.health.chat_check:
-    the smoke prompt, temperature 0, max_tokens half of max-model-len 1024), timed: how much of the
-    judge phase is the random-weights model generating its tokens."""
+    the smoke prompt, temperature 0; max_tokens 16 now, half of max-model-len 1024 before), timed:
+    how much of the judge phase is the random-weights model generating its tokens."""
     import http.client
     import time
 
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "In one sentence, what is the capital of France?"}],
-        "max_tokens": 512,
+        "max_tokens": max_tokens,
         "temperature": 0,
     }
     conn = http.client.HTTPConnection("127.0.0.1", 8000, timeout=120)
@@ -213,7 +214,8 @@ def test_a_b_b_prime_then_rollback_restores_a_venv_and_model_bytes_offline() -> 
     assert os.readlink(LAB / "models" / "tiny-llama") == str(model_a) and model_bytes() == a_bytes
     assert os.readlink(LAB / "venv-default-store") == str(venv_a)
     assert get("/v1/models")[0] == 200
-    FIGURES["acceptance_chat"] = acceptance_chat()
+    FIGURES["acceptance_chat"] = acceptance_chat(ANSWER_TOKENS)
+    FIGURES["acceptance_chat_before"] = acceptance_chat(512)  # the budget before issue 26's cut
     code, out, _err, _took = cli("apply", "--scheduled", "--spec", spec("b", B))
     assert code == 0 and starts_in_log() == starts + 1, out
     code, out, _err, _took = cli("gc", "--keep", "0", "--spec", spec("b", B))
