@@ -184,3 +184,34 @@ def test_connections_open_or_queued_as_the_listener_closes_get_no_answer_and_cou
     # Accepted before the listener closed: answered whole (the drain); left in the queue: reset.
     assert counts["ok"] + counts["unanswered"] == 32, racing
     assert all(s.error == "" and s.done and s.reason == "length" for s in streams)  # the drain finished them
+
+
+def test_without_shutdown_timeout_a_request_read_while_the_engine_stops_gets_vllms_500(
+    deployment: Deployment,
+) -> None:
+    """vLLM 0.26.0's launcher stops the engine client first and the HTTP server after it. In abort mode
+    a request read in between is answered 500 "cannot schedule new futures after shutdown": 17 of the
+    H200 lab's load through an abort switch (2026-12-02), counted as failed. The EngineCore is stopped
+    here so the streams in flight cannot end and the window stays open."""
+    import psutil
+
+    from tests.fakes.fake_vllm_app import SHUT_DOWN
+    from tests.switch_load_support import outcome, send
+
+    d = deployment
+    proc = serve(d, FAKE_VLLM_TOKEN_S="0.02")
+    streams = load(d, 2)
+    (core,) = [c for c in psutil.Process(proc.pid).children() if "EngineCore" in " ".join(c.cmdline())]
+    core.send_signal(signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stopping engine client mode=abort" in d.log_text(), 10, "the stop to begin")
+    late = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+    send(late, d.key, str(d.model_dir), 5)
+    what, detail = outcome(late)
+    core.send_signal(signal.SIGCONT)
+    for s in streams:
+        s.join(30)
+    assert proc.wait(30) == 0
+    assert what == "failed" and "500" in detail and SHUT_DOWN in detail, (what, detail)
+    assert all(s.done and s.reason == "abort" for s in streams)
+    assert refused(d.port)

@@ -373,10 +373,16 @@ def shut_down(httpd: UvicornServer, state: object, drain: int) -> None:
     connections are refused; no 503 phase; one already queued is reset, and an open one with no
     request read yet is closed unanswered: UvicornServer). With --shutdown-timeout N the requests in
     flight finish (up to N s); without it they end within a second, each stream with finish_reason
-    "abort" and a clean [DONE]."""
+    "abort" and a clean [DONE], and the listener closes only after that: a request read meanwhile
+    gets a 500 (SHUT_DOWN), as on the H200."""
     engine = engine_of(state)
     mode = "drain" if drain > 0 else "abort"
     log("INFO", "launcher.py:150", f"stopping engine client mode={mode} timeout={drain}s")
+    if drain <= 0:
+        # vLLM 0.26's launcher stops the engine client first and the HTTP server after it: in abort mode
+        # a request read meanwhile gets a 500 (17 of them in the H200 lab's switch under load, 2026-12-02).
+        engine.abort_all(shut=True)
+        engine.wait_idle(1.0)
     uvicorn("Shutting down")
     httpd.close_listener_and_waiting()
     with engine.cond:
@@ -458,6 +464,10 @@ def watch_engine(engine: subprocess.Popen, state: object, stop: threading.Event,
             stop.set()
 
     threading.Thread(target=run, daemon=True).start()
+
+
+# What vLLM 0.26 answers a request read after its engine client shut down (the executor's RuntimeError).
+SHUT_DOWN = "cannot schedule new futures after shutdown"
 
 
 def error(code: int, kind: str, message: str) -> dict:
@@ -662,6 +672,7 @@ class Engine:
         self.waiting = 0
         self.queue: list = []
         self.aborting = False  # a stop without --shutdown-timeout: every request ends now, "abort"
+        self.shut = False  # the engine client shut down before the HTTP server (abort mode's window)
         self.inflight = 0  # HTTP requests being answered (the drain waits for them)
         self.pid = 0  # the EngineCore's pid, once serve() started it
         self.prompt_tokens = 0
@@ -732,9 +743,12 @@ class Engine:
                 self.inflight -= 1
                 self.cond.notify_all()
 
-    def abort_all(self) -> None:
+    def abort_all(self, *, shut: bool = False) -> None:
+        """Every request ends now ("abort"); `shut`: the engine client is shut down, and a request
+        that comes after gets vLLM's 500 (SHUT_DOWN)."""
         with self.cond:
             self.aborting = True
+            self.shut = self.shut or shut
             self.cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
