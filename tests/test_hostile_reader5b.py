@@ -1,0 +1,138 @@
+"""Issue 24's hostile reader, fifth round, classes 4-6 (bounded network reads, output is data, state
+never wedges): attacks on what merged after the fourth round (liveness, `reconcile bench`, the HAProxy
+front, the stores, per-deployment state), found by reading docs/security.md and the code alone, each
+run for real (a `nobody` listener through setpriv on loopback, real FIFOs and damaged files in real
+state and store directories, the real CLI), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconcile.host import http_request
+from tests.apply_support import Demo, demo_in, seed_venv
+from tests.ownership_support import as_nobody, received
+from tests.test_liveness import _liveness, engine_core, server_pid, stop
+from tests.test_server_support import wait_for
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
+
+# A listener of nobody's that takes the port once it is free, and answers anything with a Prometheus
+# exposition whose token counter is huge: to a reader that takes it for the server, the engine is busy.
+BUSY_METRICS = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+for _ in range(600):
+    try:
+        s.bind(("127.0.0.1", int(sys.argv[1])))
+        break
+    except OSError:
+        time.sleep(0.05)
+s.listen(16)
+print("ready", flush=True)
+body = (b"# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total 1e12\n"
+        b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 7\n"
+        b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n")
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    sys.stdout.write(data.decode("latin-1") + "\n---\n")
+    sys.stdout.flush()
+    try:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body)
+        c.sendall(head + body)
+    except OSError:
+        pass
+    c.close()
+"""
+
+
+def _in_flight(port: int) -> bool:
+    """The server's own /metrics counts a request running or waiting (the plan's 1-token completion)."""
+    text = http_request("GET", "127.0.0.1", port, "/metrics", timeout=5).body.decode()
+    found = re.findall(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return sum(float(v) for v in found) >= 1
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture
+def live(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """A seeded demo whose liveness look waits 10 s for its completion, and one look decides."""
+    for demo in demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"})):
+        demo.write_spec(_liveness(deadline="10s", window="1s"))
+        yield demo
+
+
+@ROOT_ONLY
+def test_a_listener_that_takes_the_port_during_the_liveness_look_never_vouches_for_the_engine(
+    live: Demo, strangers: list[int]
+) -> None:
+    """The engine is hung (its EngineCore stopped); the plan reads /metrics from the server, then sends
+    its 1-token completion. The server is stopped meanwhile (vLLM closes its listening socket at once
+    and drains the completion in flight), and nobody binds the port. main: the second /metrics read,
+    after the completion got no answer, went to nobody's listener unguarded; its token counter made
+    the hung engine `busy` and the plan left it running ("busy: 1e+12 tokens generated while a 1-token
+    completion waited 10s (7 running, 3 waiting by vLLM's /metrics)", "No changes")."""
+    first = live.cli("apply")
+    assert first.returncode == 2, first.output
+    server = server_pid(live)
+    stop(engine_core(live))
+
+    plan = live.start("plan")
+    try:
+        wait_for(lambda: _in_flight(live.port), 60, "the plan's completion in flight")
+        os.kill(server, signal.SIGTERM)  # listening socket closed; the completion drains (20 s)
+        wait_for(lambda: _port_free(live.port), 10, "the server's listening socket closed")
+        spy = as_nobody(["/usr/bin/python3", "-c", BUSY_METRICS, str(live.port)], {}, strangers)
+        run = live.finish(plan, timeout=120)
+    finally:
+        if plan.poll() is None:
+            os.killpg(plan.pid, signal.SIGKILL)
+    got = received(spy)
+    assert "GET /metrics" not in got, got  # refused after the connect, before a byte was sent
+    assert "busy" not in run.stdout and "1e+12" not in run.stdout, run.output
+    assert "internal error" not in run.output, run.output
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    yield from demo_in(tmp_path)
+
+
+@ROOT_ONLY
+def test_status_never_reports_a_strangers_metrics_as_the_servers_load(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """No server runs; nobody listens on the deployment's port and answers everything with 200 and a
+    Prometheus exposition. main: `reconcile status` read its /metrics unguarded (twice, a second
+    apart) and showed its figures as the deployment's serving load ("load: 7 running, 3 waiting"), its
+    /v1/models answer too (unkeyed: no key file yet, so no guard)."""
+    spy = as_nobody(["/usr/bin/python3", "-c", BUSY_METRICS, str(demo.port)], {}, strangers)
+    run = demo.cli("status")
+    got = received(spy)
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output
+    assert "GET /metrics" not in got and "GET /v1/models" not in got, got
+    assert not re.search(r"7 running|3 waiting|1e\+12", run.stdout), run.stdout
+    as_json = demo.cli("status", "--json")
+    assert '"requests_running": 7' not in as_json.stdout, as_json.stdout
