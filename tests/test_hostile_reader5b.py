@@ -11,16 +11,22 @@ import os
 import re
 import signal
 import socket
+import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from reconcile.host import http_request
-from tests.apply_support import Demo, demo_in, seed_venv
+from tests.apply_support import Demo, Run, demo_in, seed_venv
 from tests.ownership_support import as_nobody, received
 from tests.test_liveness import _liveness, engine_core, server_pid, stop
 from tests.test_server_support import wait_for
+from tests.test_store_default import _source, wheels
+from tests.test_store_default import _spec as _store_spec
+
+__all__ = ["wheels"]  # the fixture: a local wheelhouse of tinyserve (the fake vLLM as a package)
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
 
@@ -136,3 +142,41 @@ def test_status_never_reports_a_strangers_metrics_as_the_servers_load(
     assert not re.search(r"7 running|3 waiting|1e\+12", run.stdout), run.stdout
     as_json = demo.cli("status", "--json")
     assert '"requests_running": 7' not in as_json.stdout, as_json.stdout
+
+
+def _finish_or_hang(demo: Demo, proc: subprocess.Popen[str], seconds: float) -> Run:
+    """The run's end, or a failure that says it hung (killed with its process group)."""
+    try:
+        return demo.finish(proc, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{' '.join(map(str, proc.args))}: still running after {seconds:.0f}s (hung)")  # type: ignore[arg-type]
+
+
+def test_a_fifo_at_a_venv_realizations_manifest_never_hangs_apply(
+    demo: Demo, wheels: Path, tmp_path: Path
+) -> None:
+    """The store's realizations carry `.reconcile-realization.json` (what they hold, written once they
+    converged); an apply that realizes a new venv reads every other one's (share_files: hard links to
+    the same bytes). main: a plain open(), so a FIFO there (a damaged store) hung that apply, and
+    every later one, the apply lock held."""
+    source = _source(tmp_path)
+    _store_spec(demo, wheels, "1.0", source)
+    first = demo.cli("apply")
+    assert first.returncode == 2, first.output
+    (old,) = sorted(p for p in (demo.state_dir / "store").iterdir() if p.name.endswith("-venv"))
+    manifest = old / ".reconcile-realization.json"
+    assert manifest.is_file()
+    manifest.unlink()
+    os.mkfifo(manifest, 0o600)
+
+    _store_spec(demo, wheels, "2.0", source)
+    run = _finish_or_hang(demo, demo.start("apply"), 120)
+    assert run.returncode == 2, run.output
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output
+    aside = [p for p in old.iterdir() if p.name.startswith(".reconcile-realization.json.corrupt-")]
+    assert len(aside) == 1 and stat.S_ISFIFO(aside[0].lstat().st_mode), aside
+    assert f"{manifest} was a FIFO: moved aside to {aside[0]}" in run.output, run.output
+    again = demo.cli("apply")
+    assert again.returncode == 0, again.output

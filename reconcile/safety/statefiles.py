@@ -337,6 +337,10 @@ LIVENESS = Obj(
     required=("format",),
 )
 
+# A store realization's .reconcile-realization.json: a venv's packages and inputs (reconcile.apply.store),
+# a model's snapshot and files (reconcile.apply.model_store, read there through its own bound).
+REALIZATION = Obj({"format": STR, "packages": MapOf(STR)}, required=("format",))
+
 # How large each can be: generous for what reconcile writes, small against a disk error's garbage.
 SMALL, RECORD = 1 * MiB, 16 * MiB
 
