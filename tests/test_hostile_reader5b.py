@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -21,12 +22,13 @@ import pytest
 from reconcile.host import http_request
 from tests.apply_support import Demo, Run, demo_in, seed_venv
 from tests.ownership_support import as_nobody, received
+from tests.test_deployments import Multi, multi
 from tests.test_liveness import _liveness, engine_core, server_pid, stop
 from tests.test_server_support import wait_for
 from tests.test_store_default import _source, wheels
 from tests.test_store_default import _spec as _store_spec
 
-__all__ = ["wheels"]  # the fixture: a local wheelhouse of tinyserve (the fake vLLM as a package)
+__all__ = ["multi", "wheels"]  # fixtures: specs/cpu-demo-multi.toml; a wheelhouse of tinyserve
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
 
@@ -180,3 +182,40 @@ def test_a_fifo_at_a_venv_realizations_manifest_never_hangs_apply(
     assert f"{manifest} was a FIFO: moved aside to {aside[0]}" in run.output, run.output
     again = demo.cli("apply")
     assert again.returncode == 0, again.output
+
+
+@pytest.mark.parametrize("damage", ["file", "fifo", "symlink"])
+def test_a_deployments_state_dir_that_is_not_a_directory_never_wedges_the_machine(
+    multi: Multi, tmp_path: Path, damage: str
+) -> None:
+    """<state_dir>/deployments/<name>/ holds one deployment's state (records, conditions, liveness,
+    generations). A crash, a full disk or a hand edit can leave something else at that name: the other
+    deployment must still be applied, and the damaged one's run must say what is there in one line
+    (moved aside), never stop or follow a link out of the state dir. main: a file or a FIFO there
+    stopped every scheduled apply (`[machine].state_dir is not a directory`, exit 1, for good); a
+    symlink was followed: the pidfile, conditions and generations written where it pointed."""
+    first = multi.cli("apply")
+    assert first.returncode == 2, first.stdout + first.stderr
+    draft = multi.state_dir / "deployments" / "draft"
+    assert draft.is_dir()
+    shutil.rmtree(draft)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if damage == "file":
+        draft.write_text("not a directory\n")
+    elif damage == "fifo":
+        os.mkfifo(draft, 0o600)
+    else:
+        draft.symlink_to(elsewhere)
+    run = multi.cli("apply", "--scheduled")
+    output = run.stdout + run.stderr
+    assert "internal error" not in output and "Traceback" not in output, output
+    assert run.returncode in (0, 2), output
+    assert not list(elsewhere.iterdir()), "nothing written through the link"
+    aside = [p for p in draft.parent.iterdir() if p.name.startswith("draft.corrupt-")]
+    assert len(aside) == 1, sorted(draft.parent.iterdir())
+    assert f"{draft} was " in output and f"moved aside to {aside[0]}" in output, output
+    assert aside[0].is_symlink() if damage == "symlink" else not aside[0].is_dir()  # moved as it was
+    assert draft.is_dir() and not draft.is_symlink()  # made afresh by the run
+    again = multi.cli("apply", "--scheduled")
+    assert again.returncode == 0, again.stdout + again.stderr  # both deployments converged
