@@ -219,3 +219,78 @@ def test_a_deployments_state_dir_that_is_not_a_directory_never_wedges_the_machin
     assert draft.is_dir() and not draft.is_symlink()  # made afresh by the run
     again = multi.cli("apply", "--scheduled")
     assert again.returncode == 0, again.stdout + again.stderr  # both deployments converged
+
+
+NVCC = """#!/bin/sh
+case "$1" in
+  --version) echo "Cuda compilation tools, release 13.0, V13.0.88" ;;
+  --list-gpu-arch) echo "compute_90 compute_100" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("damage", ["fifo", "directory"])
+def test_a_damaged_nvcc_answer_cache_never_hangs_the_plan(yard: Path, damage: str) -> None:
+    """`[cuda]`'s probe keeps nvcc's answers in ~/.cache/reconcile/nvcc.json (asked again when the
+    binary changes). docs/security.md says the per-user caches are opened non-blocking and a damaged
+    entry is a miss. main: a plain open(), so a FIFO there hung every plan and apply (the lock
+    held) of a spec with [cuda]."""
+    from tests.test_hostile_reader import cli, spec_text
+
+    target = yard / "cuda-13.0"
+    (target / "bin").mkdir(parents=True)
+    (target / "include").mkdir()
+    nvcc = target / "bin" / "nvcc"
+    nvcc.write_text(NVCC)
+    nvcc.chmod(0o755)
+    spec = yard / "spec.toml"
+    spec.write_text(spec_text(yard) + f'\n[cuda]\nhome = "{target}"\n')
+    cache = yard / "cache" / "reconcile" / "nvcc.json"
+    cache.parent.mkdir(parents=True, mode=0o700)
+    os.mkfifo(cache, 0o600) if damage == "fifo" else cache.mkdir()
+    try:
+        run = cli(yard, "plan", spec=spec)
+    except subprocess.TimeoutExpired:
+        pytest.fail("plan hung on the nvcc cache")
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    assert "13.0" in run.stdout, run.stdout  # nvcc was asked instead
+
+
+def test_root_never_takes_nvccs_answers_from_another_users_cache(yard: Path) -> None:
+    """Root run with another user's XDG_CACHE_HOME (`sudo -E`): the nvcc cache there is theirs. Its
+    key (nvcc's real path, size, inode, mtime) is no secret: nobody can stat root's nvcc. main: root
+    read nobody's nvcc.json and planned with the CUDA release it named."""
+    import json
+    import marshal
+
+    from tests.ownership_support import NOBODY
+    from tests.test_hostile_reader import cli, spec_text
+
+    target = yard / "cuda-13.0"
+    (target / "bin").mkdir(parents=True)
+    (target / "include").mkdir()
+    nvcc = target / "bin" / "nvcc"
+    nvcc.write_text(NVCC)
+    nvcc.chmod(0o755)
+    spec = yard / "spec.toml"
+    spec.write_text(spec_text(yard) + f'\n[cuda]\nhome = "{target}"\n')
+    st = nvcc.stat()
+    key = {"realpath": str(nvcc), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+    forged = {
+        str(nvcc): {
+            **key,
+            "version_output": "Cuda compilation tools, release 99.9, V99.9.99",
+            "arch_output": "compute_999",
+        }
+    }
+    theirs = yard / "cache" / "reconcile"
+    theirs.mkdir(parents=True)
+    (theirs / "nvcc.json").write_text(json.dumps(forged))  # what main read
+    (theirs / "nvcc.marshal").write_bytes(marshal.dumps(forged))  # what the private cache would read
+    for path in (yard / "cache", theirs, *theirs.iterdir()):
+        os.chown(path, NOBODY, NOBODY)
+    (theirs / "nvcc.marshal").chmod(0o600)
+    theirs.chmod(0o700)
+    run = cli(yard, "plan", spec=spec)
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    assert "99.9" not in run.stdout and "13.0" in run.stdout, run.stdout
