@@ -294,3 +294,45 @@ def test_root_never_takes_nvccs_answers_from_another_users_cache(yard: Path) -> 
     run = cli(yard, "plan", spec=spec)
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
     assert "99.9" not in run.stdout and "13.0" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("where", ["apt policy cache of nobody's", "apt source list"])
+def test_a_fifo_among_the_files_the_apt_probe_reads_never_hangs_the_plan(yard: Path, where: str) -> None:
+    """The apt probe reads `[apt] sources_dir`'s lists and keeps `apt-cache policy`'s answer in the
+    per-user cache. main: both by a blocking open(): a FIFO in the sources dir (a damaged one), or one
+    that nobody made in their XDG_CACHE_HOME (root run with `sudo -E`: the owner check came after the
+    open), hung every plan with an [apt] package not installed."""
+    from probes import apt
+    from tests.ownership_support import NOBODY
+    from tests.test_hostile_reader import cli, spec_text
+
+    sources = yard / "sources.list.d"
+    sources.mkdir()
+    (sources / "a.list").write_text("deb http://deb.example.org/debian stable main\n")
+    spec = yard / "spec.toml"
+    apt_table = f'\n[apt]\nsources_dir = "{sources}"\npackages = ["reconcile-no-such-package"]\n'
+    spec.write_text(spec_text(yard) + apt_table)
+    if where == "apt source list":
+        os.mkfifo(sources / "b.list", 0o644)
+    else:
+        theirs = yard / "cache" / "reconcile"
+        theirs.mkdir(parents=True)
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = str(yard / "cache")
+        try:
+            names = {os.path.basename(apt._cache_file(["reconcile-no-such-package"]))}
+        finally:
+            os.environ.pop("XDG_CACHE_HOME")
+            if old is not None:
+                os.environ["XDG_CACHE_HOME"] = old
+        names |= {n.rsplit(".", 1)[0] + ext for n in names for ext in (".json", ".marshal")}
+        for name in names:  # whatever name the cache uses
+            os.mkfifo(theirs / name, 0o600)
+        for path in (yard / "cache", theirs, *theirs.iterdir()):
+            os.chown(path, NOBODY, NOBODY)
+    try:
+        run = cli(yard, "plan", spec=spec)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"plan hung on a FIFO ({where})")
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    assert "reconcile-no-such-package" in run.stdout, run.stdout
