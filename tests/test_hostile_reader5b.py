@@ -336,3 +336,23 @@ def test_a_fifo_among_the_files_the_apt_probe_reads_never_hangs_the_plan(yard: P
         pytest.fail(f"plan hung on a FIFO ({where})")
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
     assert "reconcile-no-such-package" in run.stdout, run.stdout
+
+
+def test_a_fifo_at_the_model_config_never_hangs_a_rollback(demo: Demo, wheels: Path, tmp_path: Path) -> None:
+    """A rollback puts the generation's config.json bytes back before its plan (switching.prepare:
+    restore_config), comparing them with what the model dir holds. main: a plain open() of the model
+    dir's config.json, so a FIFO there hung `reconcile rollback`, the apply lock held."""
+    source = _source(tmp_path)
+    _store_spec(demo, wheels, "1.0", source)
+    assert demo.cli("apply").returncode == 2
+    kept = (demo.model_dir / "config.json").read_bytes()
+    _store_spec(demo, wheels, "2.0", source)
+    assert demo.cli("apply").returncode == 2
+    config = demo.model_dir / "config.json"
+    config.unlink()
+    os.mkfifo(config, 0o644)
+
+    run = _finish_or_hang(demo, demo.start("rollback", "1"), 120)
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output
+    assert run.returncode == 2 and "rolled back to generation 1" in run.stdout, run.output
+    assert stat.S_ISREG(config.lstat().st_mode) and config.read_bytes() == kept
