@@ -8,7 +8,6 @@ and sources.list.d/*.sources (deb822); never changes anything.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -17,7 +16,9 @@ from types import MappingProxyType
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
-from reconcile.safety.untrusted import load_json
+from reconcile.safety.untrusted import NotRegular, TooLarge, read_regular
+
+SOURCES_LIMIT = 4 << 20  # a sources list or .sources file; apt's own are a few KiB
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def _cache_file(names: list[str]) -> str:
 
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     key = zlib.crc32("\0".join(sorted(names)).encode())  # an index only: the entry names its inputs
-    return os.path.join(base, "reconcile", f"apt-policy-{os.geteuid()}-{key:08x}.json")
+    return os.path.join(base, "reconcile", f"apt-policy-{os.geteuid()}-{key:08x}.marshal")
 
 
 def _unknown(names: list[str]) -> tuple[str, ...] | None:
@@ -160,24 +161,18 @@ def _unknown(names: list[str]) -> tuple[str, ...] | None:
     if not names:
         return None
     stamp, path = _apt_stamp(), _cache_file(names)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, encoding="utf-8") as f:
-            st = os.fstat(f.fileno())
-            cached = load_json(f.read()) if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
-        if isinstance(cached, dict) and cached.get("names") == sorted(names) and cached.get("stamp") == stamp:
-            return tuple(cached["unknown"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    # The per-user cache's rules (reconcile.private_cache): a regular 0600 file of ours in a 0700
+    # directory of ours, opened non-blocking; a FIFO, another user's file or directory is a miss.
+    from reconcile import private_cache
+
+    cached = private_cache.read(path)
+    if isinstance(cached, dict) and cached.get("names") == sorted(names) and cached.get("stamp") == stamp:
+        found = cached.get("unknown")
+        if isinstance(found, list) and all(isinstance(n, str) for n in found):
+            return tuple(found)
     unknown = _ask_apt_cache(names)
     if unknown is not None:
-        with contextlib.suppress(OSError):
-            from reconcile.host import atomic_write
-            from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
-
-            ensure_dir(os.path.dirname(path), PRIVATE_DIR)
-            body = {"names": sorted(names), "stamp": stamp, "unknown": list(unknown)}
-            atomic_write(path, json.dumps(body).encode(), mode=0o600)
+        private_cache.write(path, {"names": sorted(names), "stamp": stamp, "unknown": list(unknown)})
     return unknown
 
 
@@ -262,10 +257,12 @@ def read_sources(apt_dir: str, sources_dir: str) -> tuple[tuple[AptSource, ...],
     sources: list[AptSource] = []
     unparsed: list[Unparsed] = []
     for path in files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
+        try:  # a FIFO or a device there is named, never waited on
+            text = read_regular(path, SOURCES_LIMIT, follow=True).decode("utf-8", errors="replace")
         except FileNotFoundError:
+            continue
+        except (NotRegular, TooLarge) as exc:
+            unparsed.append(Unparsed(path, 0, "", str(exc)))
             continue
         parse = parse_deb822_sources if path.endswith(".sources") else parse_one_line_sources
         for item in parse(text, path):

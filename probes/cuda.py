@@ -6,8 +6,6 @@ keyed by the binary's (realpath, size, mtime_ns, inode): starting nvcc costs mor
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import shutil
@@ -16,7 +14,6 @@ import stat
 from probes.common import ParseError, ProbeFailure, Unavailable
 from reconcile import host
 from reconcile.record import Record
-from reconcile.safety.untrusted import load_json
 from reconcile.threads import run_all
 
 TYPE_CHECKING = False
@@ -151,7 +148,7 @@ def cache_file() -> str:
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):  # the XDG spec says to ignore a relative value
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "reconcile", "nvcc.json")
+    return os.path.join(base, "reconcile", "nvcc.marshal")
 
 
 def _cache_key(path: str) -> dict[str, object] | None:
@@ -164,12 +161,13 @@ def _cache_key(path: str) -> dict[str, object] | None:
 
 
 def _cache_read() -> dict[str, dict[str, object]]:
-    # A missing or damaged cache is a miss: nvcc is asked again and the answer rewrites it.
-    try:
-        with open(cache_file(), encoding="utf-8") as f:
-            entries = load_json(f.read())
-    except (OSError, ValueError):
-        return {}
+    # A missing or damaged cache is a miss: nvcc is asked again and the answer rewrites it. Read by the
+    # per-user cache's rules (reconcile.private_cache): a regular 0600 file of ours in a 0700 directory
+    # of ours, opened non-blocking (a FIFO there is a miss, never a hang), never another user's answers
+    # (root run with their XDG_CACHE_HOME).
+    from reconcile import private_cache
+
+    entries = private_cache.read(cache_file())
     return entries if isinstance(entries, dict) else {}
 
 
@@ -190,11 +188,9 @@ def _cache_store(key: dict[str, object] | None, version: str, archs: str) -> Non
         return
     entries = _cache_read()
     entries[str(key["realpath"])] = {**key, "version_output": version, "arch_output": archs}
-    path = cache_file()
-    # The cache only saves time: a read-only home must not fail the probe.
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        host.atomic_write(path, json.dumps(entries, indent=1, sort_keys=True).encode(), mode=0o644)
+    from reconcile import private_cache
+
+    private_cache.write(cache_file(), entries)  # only saves time: a foreign or read-only home costs that
 
 
 _RELEASE = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")

@@ -115,10 +115,9 @@ def probe(spec: Spec) -> HealthObservation:
         body = _json(http_request("GET", host, port, "/version", timeout=timeout))
         found = body.get("version") if isinstance(body, dict) else None
         version = shown(found) if isinstance(found, str) else None
-        headers = _headers(spec)
-        guard = _guard(spec) if headers else None
+        # keyed or not: the models a listener that is not the deployment's names are not the server's
         models = http_request(
-            "GET", host, port, "/v1/models", headers=headers, timeout=timeout, before_send=guard
+            "GET", host, port, "/v1/models", headers=_headers(spec), timeout=timeout, before_send=_guard(spec)
         )
     except ForeignListener as exc:
         return HealthObservation(

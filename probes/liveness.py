@@ -30,9 +30,10 @@ RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 METRICS_LIMIT = 16 << 20  # as probes.metrics: vLLM's exposition is a few hundred KiB
 
 
-def _metrics(host: str, port: int, timeout: float, guard: Callable[[], None] | None = None) -> bytes | None:
-    """/metrics' body, unparsed (parsed only when needed); None when it does not answer 200. `guard`
-    (the first read): the port's listeners must be ours, else ForeignListener; a refusal propagates."""
+def _metrics(host: str, port: int, timeout: float, guard: Callable[[], None]) -> bytes | None:
+    """/metrics' body, unparsed (parsed only when needed); None when it does not answer 200. `guard`,
+    on every read: the port's listeners must be ours, else ForeignListener (a server that died between
+    two reads leaves the port to whoever binds it); a refusal propagates."""
     resp = http_request(
         "GET", host, port, "/metrics", timeout=timeout, limit=METRICS_LIMIT, before_send=guard
     )
@@ -126,8 +127,11 @@ def probe(spec: Spec) -> EngineSample | Unavailable:
     prior = read_stall(spec)
     if answered is not False:
         return EngineSample(at, answered, round(seconds, 3), live.deadline, error=error, prior=prior)
-    try:
-        after = _metrics(host, port, spec.health.timeout)
+    try:  # guarded too: the server may have gone while the completion waited, and its port been taken
+        after = _metrics(host, port, spec.health.timeout, _guard(spec))
+    except ForeignListener as exc:
+        why = f"the port was taken while the 1-token completion waited: {exc}"
+        return EngineSample(at, None, round(seconds, 3), live.deadline, error=why, prior=prior)
     except HttpUnreachable:
         after = None
     was, now = figures(before), figures(after)

@@ -11,10 +11,13 @@ import time
 
 from probes.common import ParseError, Unavailable
 from reconcile.host import HttpUnreachable, http_request
+from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from reconcile.spec.models import Spec
 
 # vLLM 0.12+ names (vllm:gpu_cache_usage_perc was removed in 0.12); counters carry `_total` on the wire.
@@ -57,8 +60,12 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
-def _read(host: str, port: int, timeout: float) -> dict[str, float]:
-    resp = http_request("GET", host, port, "/metrics", timeout=timeout, limit=METRICS_LIMIT)
+def _read(host: str, port: int, timeout: float, guard: Callable[[], None]) -> dict[str, float]:
+    """One read, sent only once every listener on the port is the deployment's (`guard`): a listener
+    that took the port is not the server, and its figures are not its load."""
+    resp = http_request(
+        "GET", host, port, "/metrics", timeout=timeout, limit=METRICS_LIMIT, before_send=guard
+    )
     if resp.status != 200:
         raise ParseError(f"/metrics answered {resp.status}", resp.body[:500].decode(errors="replace"))
     return parse_prometheus(resp.body.decode(errors="replace"))
@@ -66,14 +73,16 @@ def _read(host: str, port: int, timeout: float) -> dict[str, float]:
 
 def probe(spec: Spec, *, window: float = 1.0) -> ServingMetrics | Unavailable:
     """Two reads `window` seconds apart: gauges from the second, throughput from the counter's rise."""
-    from probes.health import _target
+    from probes.health import _guard, _target
 
     host, port = _target(spec)
-    timeout = spec.health.timeout
+    timeout, guard = spec.health.timeout, _guard(spec)
     try:
-        first, t0 = _read(host, port, timeout), time.monotonic()
+        first, t0 = _read(host, port, timeout, guard), time.monotonic()
         time.sleep(window)
-        second, t1 = _read(host, port, timeout), time.monotonic()
+        second, t1 = _read(host, port, timeout, guard), time.monotonic()
+    except ForeignListener as exc:
+        return Unavailable(f"/metrics not read: {exc}")
     except HttpUnreachable as exc:
         return Unavailable(f"/metrics: {exc}")
     except ParseError as exc:

@@ -315,7 +315,7 @@ def test_apt_cache_policy_answers_are_kept_until_the_lists_change(
     first = apt_probe._unknown(names)
     assert first == ("no-such-package-reconcile",)
     assert apt_probe._unknown(names) == first and len(calls.read_text().splitlines()) == 1
-    cached = next((tmp_path / "cache" / "reconcile").glob("apt-policy-*.json"))
+    cached = next((tmp_path / "cache" / "reconcile").glob("apt-policy-*.marshal"))
     assert stat.S_IMODE(cached.stat().st_mode) == 0o600
     (lists / "x_Packages").write_text("two, after apt-get update")
     assert apt_probe._unknown(names) == first and len(calls.read_text().splitlines()) == 2

@@ -3,7 +3,6 @@ that prints recorded nvcc outputs (tests/fixtures/nvcc)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from probes import cuda
 from probes.common import ParseError, ProbeFailure, Unavailable
+from reconcile import private_cache
 from reconcile.spec.models import Spec
 
 NVCC_FIXTURES = Path(__file__).parent / "fixtures" / "nvcc"
@@ -113,7 +113,7 @@ def test_nvcc_answers_are_cached_per_binary_and_refreshed_when_it_changes(
     first = cuda.probe(spec)
     assert first is not None and isinstance(first.nvcc, cuda.Nvcc) and not first.nvcc.from_cache
     assert sorted(calls(tmp_path)) == ["--list-gpu-arch", "--version"]
-    entry = json.loads((_own_cache / "reconcile" / "nvcc.json").read_text())[str(toolkit / "bin" / "nvcc")]
+    entry = private_cache.read(str(_own_cache / "reconcile" / "nvcc.marshal"))[str(toolkit / "bin" / "nvcc")]
     assert entry["inode"] == (toolkit / "bin" / "nvcc").stat().st_ino
 
     second = cuda.probe(spec)
@@ -136,12 +136,14 @@ def test_nvcc_answers_are_cached_per_binary_and_refreshed_when_it_changes(
 
 def test_damaged_cache_is_a_miss_and_is_rewritten(tmp_path: Path, _own_cache: Path) -> None:
     toolkit = make_toolkit(tmp_path, "13.0")
-    (_own_cache / "reconcile").mkdir(parents=True)
-    (_own_cache / "reconcile" / "nvcc.json").write_text("{not json")
+    (_own_cache / "reconcile").mkdir(parents=True, mode=0o700)
+    damaged = _own_cache / "reconcile" / "nvcc.marshal"
+    damaged.write_bytes(b"{not marshal")
+    damaged.chmod(0o600)
     result = cuda.probe(spec_for(toolkit))
     assert result is not None and isinstance(result.nvcc, cuda.Nvcc)
     assert result.nvcc.release == "13.0"
-    assert str(toolkit / "bin" / "nvcc") in json.loads((_own_cache / "reconcile" / "nvcc.json").read_text())
+    assert str(toolkit / "bin" / "nvcc") in private_cache.read(str(damaged))
 
 
 def test_unwritable_cache_location_does_not_fail_the_probe(

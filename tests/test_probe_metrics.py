@@ -3,9 +3,10 @@ until a capture from the lab replaces it), served by a real listener on loopback
 
 from __future__ import annotations
 
-import threading
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,51 +35,74 @@ def test_the_names_the_probe_reads_are_on_the_page_and_parse() -> None:
     )  # a histogram whose own name ends in _total: its buckets are not the counter
 
 
+# The page's server: a process of the deployment (its marker), as vLLM is: the probe reads /metrics only
+# from a listener that is the deployment's own. It prints each path asked.
+SERVE = r"""
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+pages = [open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()]
+asked = []
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        asked.append(self.path)
+        print(self.path, flush=True)
+        body = pages[min(len(asked), 2) - 1]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Spec, list[str]]]:
-    pages = [PAGE.read_text(), PAGE.read_text().replace(*LATER)]
-    asked: list[str] = []
+def served(tmp_path: Path) -> Iterator[tuple[Spec, subprocess.Popen[str]]]:
+    from reconcile.identity import MARKER, deployment_id
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = pages[min(len(asked), 2) - 1].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    later = tmp_path / "later.txt"
+    later.write_text(PAGE.read_text().replace(*LATER))
     spec = Spec.model_validate(
         {
+            "machine": {"state_dir": str(tmp_path / "state")},
             "model": {"dir": str(tmp_path / "model")},
             "server": {
                 "name": "nemotron",
                 "log": str(tmp_path / "log"),
                 "executable": "/bin/true",
                 "host": "127.0.0.1",
-                "port": server.server_address[1],
+                "port": 8000,  # the child's, below
             },
         }
     )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE, str(PAGE), str(later)],
+        env={**os.environ, MARKER: deployment_id(spec)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    bound = int(proc.stdout.readline())
+    spec = spec.model_copy(update={"server": spec.server.model_copy(update={"port": bound})})  # type: ignore[union-attr]
     try:
-        yield spec, asked
+        yield spec, proc
     finally:
-        server.shutdown()
-        server.server_close()
+        proc.kill()
+        proc.communicate(timeout=5)
 
 
-def test_the_probe_reads_the_load_and_the_throughput_from_the_page(served: tuple[Spec, list[str]]) -> None:
-    spec, asked = served
+def test_the_probe_reads_the_load_and_the_throughput_from_the_page(
+    served: tuple[Spec, subprocess.Popen[str]],
+) -> None:
+    spec, proc = served
     seen = metrics.probe(spec, window=0.2)
     assert isinstance(seen, metrics.ServingMetrics), seen
-    assert asked == ["/metrics", "/metrics"]
+    assert proc.stdout is not None
+    assert [proc.stdout.readline().strip() for _ in range(2)] == ["/metrics", "/metrics"]
     assert (seen.requests_running, seen.requests_waiting, seen.kv_cache_usage) == (3.0, 1.0, 0.1875)
     assert seen.generation_tokens_total == 48463.0
     assert seen.generation_tokens_per_s is not None

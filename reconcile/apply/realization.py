@@ -139,12 +139,17 @@ def restore_config(applied: LoadedSpec, gen: dict[str, Any]) -> None:
     model, digest = applied.spec.model, gen.get("config_json")
     if model is None or not digest:
         return
+    from reconcile.safety.untrusted import JSON_LIMIT, NotRegular, TooLarge, read_regular
+
     data = generations.kept_config(applied.spec.machine.state_dir, digest)
     path = os.path.join(model.dir, "config.json")
-    try:
-        with open(path, "rb") as f:
-            now = f.read()
-        mode = os.stat(path).st_mode & 0o777
+    now: bytes | None = None
+    mode = 0o644
+    try:  # as data: a FIFO, a device or a link there is replaced by the kept bytes, never waited on
+        now = read_regular(path, JSON_LIMIT)
+        mode = os.lstat(path).st_mode & 0o777
+    except (NotRegular, TooLarge):
+        pass
     except OSError:
         return  # no model files yet: the model's own Changes bring them
     if data is not None and now != data:

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterator
 
 from reconcile.host import atomic_symlink, atomic_write
 from reconcile.safety.filesafety import ensure_dir, open_dir, remove_tree_at
-from reconcile.safety.untrusted import load_json, walk_tree
+from reconcile.safety.untrusted import walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -172,12 +172,21 @@ def is_realization(path: str, store: str) -> bool:
 
 
 def read_manifest(path: str) -> dict[str, Any] | None:
+    """The realization's manifest; None when it has none (not sealed), or when what is there is not one
+    (a FIFO, a directory, a link, not JSON, the wrong shape: moved aside by its one reader, the run goes
+    on and the realization counts as not sealed)."""
+    from reconcile.safety import statefiles
+
     try:
-        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
-            data = load_json(f.read())
-    except (OSError, ValueError):
+        data, _aside = statefiles.read_json(
+            os.path.join(path, MANIFEST),
+            statefiles.REALIZATION,
+            max_bytes=statefiles.RECORD,
+            then="the realization counts as not sealed",
+        )
+    except OSError:  # the realization itself is gone or not a directory: not sealed
         return None
-    return data if isinstance(data, dict) else None
+    return data  # type: ignore[no-any-return]
 
 
 def seal(path: str, packages: dict[str, str], inputs: dict[str, Any]) -> bool:

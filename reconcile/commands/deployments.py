@@ -48,8 +48,17 @@ def one_deployment(args: Args, loaded: LoadedSpec) -> LoadedSpec:
 
 
 def views(loaded: LoadedSpec, name: str | None = None) -> list[Deployment]:
-    """The chosen deployments, each at its venv's realization where its [venv] has a store."""
+    """The chosen deployments, each at its venv's realization where its [venv] has a store. A deployment's
+    state dir that is not a directory (a file, a FIFO, a symlink: a crash, a hand edit) is moved aside
+    first, with one line: that deployment's state starts afresh, the others' are untouched."""
     picked = chosen(loaded, name)
+    if is_multi(loaded):
+        from reconcile.safety import statefiles
+
+        for d in picked:
+            statefiles.clear_non_dir(
+                d.loaded.spec.machine.state_dir, then=f"deployment {d.name}'s state starts afresh"
+            )
     if all(getattr(d.loaded.spec.venv, "store", None) is None for d in picked):
         return picked
     from reconcile.apply.store import realize

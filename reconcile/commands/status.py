@@ -110,8 +110,8 @@ def _gpu_processes(plan: Plan) -> list[dict[str, Any]]:
 
 
 def _metrics(loaded: LoadedSpec, facts: dict[str, Any]) -> dict[str, Any] | None:
-    """The server's own load figures, read only when it answers /health with 200."""
-    if facts.get("state") != "healthy" or loaded.spec.server is None:
+    """The server's own load figures, read only when it answers /health with 200 and the port is ours."""
+    if facts.get("state") != "healthy" or facts.get("foreign_listener") or loaded.spec.server is None:
         return None
     from probes.metrics import probe
 

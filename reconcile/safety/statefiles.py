@@ -173,6 +173,26 @@ def clear_non_file(path: str, *, then: str = AFRESH) -> str | None:
     return move_aside_corrupt(path, _what(seen.st_mode), then=then)
 
 
+def clear_non_dir(path: str, *, then: str = AFRESH) -> str | None:
+    """Move aside whatever is at `path` where a state directory of reconcile's belongs (a deployment's
+    <state_dir>/deployments/<name>/) and is not a real directory: a file, a FIFO, a symlink (renamed
+    itself, never followed, wherever it points). Returns where it went; None when it is a directory or
+    absent (its writer makes it)."""
+    try:
+        dfd, name = _parent(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        seen = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(dfd)
+    if stat.S_ISDIR(seen.st_mode):
+        return None
+    return _aside(path, f"{_what(seen.st_mode)}, not a directory", then)
+
+
 def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) -> tuple[Any, str | None]:
     """(the document, None) when `path` holds JSON of `shape`; (None, None) when absent; else it is moved
     aside and (None, where it went)."""
@@ -336,6 +356,10 @@ LIVENESS = Obj(
     },
     required=("format",),
 )
+
+# A store realization's .reconcile-realization.json: a venv's packages and inputs (reconcile.apply.store),
+# a model's snapshot and files (reconcile.apply.model_store, read there through its own bound).
+REALIZATION = Obj({"format": STR, "packages": MapOf(STR)}, required=("format",))
 
 # How large each can be: generous for what reconcile writes, small against a disk error's garbage.
 SMALL, RECORD = 1 * MiB, 16 * MiB
