@@ -34,7 +34,7 @@ from tests.test_server_support import free_port, wait_for
 needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs apt's haproxy (.ci/run)")
 
 
-def _fronted(colors: dict[str, list[int]], share: float, seqs: int = 4) -> Any:
+def fronted_spec(colors: dict[str, list[int]], share: float, seqs: int = 4) -> Any:
     def edit(doc: Any) -> None:
         for name in NAMES:
             table = doc["deployments"][name]
@@ -53,7 +53,7 @@ def _views(multi: Multi) -> dict[str, Any]:
     return {d.name: d.loaded.spec for d in deployments(load_spec(str(multi.spec_path)))}
 
 
-def _stop_all(multi: Multi) -> None:
+def stop_all(multi: Multi) -> None:
     """Every color of every deployment, then the machine's HAProxy master (ours: pidfile, exe, config)."""
     try:
         views = _views(multi)
@@ -80,7 +80,7 @@ def fronted(
     try:
         yield m, colors
     finally:
-        _stop_all(m)
+        stop_all(m)
 
 
 def _stats(view: Any) -> dict[tuple[str, str], dict[str, str]]:
@@ -108,7 +108,7 @@ def test_a_switch_of_one_deployment_behind_the_shared_front_moves_only_its_traff
     fronted: tuple[Multi, dict[str, Any]],
 ) -> None:
     multi, colors = fronted
-    multi.write(_fronted(colors, 0.3))  # 0.3 x 2 (chat blue + green) + 0.3 (draft) = 0.9: room
+    multi.write(fronted_spec(colors, 0.3))  # 0.3 x 2 (chat blue + green) + 0.3 (draft) = 0.9: room
     first = multi.cli("apply", "--auto-approve")
     assert first.returncode == 2, first.stdout + first.stderr
     views = _views(multi)
@@ -128,7 +128,7 @@ def test_a_switch_of_one_deployment_behind_the_shared_front_moves_only_its_traff
     ):
         wait_for(lambda: chat.tally("before").ok >= 4 and draft.tally("before").ok >= 4, 60, "load before")
         chat.phase = draft.phase = "switch"
-        multi.write(_fronted(colors, 0.3, seqs=5))
+        multi.write(fronted_spec(colors, 0.3, seqs=5))
         assert _switch(multi) == (
             "drain-restart",
             "blue/green (GPU 0: gpu-memory-utilization 0.3 x 2 (chat blue + green) + 0.3 (draft) = 0.9; "
@@ -174,7 +174,7 @@ def test_a_switch_without_room_beside_the_other_deployment_drain_restarts_in_pla
     fronted: tuple[Multi, dict[str, Any]],
 ) -> None:
     multi, colors = fronted
-    multi.write(_fronted(colors, 0.4))  # 0.4 x 2 + 0.4 (draft) = 1.2: the fake GPU holds no third
+    multi.write(fronted_spec(colors, 0.4))  # 0.4 x 2 + 0.4 (draft) = 1.2: the fake GPU holds no third
     first = multi.cli("apply", "--auto-approve")
     assert first.returncode == 2, first.stdout + first.stderr
     warned = (
@@ -184,7 +184,7 @@ def test_a_switch_without_room_beside_the_other_deployment_drain_restarts_in_pla
     plan = multi.cli("plan")
     assert plan.returncode == 0 and warned in plan.stdout, plan.stdout
     chat_pid, draft_pid = _color_pid(multi, "chat", "blue"), _color_pid(multi, "draft", "blue")
-    multi.write(_fronted(colors, 0.4, seqs=5))
+    multi.write(fronted_spec(colors, 0.4, seqs=5))
     assert _switch(multi) == (
         "blue/green",
         "drain-restart (GPU 0: gpu-memory-utilization 0.4 x 2 (chat blue + green) + 0.4 (draft) = 1.2, "
@@ -206,7 +206,7 @@ def test_ports_that_collide_across_fronted_deployments_are_refused_with_file_lin
     multi, colors = fronted
 
     def collide(doc: Any) -> None:
-        _fronted(colors, 0.3)(doc)
+        fronted_spec(colors, 0.3)(doc)
         doc["deployments"]["draft"]["server"]["port"] = colors["chat"][1]  # chat's green port
 
     multi.write(collide)
