@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING
 from actions import cgroups
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
-from reconcile.identity import COLORS, active_color_at, front_paths, front_ports, front_state_path
+from reconcile.identity import (
+    COLORS,
+    active_color_at,
+    front_joined,
+    front_paths,
+    front_ports,
+    front_state_path,
+)
 from reconcile.ownership.membership import front_master, read_stat
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
@@ -76,7 +83,11 @@ def _render_shared(spec: Spec, shared: SharedFront, active: str) -> str:
     me = getattr(spec.front, "deployment", None)
     own = FrontMember(str(me), server.name, server.host, server.port, front_ports(spec),
                       spec.machine.state_dir, float(server.stop_timeout))  # fmt: skip
-    members = [own if m.deployment == me else m for m in shared.members]
+    members = [
+        own if m.deployment == me else m
+        for m in shared.members
+        if m.deployment == me or front_joined(m.state_dir, m.server)
+    ]
     _config, _pidfile, sock = front_paths(spec)
     hard_stop = max((round(m.stop_timeout) for m in members), default=0) + 60
     names = ", ".join(m.deployment for m in members)

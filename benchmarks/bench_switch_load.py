@@ -113,11 +113,12 @@ def multi(args: argparse.Namespace) -> int:
     """Two deployments behind one HAProxy: chat switches (apply) and rolls back under load on both."""
     from tests.apply_support import copy_venv, seed_venv
     from tests.test_deployments import NAMES, Multi
-    from tests.test_front_deployments import fronted_spec, stop_all
+    from tests.test_front_deployments import distinct_ports, fronted_spec, stop_all
 
     root = Path(tempfile.mkdtemp(prefix="bench-switch-multi-"))
-    m = Multi(root, {name: free_port() for name in NAMES})
-    colors = {name: [free_port(), free_port()] for name in NAMES}
+    ports = distinct_ports(3 * len(NAMES))
+    m = Multi(root, {name: ports.pop() for name in NAMES})
+    colors = {name: [ports.pop(), ports.pop()] for name in NAMES}
     copy_venv(seed_venv(root / "seed", {"ninja": "*"}), root / "venv")
 
     def step(*cli: str) -> str:

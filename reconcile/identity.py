@@ -346,6 +346,20 @@ def front_paths(spec: Spec) -> tuple[str, str, str]:
     return f"{base}.cfg", f"{base}.pid", f"{base}.sock"
 
 
+def front_joined(state_dir: str, server: str) -> bool:
+    """Whether a deployment's own front step ran (its front-<server>.json is there): before, another
+    deployment's step leaves it out of the shared config (its server from before [front] may still
+    hold its public port until its own apply moves it)."""
+    from reconcile.errors import ReconcileError
+    from reconcile.safety import statefiles
+
+    try:
+        path = f"{state_dir.rstrip('/')}/front-{server}.json"
+        return statefiles.read_state(path, max_bytes=4096) is not None
+    except (OSError, ReconcileError):  # not a regular file: not one our front step wrote
+        return False
+
+
 def active_color_at(state_dir: str, server: str) -> str:
     """Another fronted deployment's active color, from its own state dir."""
     from reconcile.safety import statefiles

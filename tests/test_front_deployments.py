@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,25 @@ def stop_all(multi: Multi) -> None:
             break
 
 
+def distinct_ports(count: int) -> list[int]:
+    """`count` free loopback ports, all different (bound together, then let go)."""
+    held = [socket.socket() for _ in range(count)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 @pytest.fixture
 def fronted(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Multi, dict[str, Any]]]:
-    m = Multi(tmp_path, {name: free_port() for name in NAMES})
-    colors = {name: [free_port(), free_port()] for name in NAMES}
+    ports = distinct_ports(3 * len(NAMES))
+    m = Multi(tmp_path, {name: ports.pop() for name in NAMES})
+    colors = {name: [ports.pop(), ports.pop()] for name in NAMES}
     copy_venv(seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}), tmp_path / "venv")
     try:
         yield m, colors
@@ -286,3 +300,30 @@ def test_each_fronted_deployment_gets_its_own_frontend_in_one_config(tmp_path: P
     port = multi.ports["chat"]
     assert f"    server blue 127.0.0.1:{port + 1} disabled\n    server green 127.0.0.1:{port + 2}\n" in text
     assert "draft" not in text and f"stats socket {multi.state_dir}/front.sock mode 600" in text
+
+
+@needs_haproxy
+def test_deployments_that_already_serve_move_behind_the_front_in_one_apply(
+    fronted: tuple[Multi, dict[str, Any]],
+) -> None:
+    """Opting running deployments in: each one's server from before [front] (its own name, on the
+    public port) drains and stops before its first color starts, and the shared config takes in a
+    deployment only once its own apply moved it (the other's old server held that port until then)."""
+    multi, colors = fronted
+    multi.write()
+    assert multi.cli("apply", "--auto-approve").returncode == 2
+    old = {name: multi.pid(name) for name in NAMES}
+    multi.write(fronted_spec(colors, 0.3))
+    moved = multi.cli("apply", "--auto-approve")
+    assert moved.returncode == 2, moved.stdout + moved.stderr
+    assert moved.stdout.count("Apply converged") == 2, moved.stdout
+    assert moved.stdout.count("(its server from before [front])") == 2, moved.stdout
+    for name in NAMES:
+        assert not Path(f"/proc/{old[name]}").exists()
+        assert multi.models(name, multi.key(name))[0] == 200  # through HAProxy, to <name>-blue
+    views = _views(multi)
+    assert front_master(views["chat"]) is not None and front_master(views["chat"]) == front_master(
+        views["draft"]
+    )
+    again = multi.cli("plan")
+    assert again.returncode == 0 and again.stdout.count("No changes") == 2, again.stdout
