@@ -103,6 +103,11 @@ def _stats(view: Any) -> dict[tuple[str, str], dict[str, str]]:
     return {(r["pxname"], r["svname"]): r for r in csv.DictReader(io.StringIO(text)) if r.get("pxname")}
 
 
+def _workers(master: int) -> list[int]:
+    """The HAProxy master's children: its worker (a reload forks a new one)."""
+    return sorted(int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split())
+
+
 def _switch(multi: Multi) -> tuple[str, str]:
     """The plan's answer for chat's restart: the server row's `switch` diff (old -> new)."""
     plan = multi.cli("plan", "--deployment", "chat", "--json")
@@ -134,6 +139,8 @@ def test_a_switch_of_one_deployment_behind_the_shared_front_moves_only_its_traff
     )
     assert not list(multi.state_dir.glob("deployments/*/front-*.cfg"))  # no HAProxy per deployment
     draft_pid = _color_pid(multi, "draft", "blue")
+    workers = _workers(master)
+    assert len(workers) == 1
     before = _stats(views["draft"])[("vllm-draft", "blue")]
 
     with (
@@ -166,6 +173,8 @@ def test_a_switch_of_one_deployment_behind_the_shared_front_moves_only_its_traff
 
     views = _views(multi)
     assert front_master(views["chat"]) == master  # neither a restart nor a second master
+    assert _workers(master) == workers  # nor a reload: draft's connections stayed on their worker
+    assert not list(multi.state_dir.glob("deployments/*/front-*.cfg"))  # the rollback's spec too
     assert _color_pid(multi, "draft", "blue") == draft_pid and active_color(views["draft"]) == "blue"
     stats = _stats(views["chat"])
     # draft's backend as it was: blue serving (more sessions), green in maintenance and never used.
