@@ -27,7 +27,7 @@ from reconcile.identity import (
     front_ports,
     front_state_path,
 )
-from reconcile.ownership.membership import front_master, read_stat
+from reconcile.ownership.membership import front_master, read_bytes, read_stat
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
 from reconcile.spec.fronting import FrontMember, SharedFront, shared_front
@@ -189,10 +189,29 @@ def start(spec: Spec) -> int:
     return pid
 
 
-def reload(spec: Spec, pid: int) -> None:
+def reload(spec: Spec, pid: int, timeout: float = 10.0) -> None:
     """A graceful reload: the master re-reads the config and starts new workers; the old ones keep
-    their connections until they end (at most hard-stop-after)."""
-    os.kill(pid, signal.SIGUSR2)
+    their connections until they end (at most hard-stop-after). Waited for: the master re-executes
+    itself (for a moment it is not provably ours), and a re-probe right after must find it again,
+    with a new worker forked. A master still starting ignores the signal: it is sent again."""
+    before = _children(pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGUSR2)
+        again = time.monotonic() + 1.0
+        while time.monotonic() < min(again, deadline):
+            if front_master(spec) == pid and _children(pid) - before:
+                return
+            time.sleep(0.05)
+    config, _pidfile, _sock = front_paths(spec)
+    raise ActionError(
+        f"haproxy (master pid {pid}) did not finish its reload in {timeout:g}s; see {config[:-4]}.log"
+    )
+
+
+def _children(pid: int) -> set[int]:
+    raw = read_bytes(f"/proc/{pid}/task/{pid}/children", 65536) or b""
+    return {int(p) for p in raw.split() if p.isdigit()}
 
 
 def _holder(spec: Spec) -> Spec:

@@ -55,12 +55,15 @@ def _views(multi: Multi) -> dict[str, Any]:
 
 
 def stop_all(multi: Multi) -> None:
-    """Every color of every deployment, then the machine's HAProxy master (ours: pidfile, exe, config)."""
+    """Every deployment's servers (colors and the one from before the front), then the machine's
+    HAProxy master (ours: pidfile, exe, config)."""
     try:
         views = _views(multi)
     except Exception:
         return
     for view in views.values():
+        # Its server from before the front too: a test that started one and failed before moving it.
+        supervising.stop_marked(scope_of(view.model_copy(update={"front": None})), timeout=5.0)
         if getattr(view, "front", None) is None:
             continue
         for color in COLORS:
