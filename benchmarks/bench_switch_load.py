@@ -163,15 +163,16 @@ def multi(args: argparse.Namespace) -> int:
     result["apply_says"], result["draft_pid_kept"] = said, kept
     for name, load in loads.items():
         print(f"deployment {name}")
-        print(f"  {'phase':<16}{'whole':>7}{'cut':>6}{'failed':>8}{'refused':>9}")
+        print(f"  {'phase':<16}{'whole':>7}{'cut':>6}{'failed':>8}{'refused':>9}{'unanswered':>12}")
         for phase, t in load.summary()["phases"].items():  # type: ignore[union-attr]
-            print(f"  {phase:<16}{t['ok']:>7}{t['cut']:>6}{t['failed']:>8}{t['refused']:>9}")
+            row = f"{t['ok']:>7}{t['cut']:>6}{t['failed']:>8}{t['refused']:>9}{t['unanswered']:>12}"
+            print(f"  {phase:<16}{row}")
     for what, line in said.items():
         print(f"chat {what}: {line}")
     print(f"draft's pid kept: {kept}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    bad = any(load.summary()[k] for load in loads.values() for k in ("cut", "failed", "refused"))
+    bad = any(load.summary()[k] for load in loads.values() for k in ("cut", "failed", "unserved"))
     return 1 if bad or not kept else 0
 
 

@@ -95,7 +95,7 @@ def test_a_blue_green_switch_of_one_deployment_leaves_the_other_untouched_under_
     assert "traffic moved to green" in out and "down for 0.0s" in out, out
     for dep, load in loads.items():
         s = load.summary()
-        assert s["failed"] == 0 and s["cut"] == 0 and s["refused"] == 0, (dep, s)
+        assert s["failed"] == 0 and s["cut"] == 0 and s["unserved"] == 0, (dep, s)
         assert load.tally("after").ok >= 4, dep
     assert color_pid("one", "blue") == one and front_pid() == master
     FIGURES["one_pid_kept"] = color_pid("one", "blue") == one
