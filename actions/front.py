@@ -10,6 +10,7 @@ from actions import haproxy
 from reconcile.identity import active_color
 from reconcile.ownership.membership import front_master
 from reconcile.plan.records import ActionResult
+from reconcile.spec.fronting import shared_front
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 def apply(spec: Spec) -> ActionResult:
     assert spec.server is not None
-    if not spec.server.running:
+    shared = shared_front(spec)
+    if (shared is None and not spec.server.running) or (shared is not None and not shared.members):
         pid = front_master(spec)
         if pid is None:
             return ActionResult(False, "haproxy is not running")

@@ -73,15 +73,23 @@ def apply(
     while running = true removes strays only, which ensure_running does without touching the server.
     The one thing a Change adds (re-planned by the executor right before): an engine the planner found
     hung (`engine_hung`, reconcile.liveness), which /health cannot show, is restarted."""
+    before = ""
     if getattr(spec, "front", None) is not None:  # behind [front]: each color is a deployment
+        # Its server from before [front] (its own name, on the public port the front binds) drains
+        # and stops first, else it would hold the port and its GPU share beside the colors.
+        base = spec.model_copy(update={"front": None})
+        if supervising.marked_pids(scope_of(base)):
+            before = f"{ensure_stopped(base).message} (its server from before [front]); "
         if not _server(spec).running:
             results = [ensure_stopped(color_spec(spec, c)) for c in COLORS]
-            return ActionResult(any(r.changed for r in results), "; ".join(r.message for r in results))
+            said = before + "; ".join(r.message for r in results)
+            return ActionResult(any(r.changed for r in results) or bool(before), said)
         spec = serving_spec(spec)  # a drain-restart in place, on the active color
     if not _server(spec).running:
         return ensure_stopped(spec)
     hung = change.params.get("engine_hung")
-    return ensure_running(spec, inputs, progress=progress, hung=hung if isinstance(hung, str) else None)
+    done = ensure_running(spec, inputs, progress=progress, hung=hung if isinstance(hung, str) else None)
+    return done._replace(changed=True, message=before + done.message) if before else done
 
 
 def ensure_running(

@@ -307,17 +307,9 @@ def front_state_path(spec: Spec) -> str:
 
 def active_color(spec: Spec) -> str:
     """The color the front routes to ("blue" until a switch made "green" active)."""
-    from reconcile.safety import statefiles
-    from reconcile.safety.shapes import Obj, Scalar
-
-    try:
-        data, _aside = statefiles.read_json(
-            front_state_path(spec), Obj({"active": Scalar("string")}, required=("active",)), max_bytes=4096
-        )
-    except OSError:
-        return COLORS[0]
-    active = data.get("active") if isinstance(data, dict) else None
-    return active if active in COLORS else COLORS[0]
+    if spec.server is None:
+        raise ValueError("the spec has no [server]")
+    return active_color_at(spec.machine.state_dir, spec.server.name)
 
 
 def other_color(color: str) -> str:
@@ -342,6 +334,43 @@ def serving_spec(spec: Spec) -> Spec:
 
 
 def front_paths(spec: Spec) -> tuple[str, str, str]:
-    """(config, pidfile, runtime socket) of the deployment's HAProxy, in the 0700 state dir."""
-    base = front_state_path(spec)[: -len(".json")]
+    """(config, pidfile, runtime socket) of the deployment's HAProxy, in the 0700 state dir; behind the
+    machine's one HAProxy (several deployments), <machine state_dir>/front.*."""
+    from reconcile.spec.fronting import shared_front
+
+    shared = shared_front(spec)
+    if shared is not None:
+        base = f"{shared.state_dir.rstrip('/')}/front"
+    else:
+        base = front_state_path(spec)[: -len(".json")]
     return f"{base}.cfg", f"{base}.pid", f"{base}.sock"
+
+
+def front_joined(state_dir: str, server: str) -> bool:
+    """Whether a deployment's own front step ran (its front-<server>.json is there): before, another
+    deployment's step leaves it out of the shared config (its server from before [front] may still
+    hold its public port until its own apply moves it)."""
+    from reconcile.errors import ReconcileError
+    from reconcile.safety import statefiles
+
+    try:
+        path = f"{state_dir.rstrip('/')}/front-{server}.json"
+        return statefiles.read_state(path, max_bytes=4096) is not None
+    except (OSError, ReconcileError):  # not a regular file: not one our front step wrote
+        return False
+
+
+def active_color_at(state_dir: str, server: str) -> str:
+    """Another fronted deployment's active color, from its own state dir."""
+    from reconcile.safety import statefiles
+    from reconcile.safety.shapes import Obj, Scalar
+
+    path = f"{state_dir.rstrip('/')}/front-{server}.json"
+    try:
+        data, _aside = statefiles.read_json(
+            path, Obj({"active": Scalar("string")}, required=("active",)), max_bytes=4096
+        )
+    except OSError:
+        return COLORS[0]
+    active = data.get("active") if isinstance(data, dict) else None
+    return active if active in COLORS else COLORS[0]

@@ -87,7 +87,21 @@ def generation_spec(gen: dict[str, Any], current: LoadedSpec) -> tuple[LoadedSpe
     loaded = spec_from_resolved(doc, "", str(gen.get("spec_path") or current.path))
     # A stored spec is not the file in git: no "uncommitted changes" note about it.
     loaded = loaded._replace(path=current.path, files=())
+    loaded = _behind_shared_front(loaded, current)
     return realize(loaded, (gen.get("venv") or {}).get("path"), (gen.get("model") or {}).get("dir")), notes
+
+
+def _behind_shared_front(restored: LoadedSpec, current: LoadedSpec) -> LoadedSpec:
+    """A deployment's generation recorded its [front] as a one-deployment spec has it: behind the
+    machine's one HAProxy, it stays there (the shared part is the machine's now, not the record's)."""
+    from reconcile.spec.fronting import FrontView, shared_front
+
+    shared, front = shared_front(current.spec), getattr(restored.spec, "front", None)
+    if shared is None or front is None:
+        return restored
+    me = getattr(current.spec.front, "deployment", "")
+    view = FrontView(front.haproxy, list(front.ports), front.blue_green, me, shared)
+    return restored._replace(spec=restored.spec.model_copy(update={"front": view}))
 
 
 def seal_realization(original: LoadedSpec, applied: LoadedSpec, report: ApplyReport, good: bool) -> None:

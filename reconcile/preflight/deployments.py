@@ -10,36 +10,15 @@ must not collide; tensor x pipeline parallel must match the GPUs a deployment ma
 from __future__ import annotations
 
 from reconcile.plan.records import Finding
+from reconcile.record import Record
 from reconcile.spec.deployments import Deployment
+from reconcile.spec.fronting import DEFAULT_UTILIZATION, both_colors, number, placement, shared_front, world
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (vllm/config/cache.py)
 _WILDCARD = ("0.0.0.0", "::", "")
-
-
-def _number(value: Any, default: float) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _world(args: dict[str, Any]) -> int:
-    tp = int(_number(args.get("tensor-parallel-size", args.get("tp")), 1))
-    pp = int(_number(args.get("pipeline-parallel-size", args.get("pp")), 1))
-    return max(tp, 1) * max(pp, 1)
-
-
-def _placement(d: Deployment, args: dict[str, Any], visible: int | None) -> tuple[int, ...] | None:
-    """The GPUs a deployment's workers use: the first TP x PP of those it may use."""
-    if d.gpus is not None:
-        return d.gpus[: _world(args)] or d.gpus
-    if visible is None:
-        return None
-    return tuple(range(min(visible, _world(args))))
 
 
 def _others_gib(gpu: Any, ours: set[int]) -> float:
@@ -58,7 +37,7 @@ def cross_findings(
     `ours` the pids of these deployments' processes (their GPU memory is theirs to give back)."""
     out: list[Finding] = []
     servers = [(d.name, d.loaded.spec.server) for d in every if d.loaded.spec.server is not None]
-    out += _ports(servers) + _served_names(servers)
+    out += _ports(every) + _served_names(servers)
     gpus = getattr(inventory, "gpus", None)
     count = len(gpus) if gpus is not None else None
     spec_gpu = getattr(every[0].loaded.spec, "gpu", None) if every else None
@@ -69,20 +48,20 @@ def cross_findings(
         server = d.loaded.spec.server
         if server is None or not getattr(server, "running", True):
             continue
-        world = _world(server.args)
-        if d.gpus is not None and len(d.gpus) != world:
+        workers = world(server.args)
+        if d.gpus is not None and len(d.gpus) != workers:
             out.append(
                 Finding(
                     "deployments.gpus",
                     "error",
-                    f"deployment {d.name}: tensor x pipeline parallel is {world}, but it may use "
+                    f"deployment {d.name}: tensor x pipeline parallel is {workers}, but it may use "
                     f"{len(d.gpus)} GPU(s) (gpus = {list(d.gpus)})",
-                    f"give it {world} GPU(s) in [deployments.{d.name}] gpus, or set tensor-parallel-size "
+                    f"give it {workers} GPU(s) in [deployments.{d.name}] gpus, or set tensor-parallel-size "
                     f"= {len(d.gpus)}",
                 )
             )
-        share = _number(server.args.get("gpu-memory-utilization"), DEFAULT_UTILIZATION)
-        for index in _placement(d, server.args, count) or ():
+        share = number(server.args.get("gpu-memory-utilization"), DEFAULT_UTILIZATION)
+        for index in placement(d.gpus, server.args, count) or ():
             claims.setdefault(index, []).append((d.name, share))
     for index in sorted(claims):
         parts = claims[index]
@@ -117,27 +96,117 @@ def cross_findings(
                     evidence=evidence,
                 )
             )
+    return out + _blue_green_room(every)
+
+
+def _blue_green_room(every: list[Deployment]) -> list[Finding]:
+    """Per fronted deployment: whether its switch can run both colors beside every other deployment's
+    share on its GPUs (the server row's answer, from the spec alone); where not, it drain-restarts."""
+    out = []
+    for d in every:
+        shared, server = shared_front(d.loaded.spec), d.loaded.spec.server
+        if shared is None or server is None or not server.running:
+            continue
+        if getattr(d.loaded.spec.front, "blue_green", "auto") == "never":
+            continue
+        placed = next((c.gpus for c in shared.claims if c.deployment == d.name), None)
+        if not placed:
+            continue
+        share = number(server.args.get("gpu-memory-utilization"), DEFAULT_UTILIZATION)
+        fits, why = both_colors(d.name, share, placed, shared.claims)
+        evidence = {"deployment": d.name, "fits": fits}
+        if fits:
+            out.append(Finding("front.room", "info", f"deployment {d.name} switches blue/green: {why}",
+                               evidence=evidence))  # fmt: skip
+        else:
+            out.append(
+                Finding(
+                    "front.room",
+                    "warning",
+                    f"deployment {d.name} switches by drain-restart, not blue/green: {why}",
+                    f"lower the gpu-memory-utilization on GPU {placed[0]} so that {d.name}'s counts "
+                    f'twice, or set [deployments.{d.name}.front] blue_green = "never" to say so',
+                    evidence,
+                )
+            )
     return out
 
 
-def _ports(servers: list[tuple[str, Any]]) -> list[Finding]:
+class _Port(Record):
+    port: int
+    host: str
+    deployment: str
+    key: tuple[str | int, ...]  # where the spec sets it (or the section whose default it is)
+    what: str  # "its server's port", "its public port (HAProxy)", "its blue port (default: port + 1)"
+
+
+def _listeners(d: Deployment) -> list[_Port]:
+    """Every port a deployment listens on: its server's, or behind the front its public one and its
+    two colors' (loopback)."""
+    spec = d.loaded.spec
+    server = spec.server
+    if server is None:
+        return []
+    base = ("deployments", d.name)
+    front = getattr(spec, "front", None)
+    if front is None or shared_front(spec) is None:
+        return [_Port(server.port, server.host, d.name, (*base, "server", "port"), "its server's port")]
+    out = [_Port(server.port, server.host, d.name, (*base, "server", "port"), "its public port (HAProxy)")]
+    given = list(front.ports)
+    for n, color in enumerate(("blue", "green")):
+        if given:
+            key = (*base, "front", "ports", n)
+            out.append(_Port(given[n], "127.0.0.1", d.name, key, f"its {color} port"))
+        else:
+            out.append(_Port(server.port + 1 + n, "127.0.0.1", d.name, (*base, "front"),
+                             f"its {color} port (default: [server] port + {1 + n})"))  # fmt: skip
+    return out
+
+
+def _where(d: Deployment, key: tuple[str | int, ...]) -> tuple[str, int | None, str]:
+    """(file, line, key): the line of the key, or of its table, in the spec's own file."""
+    from reconcile.spec.lines import Scan, dotted
+
+    lines = Scan(d.loaded.text).lines
+    found = next((lines[dotted(key[:n])] for n in range(len(key), 0, -1) if dotted(key[:n]) in lines), None)
+    return d.loaded.path, found, dotted(key)
+
+
+def _ports(every: list[Deployment]) -> list[Finding]:
+    """Two deployments that would listen on one port (a wildcard host collides with every host): their
+    servers' ports, behind the front its public port and both colors' ports."""
     out = []
-    seen: dict[int, tuple[str, str]] = {}
-    for name, server in servers:
-        host = server.host
-        if server.port in seen:
-            other, other_host = seen[server.port]
-            if host == other_host or host in _WILDCARD or other_host in _WILDCARD:
-                out.append(
-                    Finding(
-                        "deployments.port",
-                        "error",
-                        f"deployments {other} and {name} both listen on port {server.port}",
-                        f"give [deployments.{name}.server] port another number",
-                    )
-                )
+    seen: dict[int, list[tuple[_Port, Deployment]]] = {}
+    for d in every:
+        for p in _listeners(d):
+            clash = next(
+                (
+                    (q, other)
+                    for q, other in seen.get(p.port, [])
+                    if q.deployment != p.deployment  # its own ports are held apart at load
+                    and (p.host == q.host or p.host in _WILDCARD or q.host in _WILDCARD)
+                ),
+                None,
+            )
+            if clash is None:
+                seen.setdefault(p.port, []).append((p, d))
                 continue
-        seen[server.port] = (name, host)
+            q, other = clash
+            if p.what == q.what == "its server's port":
+                said = f"deployments {q.deployment} and {p.deployment} both listen on port {p.port}"
+            else:
+                said = f"port {p.port} is {p.what} and deployment {q.deployment}'s {q.what[4:]}"
+            path, line, key = _where(d, p.key)
+            _, other_line, other_key = _where(other, q.key)
+            at = f"{path}:{line}" if line is not None else path
+            said += f" ({other_key}" + (f", line {other_line})" if other_line is not None else ")")
+            fix = (
+                f"[deployments.{p.deployment}.server] port" if p.key[-1] == "port"
+                else f"[deployments.{p.deployment}.front] ports"
+            )  # fmt: skip
+            message = f"{at}: {key}: {said}"
+            fix_line = f"give {fix} another number, or move {q.deployment}'s"
+            out.append(Finding("deployments.port", "error", message, fix_line))
     return out
 
 

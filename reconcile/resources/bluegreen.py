@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from reconcile.plan.records import ActionResult, Change, FieldDiff
+from reconcile.spec.fronting import both_colors, share_of, shared_front
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,15 +35,25 @@ def room(spec: Spec, obs: Observed) -> tuple[bool, str]:
     if getattr(obs.front, "master", None) is None:
         return False, "no HAProxy of ours runs yet to move the traffic"
     gpus = getattr(obs.gpu, "gpus", None)
+    shared, summed = shared_front(spec), ""
+    placed: tuple[int, ...] | None = None
+    if shared is not None:  # beside other deployments: their shares on the same GPUs count too
+        me = getattr(front, "deployment", "")
+        placed = next((c.gpus for c in shared.claims if c.deployment == me), None)
+        if placed:
+            fits, summed = both_colors(me, share_of(server), placed, shared.claims)
+            if not fits:
+                return False, summed
     if not gpus:
         if spec.gpu is None:
-            return True, "no GPU in the spec: nothing to share"
+            return True, summed or "no GPU in the spec: nothing to share"
         return False, "GPU memory was not probed (NVML unavailable): cannot know both fit"
     util = float(str(server.args.get("gpu-memory-utilization", 0.9)))
     world = 1
     for flag in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
         world *= int(str(server.args.get(flag, 1)))
-    used = sorted(gpus, key=lambda g: g.index)[:world]
+    by_index = sorted(gpus, key=lambda g: g.index)
+    used = [g for g in by_index if g.index in placed] if placed else by_index[:world]
     for g in used:
         need = g.memory_total * util
         if g.memory_free < need:
@@ -50,9 +61,12 @@ def room(spec: Spec, obs: Observed) -> tuple[bool, str]:
                 f"GPU {g.index}: {g.memory_free / GiB:.1f} GiB free beside the old server, the new one "
                 f"asks {need / GiB:.1f} GiB (gpu-memory-utilization {util:g})"
             )
+    if not used:
+        return True, summed or "no GPU in use"
     g = used[0]
     need = g.memory_total * util / GiB
-    return True, f"GPU {g.index}: {g.memory_free / GiB:.1f} GiB free, the new one asks {need:.1f} GiB"
+    free = f"GPU {g.index}: {g.memory_free / GiB:.1f} GiB free, the new one asks {need:.1f} GiB"
+    return True, f"{summed}; {free}" if summed else free
 
 
 def mark(spec: Spec, obs: Observed) -> FieldDiff:

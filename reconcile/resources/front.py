@@ -14,7 +14,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from probes.front import FrontObservation
     from reconcile.resources import Observed
+    from reconcile.spec.fronting import SharedFront
     from reconcile.spec.loaded import LoadedSpec
     from reconcile.spec.models import Spec
 
@@ -25,12 +27,16 @@ def plan_front(spec: Spec, obs: Observed) -> Item | None:
     from actions.haproxy import render
     from probes.front import FrontObservation
     from reconcile.identity import color_spec
+    from reconcile.spec.fronting import shared_front
 
     seen = obs.front
     if not isinstance(seen, FrontObservation):
         why = f"cannot be checked: {getattr(seen, 'reason', seen)}"
         return change(Action.CHANGE, why, "the probe failed", actionable=False)
     where = f"{spec.server.host}:{spec.server.port}"
+    shared = shared_front(spec)
+    if shared is not None:
+        return _plan_shared(spec, seen, shared, where)
     if not spec.server.running:
         if seen.master is None:
             return ok("haproxy stopped, as [server] running = false says")
@@ -46,6 +52,33 @@ def plan_front(spec: Spec, obs: Observed) -> Item | None:
         return change(Action.CHANGE, f"rewrite the haproxy config and reload it gracefully ({where} -> {to})",
                       "its config is not the one the spec makes")  # fmt: skip
     return ok(f"haproxy (pid {seen.master}) on {where} routes to {to}")
+
+
+def _plan_shared(spec: Spec, seen: FrontObservation, shared: SharedFront, where: str) -> Item:
+    """The machine's one HAProxy, from this deployment's view: the whole config (every fronted
+    deployment's frontend) as the spec and each one's active color make it."""
+    from actions.haproxy import render
+    from reconcile.identity import color_spec
+
+    assert spec.server is not None
+    if not shared.members:
+        if seen.master is None:
+            return ok("haproxy stopped: no deployment behind it runs")
+        return change(Action.REMOVE, f"stop haproxy (pid {seen.master})", "no deployment behind it runs")
+    if spec.server.running:
+        port = color_spec(spec, seen.active).server.port  # type: ignore[union-attr]
+        to = f"{where} -> {seen.active} (127.0.0.1:{port})"
+    else:
+        to = f"{where} let go: {spec.server.name} is stopped"
+    names = ", ".join(m.deployment for m in shared.members)
+    if seen.master is None:
+        what = f"start the machine's haproxy for {names} ({to})"
+        diff = FieldDiff("haproxy", "(not running)", names)
+        return change(Action.CREATE, what, "no HAProxy of ours runs", (diff,))
+    if seen.config != render(spec, seen.active):
+        return change(Action.CHANGE, f"rewrite the machine's haproxy config and reload it gracefully ({to})",
+                      f"its config is not the one the spec makes for {names}")  # fmt: skip
+    return ok(f"the machine's haproxy (pid {seen.master}) for {names}: {to}")
 
 
 def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None]) -> ActionResult:

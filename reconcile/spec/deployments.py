@@ -14,6 +14,15 @@ import os
 
 from reconcile.errors import ReconcileError
 from reconcile.record import Record
+from reconcile.spec.fronting import (
+    DEFAULT_HAPROXY,
+    FrontMember,
+    FrontView,
+    GpuClaim,
+    SharedFront,
+    placement,
+    share_of,
+)
 from reconcile.spec.loaded import LoadedSpec
 
 TYPE_CHECKING = False
@@ -46,6 +55,7 @@ def deployments(loaded: LoadedSpec) -> list[Deployment]:
         return [Deployment(DEFAULT, loaded, None)]
     out = []
     resolved_tables = loaded.resolved.get("deployments") or {}
+    shared = _shared_front(spec, tables)
     for name, table in tables.items():
         server = table.server
         env_update: dict[str, str] = {}
@@ -60,6 +70,7 @@ def deployments(loaded: LoadedSpec) -> list[Deployment]:
                 "model": table.model,
                 "api_key": table.api_key if table.api_key is not None else spec.api_key,
                 "server": server,
+                "front": _front_view(spec, table, name, shared),
                 "deployments": {},
             }
         )
@@ -74,6 +85,38 @@ def deployments(loaded: LoadedSpec) -> list[Deployment]:
     return out
 
 
+def _shared_front(spec: Any, tables: dict[str, Any]) -> SharedFront | None:
+    """The machine's one HAProxy: every fronted deployment's frontend, every running one's GPU claim."""
+    if not any(getattr(t, "front", None) is not None for t in tables.values()):
+        return None
+    members, claims = [], []
+    count = spec.gpu.count if getattr(spec, "gpu", None) is not None else None
+    for name, table in tables.items():
+        server = table.server
+        if getattr(server, "running", True):
+            claims.append(GpuClaim(name, placement(_gpus(table), server.args, count), share_of(server)))
+        if table.front is None or not getattr(server, "running", True):
+            continue  # a stopped deployment has no frontend: its public port is let go
+        ports = list(table.front.ports) or [server.port + 1, server.port + 2]
+        state_dir = state_dir_of(spec.machine.state_dir, name)
+        colors = (ports[0], ports[1])
+        member = FrontMember(
+            name, server.name, server.host, server.port, colors, state_dir, float(server.stop_timeout)
+        )
+        members.append(member)
+    return SharedFront(spec.machine.state_dir, tuple(members), tuple(claims))
+
+
+def _front_view(spec: Any, table: Any, name: str, shared: SharedFront | None) -> FrontView | None:
+    front = getattr(table, "front", None)
+    if front is None or shared is None:
+        return None
+    machine = getattr(spec, "front", None)
+    blue_green = front.blue_green or (machine.blue_green if machine is not None else "auto")
+    haproxy = machine.haproxy if machine is not None else DEFAULT_HAPROXY
+    return FrontView(haproxy, list(front.ports), blue_green, name, shared)
+
+
 def _gpus(table: Any) -> tuple[int, ...] | None:
     return None if table.gpus is None else tuple(table.gpus)
 
@@ -83,8 +126,10 @@ def _resolved_view(
 ) -> dict[str, Any]:
     """The deployment's document in today's one-deployment form: what its generations record (and a
     rollback of it loads back)."""
-    doc = {k: v for k, v in whole.items() if k != "deployments"}
+    doc = {k: v for k, v in whole.items() if k not in ("deployments", "front")}
     doc["machine"] = {**(doc.get("machine") or {}), "state_dir": state_dir}
+    if "front" in table:  # its [front] as a one-deployment spec has it: the machine's, with its own
+        doc["front"] = {**(whole.get("front") or {}), **table["front"]}
     for section in _SECTIONS:
         if section in table:
             doc[section] = table[section]

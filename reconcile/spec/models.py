@@ -459,6 +459,23 @@ class Front(_Model):
     )
 
 
+class DeploymentFront(_Model):
+    """[deployments.<name>.front]: the deployment behind the machine's one HAProxy ([front] haproxy): its
+    [server] host:port is the public one HAProxy binds, vLLM takes turns on two loopback ports."""
+
+    ports: list[Port] = Field(
+        default_factory=list,
+        description="The two loopback ports its server takes turns on (default: its [server] port + 1 "
+        "and + 2).",
+    )
+    blue_green: Literal["auto", "never"] | None = Field(
+        None,
+        description="auto: a switch of this deployment starts the new server beside the old one when the "
+        "GPUs hold both beside the other deployments; never: drain-restart in place (default: [front] "
+        "blue_green, else auto).",
+    )
+
+
 class Health(_Model):
     timeout: Duration = Field(5.0, description="Per-request timeout for health probes.")
     check_models: StrictBool = Field(True, description="/v1/models must list the served name.")
@@ -497,9 +514,18 @@ class Deployment(_Model):
         description="The GPUs it may use, by index (CUDA_VISIBLE_DEVICES); None: every GPU. The preflight "
         "sums the gpu-memory-utilization of every deployment placed on a GPU.",
     )
+    front: DeploymentFront | None = Field(
+        None, description="Behind the machine's HAProxy (blue/green switches of this deployment alone)."
+    )
 
     @model_validator(mode="after")
     def _gpus(self) -> Deployment:
+        if self.front is not None:
+            ports = self.front.ports or [self.server.port + 1, self.server.port + 2]
+            if len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports or max(ports) > 65535:
+                raise _at(
+                    "front.ports", "two different ports, neither of them its [server] port: [8001, 8002]"
+                )
         if self.gpus is not None and len(set(self.gpus)) != len(self.gpus):
             raise _at("gpus", f"{self.gpus} names a GPU twice (each index once)")
         if self.gpus is not None and "CUDA_VISIBLE_DEVICES" in self.server.env:
@@ -519,7 +545,12 @@ class Spec(_Model):
     model: Model | None = Field(None, description="The model's files and config.json patch.")
     api_key: ApiKey | None = Field(None, description="The server's API key file.")
     server: Server | None = Field(None, description="The `vllm serve` process.")
-    front: Front | None = Field(None, description="HAProxy in front of the server (blue/green switches).")
+    front: Front | None = Field(
+        None,
+        description="HAProxy in front of the server (blue/green switches). Beside [deployments.*]: the "
+        "machine's one HAProxy (haproxy, blue_green), in front of each deployment with a "
+        "[deployments.<name>.front] table.",
+    )
     health: Health = Field(default_factory=Health, description="Health checks.")
     deployments: dict[DeploymentName, Deployment] = Field(
         default_factory=dict,
@@ -565,6 +596,17 @@ class Spec(_Model):
                 raise _at(
                     section, "is set beside [deployments.*] (move it into a [deployments.<name>] table)"
                 )
+        if self.front is not None and self.front.ports:
+            raise _at(
+                "front.ports",
+                "is per deployment beside [deployments.*] (set [deployments.<name>.front] ports)",
+            )
+        if self.front is not None and not any(d.front is not None for d in self.deployments.values()):
+            raise _at(
+                "front",
+                "no deployment stands behind it (add a [deployments.<name>.front] table to each deployment "
+                "HAProxy fronts)",
+            )
         names: dict[str, str] = {}
         for key, d in self.deployments.items():
             if d.server.executable is None and d.venv is None and self.venv is None:
