@@ -405,9 +405,18 @@ def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_D
     bytes (HttpTooLarge), and a compressed one, whose size on the wire says nothing of its size.
     Downloads (`/resolve/`) are not capped: they are as large as the model, and stream to disk.
     """
+    bound_hub_session()
+    done, value = in_thread(call, "hub-api", deadline_s)
+    if not done:  # left to its own per-read timeout; its body is capped all the same
+        raise HttpTooSlow(f"{what}: no complete answer within {deadline_s:g} s (slow or stuck hub)")
+    return value  # type: ignore[return-value]
+
+
+def in_thread(call: Callable[[], T], name: str, timeout: float | None = None) -> tuple[bool, T | None]:
+    """(True, call()) run in a daemon thread of its own, its exception raised here; (False, None) when
+    `timeout` passed first (the thread is left to end by itself: a daemon never holds the exit)."""
     import threading
 
-    bound_hub_session()
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -416,15 +425,15 @@ def hub_api_call(call: Callable[[], T], what: str, deadline_s: float = HUB_API_D
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 
-    worker = threading.Thread(target=run, name="hub-api", daemon=True)
+    worker = threading.Thread(target=run, name=name, daemon=True)
     worker.start()
-    worker.join(deadline_s)
-    if worker.is_alive():  # left to its own per-read timeout; its body is capped all the same
-        raise HttpTooSlow(f"{what}: no complete answer within {deadline_s:g} s (slow or stuck hub)")
+    worker.join(timeout)
+    if worker.is_alive():
+        return False, None
     if "error" in box:
         raise box["error"]
     value: T = box["value"]
-    return value
+    return True, value
 
 
 DOWNLOAD_LEAST_RATE = 64 << 10  # bytes a second, over each window: a 10 GB model in at most ~45 h

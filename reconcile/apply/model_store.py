@@ -337,27 +337,16 @@ def _deep(call: Callable[[], T]) -> T:
     import sys
     import threading
 
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
+    from reconcile.host import in_thread
 
     limit, stack = sys.getrecursionlimit(), threading.stack_size(DEEP_STACK)
     sys.setrecursionlimit(max(limit, DEEP_RECURSION))
     try:
-        worker = threading.Thread(target=run, name="hub-scan")
-        worker.start()
-        worker.join()
+        _done, value = in_thread(call, "hub-scan")  # no timeout: it ends
     finally:
         threading.stack_size(stack)
         sys.setrecursionlimit(limit)
-    if "error" in box:
-        raise box["error"]
-    value: T = box["value"]
-    return value
+    return value  # type: ignore[return-value]
 
 
 def _remove_inside(hub: str, path: str) -> bool:

@@ -155,20 +155,26 @@ def _exists(name: str, dfd: int) -> bool:
     return True
 
 
-def clear_non_file(path: str, *, then: str = AFRESH) -> str | None:
-    """Move aside whatever non-regular thing is at `path` (a FIFO, a directory, a symlink), before a
-    writer that opens the name itself (the lock) or renames over it; returns where it went."""
+def _lstat(path: str) -> os.stat_result | None:
+    """What is at `path` itself (a link not followed), looked up in its directory's fd; None when it or
+    its directory is absent (the writer makes them, or says why not)."""
     try:
         dfd, name = _parent(path)
-    except (FileNotFoundError, NotADirectoryError):  # the writer makes the directory, or says why not
+    except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        seen = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return None
     finally:
         os.close(dfd)
-    if stat.S_ISREG(seen.st_mode):
+
+
+def clear_non_file(path: str, *, then: str = AFRESH) -> str | None:
+    """Move aside whatever non-regular thing is at `path` (a FIFO, a directory, a symlink), before a
+    writer that opens the name itself (the lock) or renames over it; returns where it went."""
+    seen = _lstat(path)
+    if seen is None or stat.S_ISREG(seen.st_mode):
         return None
     return move_aside_corrupt(path, _what(seen.st_mode), then=then)
 
@@ -178,17 +184,8 @@ def clear_non_dir(path: str, *, then: str = AFRESH) -> str | None:
     <state_dir>/deployments/<name>/) and is not a real directory: a file, a FIFO, a symlink (renamed
     itself, never followed, wherever it points). Returns where it went; None when it is a directory or
     absent (its writer makes it)."""
-    try:
-        dfd, name = _parent(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    try:
-        seen = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(dfd)
-    if stat.S_ISDIR(seen.st_mode):
+    seen = _lstat(path)
+    if seen is None or stat.S_ISDIR(seen.st_mode):
         return None
     return _aside(path, f"{_what(seen.st_mode)}, not a directory", then)
 
