@@ -68,6 +68,15 @@ def _config(state_dir: str, digest: str | None) -> dict[str, Any]:
         return {"(config.json)": f"not JSON, sha256 {digest[:12]}"}
 
 
+def _front(g: Mapping[str, Any]) -> str:
+    """A generation's [front] in words: "none", or its colors' ports."""
+    front = (g.get("spec") or {}).get("front")
+    if not isinstance(front, dict):
+        return "none"
+    ports = front.get("ports") or []
+    return "HAProxy, colors on " + (", ".join(map(str, ports)) if ports else "the next two ports")
+
+
 def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Package versions, config.json keys, args, env, venv path and model commit that differ."""
     la, lb = a.get("launch") or {}, b.get("launch") or {}
@@ -88,6 +97,9 @@ def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> l
     out += _changes("env", la.get("env") or {}, lb.get("env") or {})
     if va.get("path") != vb.get("path"):
         out.append(f"venv: {va.get('path')} -> {vb.get('path')}")
+    fa, fb = _front(a), _front(b)
+    if fa != fb:  # what serves on the public port: the server itself, or HAProxy before two colors
+        out.append(f"front: {fa} -> {fb}")
     if a.get("model_commit") != b.get("model_commit"):
         out.append(f"model commit: {a.get('model_commit')} -> {b.get('model_commit')}")
     return out

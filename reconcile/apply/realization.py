@@ -34,9 +34,13 @@ def who() -> str:
 
 def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
     """What serving depends on, as it is now: the venv (path, packages), config.json (kept by its
-    hash), the launch identity (argv, env with secrets hashed) and the model commit."""
+    hash), the launch identity (argv, env with secrets hashed) and the model commit. Behind [front]
+    the server that runs is a color's (its own name, loopback, its own port: another identity), so
+    `launch.colors` holds each color's identity too, and they are part of the key: a fronted spec is
+    never the same generation as a front-less one with the same launch inputs, and the generation a
+    live color server carries is found (reconcile.apply.switching.carries)."""
     from actions.launching import launch_command
-    from reconcile.identity import redact_argv
+    from reconcile.identity import COLORS, color_spec, redact_argv
     from reconcile.plan.prober import probe_some
     from reconcile.resources.server import launch_inputs
 
@@ -52,9 +56,16 @@ def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
         # The env the spec declares (our own PATH, HOME and the markers vary by caller), secrets hashed.
         shown = generations.scrub_env(dict(spec.server.env), getattr(spec.server, "secret_env", ()))
         launch = {"argv": redact_argv(cmd.argv), "env": shown, "identity": cmd.identity.digest}
+        if getattr(spec, "front", None) is not None:
+            launch["colors"] = {
+                c: launch_command(color_spec(spec, c), inputs, key_required=False).identity.digest
+                for c in COLORS
+            }
     venv_path = spec.venv.path if spec.venv is not None else None
     model_dir = spec.model.dir if spec.model is not None else None
     key_parts = [venv_path, config, launch and launch["identity"], inputs.model_revision]
+    if launch is not None and "colors" in launch:
+        key_parts.append(launch["colors"])
     model: dict[str, Any] | None = None
     if model_dir is not None and os.path.basename(model_dir).endswith("-model"):
         from reconcile.apply.model_store import read_seal

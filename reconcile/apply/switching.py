@@ -65,12 +65,24 @@ def running_server(spec: Spec) -> tuple[str | None, int | None]:
     return (found.identity, found.pid) if found is not None else (None, None)
 
 
+def carries(state: dict[str, Any], identity: str | None) -> bool:
+    """Whether a live server of launch identity `identity` is generation record `state`'s: its own
+    server's, or behind [front] one of its colors' (a color runs under its own name and port)."""
+    launch = state.get("launch") or {}
+    if identity is None:
+        return False
+    if "colors" in launch:  # fronted: only a color serves (its un-colored identity never runs)
+        return identity in (launch.get("colors") or {}).values()
+    return identity == launch.get("identity")
+
+
 def serving(state_dir: str, identity: str | None) -> int | None:
-    """The generation whose launch identity is `identity` (the newest, should two share it)."""
+    """The generation whose server (or, behind [front], one of whose colors) carries launch identity
+    `identity` (the newest, should two share it)."""
     if identity is None:
         return None
     for g in reversed(generations.read_all(state_dir)):
-        if (g.get("launch") or {}).get("identity") == identity:
+        if carries(g, identity):
             return int(g["generation"])
     return None
 
@@ -176,7 +188,7 @@ def _left(sw: Switch, report: ApplyReport) -> str:
     try:
         identity, pid = running_server(sw.applied.spec)
         state = realized_state(sw.applied)
-        if identity is not None and identity == (state.get("launch") or {}).get("identity"):
+        if carries(state, identity):
             number, _ = generations.record(sw.state_dir, state, reason=f"{sw.reason} (interrupted)")
             report.generation = number
             if number == sw.before:

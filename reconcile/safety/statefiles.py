@@ -289,7 +289,9 @@ PROFILE_RECORD = Obj(
         "spec_path": OPT_STR,
         "venv": Obj({"path": OPT_STR, "packages": MapOf(STR)}, nullable=True),
         "config_json": OPT_STR,
-        "launch": Obj({"argv": ListOf(STR), "env": MapOf(STR), "identity": STR}, nullable=True),
+        "launch": Obj(
+            {"argv": ListOf(STR), "env": MapOf(STR), "identity": STR, "colors": MapOf(STR)}, nullable=True
+        ),
         "model_commit": OPT_STR,
     },
     required=("generation", "key"),
