@@ -346,6 +346,29 @@ def front_paths(spec: Spec) -> tuple[str, str, str]:
     return f"{base}.cfg", f"{base}.pid", f"{base}.sock"
 
 
+def former_front(spec: Spec) -> Spec | None:
+    """A spec without [front] whose deployment our HAProxy still serves ([front] was taken out, or a
+    rollback goes to a generation from before it): the spec as it was behind that front (apt's haproxy,
+    the default color ports), to stop it by; None when no HAProxy of ours serves the deployment. Ours:
+    the master its pidfile in the state dir names, run by root from apt's haproxy with our config
+    (<state_dir>/front-<name>.cfg) on its command line (reconcile.ownership.membership.front_master)."""
+    if spec.server is None or getattr(spec, "front", None) is not None:
+        return None
+    from reconcile.ownership.membership import front_master
+
+    was = as_fronted(spec)
+    return was if front_master(was) is not None else None
+
+
+def as_fronted(spec: Spec) -> Spec:
+    """The front-less spec with apt's haproxy as its [front] (only what finding and stopping it read)."""
+    from reconcile.spec.fronting import DEFAULT_HAPROXY
+    from reconcile.spec.view import SpecView
+
+    front = SpecView({"haproxy": DEFAULT_HAPROXY, "ports": [], "blue_green": "never"})
+    return spec.model_copy(update={"front": front})
+
+
 def front_joined(state_dir: str, server: str) -> bool:
     """Whether a deployment's own front step ran (its front-<server>.json is there): before, another
     deployment's step leaves it out of the shared config (its server from before [front] may still

@@ -55,12 +55,16 @@ def _no_color(fronted: Any) -> bool:
     return not any(marked_pids(scope_of(color_spec(fronted, c))) for c in COLORS)
 
 
+def _models(demo: Demo) -> Any:
+    key = demo.key_file.read_text().strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    return http_request("GET", "127.0.0.1", demo.port, "/v1/models", headers=headers)
+
+
 def _served_plain(demo: Demo) -> bool:
     """/v1/models answers on the public port, from the deployment's own (front-less) server."""
-    key = demo.key_file.read_text().strip()
-    answer = http_request("GET", "127.0.0.1", demo.port, "/v1/models", headers={"Authorization": f"Bearer {key}"})
     plain = load_spec(str(demo.spec_path)).spec
-    return answer.status == 200 and bool(marked_pids(scope_of(plain)))
+    return _models(demo).status == 200 and bool(marked_pids(scope_of(plain)))
 
 
 def _teardown(demo: Demo, fronted: Any) -> None:
@@ -124,11 +128,9 @@ def test_a_rollback_to_a_front_less_generation_converges_in_one_go(demo: Demo) -
         assert back.returncode in (0, 2), back.output
         assert _gone(master) and front_master(fronted) is None, back.output
         assert _no_color(fronted)
-        key = demo.key_file.read_text().strip()
-        answer = http_request(
-            "GET", "127.0.0.1", demo.port, "/v1/models", headers={"Authorization": f"Bearer {key}"}
-        )
+        answer = _models(demo)
         assert answer.status == 200 and json.loads(answer.body)["data"], answer
+        assert _served_plain(demo)
     finally:
         if fronted is not None:
             _teardown(demo, fronted)
