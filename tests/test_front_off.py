@@ -18,9 +18,13 @@ from reconcile.identity import COLORS, color_spec
 from reconcile.ownership.membership import front_master, scope_of
 from reconcile.spec.loader import load_spec
 from tests.apply_support import Demo
-from tests.switch_load_support import stop_front
+from tests.switch_load_support import Load, stop_front
+from tests.test_deployments import Multi
 from tests.test_fake_vllm_stop import refused
-from tests.test_server_support import free_port
+from tests.test_front_deployments import _color_pid, _views, fronted, fronted_spec
+from tests.test_server_support import free_port, wait_for
+
+__all__ = ["fronted"]  # the fixture, shared with tests/test_front_deployments.py
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs apt's haproxy (.ci/run)")
 
@@ -134,3 +138,50 @@ def test_a_rollback_to_a_front_less_generation_converges_in_one_go(demo: Demo) -
     finally:
         if fronted is not None:
             _teardown(demo, fronted)
+
+
+def _without_chat_front(colors: dict[str, list[int]]) -> Any:
+    def edit(doc: Any) -> None:
+        fronted_spec(colors, 0.3)(doc)
+        del doc["deployments"]["chat"]["front"]
+
+    return edit
+
+
+def test_taking_one_deployments_front_away_leaves_the_others_traffic_and_the_master(
+    fronted: tuple[Multi, dict[str, Any]],
+) -> None:
+    """[deployments.chat.front] taken out: chat's frontend and backend leave the machine's HAProxy (a
+    graceful reload), chat's colors stop and its own server serves its port; draft's traffic carries on
+    through the same master, its server untouched."""
+    multi, colors = fronted
+    multi.write(fronted_spec(colors, 0.3))
+    first = multi.cli("apply", "--auto-approve")
+    assert first.returncode == 2, first.stdout + first.stderr
+    views = _views(multi)
+    master = front_master(views["draft"])
+    assert master is not None
+    draft_pid = _color_pid(multi, "draft", "blue")
+    with Load(multi.ports["draft"], multi.key("draft"), "draft", clients=4) as draft:
+        wait_for(lambda: draft.tally("before").ok >= 4, 60, "draft's load before")
+        draft.phase = "take away"
+        multi.write(_without_chat_front(colors))
+        plan = multi.cli("plan")
+        assert plan.returncode == 2 and "held by" not in plan.stdout, plan.stdout + plan.stderr
+        assert f"take chat out of the machine's haproxy (pid {master})" in plan.stdout, plan.stdout
+        applied = multi.cli("apply", "--auto-approve")
+        draft.phase = "after"
+        wait_for(lambda: draft.tally("after").ok >= 4, 60, "draft served on")
+    assert applied.returncode == 2, applied.stdout + applied.stderr
+    s = draft.summary()
+    assert s["failed"] == 0 and s["cut"] == 0 and s["unserved"] == 0, s
+    assert front_master(_views(multi)["draft"]) == master  # the same master: a reload, not a restart
+    assert _color_pid(multi, "draft", "blue") == draft_pid
+    config = (multi.state_dir / "front.cfg").read_text()
+    assert "frontend chat" not in config and "vllm-chat" not in config and "frontend draft" in config
+    assert _no_color(views["chat"])
+    chat = _views(multi)["chat"]
+    assert chat.front is None and marked_pids(scope_of(chat))  # its own server, on its public port
+    assert multi.models("chat", multi.key("chat"))[0] == 200
+    again = multi.cli("plan")
+    assert again.returncode == 0, again.stdout + again.stderr
