@@ -31,19 +31,32 @@ def take_away(spec: Spec) -> str:
     their own scope, the master as front_master proves it (pidfile, root, apt's haproxy, our config)."""
     from actions import server as server_action
     from actions import supervising
-    from reconcile.identity import as_fronted, color_spec
+    from reconcile.identity import as_fronted, color_spec, former_front, front_paths
     from reconcile.ownership.membership import scope_of
+    from reconcile.safety import statefiles
 
-    was = as_fronted(spec)
+    was = former_front(spec) or as_fronted(spec)
     said = []
     for color in COLORS:
         each = color_spec(was, color)
         if supervising.marked_pids(scope_of(each)):
             said.append(server_action.ensure_stopped(each).message)
     pid = front_master(was)
-    if pid is not None:
-        haproxy.stop(was, pid)
-        said.append(f"stopped haproxy (master pid {pid}): the spec has no [front]")
+    if pid is None:
+        return "; ".join(said)
+    if shared_front(was) is not None:  # the machine's one HAProxy: only this deployment leaves it
+        assert spec.server is not None
+        config, _pidfile, _sock = front_paths(was)
+        raw = statefiles.read_state(config, max_bytes=65536) or b""
+        deployment = str(getattr(was.front, "deployment", ""))
+        text = haproxy.without(raw.decode(errors="replace"), spec.server.name, deployment)
+        if "\nfrontend " in text:
+            haproxy.write_config(was, text)
+            haproxy.reload(was, pid)
+            said.append(f"took {spec.server.name} out of the machine's haproxy (master pid {pid}), reloaded")
+            return "; ".join(said)
+    haproxy.stop(was, pid)
+    said.append(f"stopped haproxy (master pid {pid}): the spec has no [front]")
     return "; ".join(said)
 
 

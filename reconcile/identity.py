@@ -350,23 +350,62 @@ def former_front(spec: Spec) -> Spec | None:
     """A spec without [front] whose deployment our HAProxy still serves ([front] was taken out, or a
     rollback goes to a generation from before it): the spec as it was behind that front (apt's haproxy,
     the default color ports), to stop it by; None when no HAProxy of ours serves the deployment. Ours:
-    the master its pidfile in the state dir names, run by root from apt's haproxy with our config
-    (<state_dir>/front-<name>.cfg) on its command line (reconcile.ownership.membership.front_master)."""
+    the master its pidfile in the state dir names, run by root from apt's haproxy with our config on its
+    command line (reconcile.ownership.membership.front_master): the deployment's own
+    <state_dir>/front-<name>.cfg, or for a deployment of [deployments] the machine's
+    <machine state_dir>/front.cfg while that still has the deployment's frontend."""
     if spec.server is None or getattr(spec, "front", None) is not None:
         return None
     from reconcile.ownership.membership import front_master
 
     was = as_fronted(spec)
-    return was if front_master(was) is not None else None
+    if front_master(was) is not None:
+        return was
+    machine = machine_dir(spec)
+    if machine is None:
+        return None
+    was = as_fronted(spec, machine)
+    return was if front_master(was) is not None and serves_in(was) else None
 
 
-def as_fronted(spec: Spec) -> Spec:
-    """The front-less spec with apt's haproxy as its [front] (only what finding and stopping it read)."""
-    from reconcile.spec.fronting import DEFAULT_HAPROXY
+def machine_dir(spec: Spec) -> str | None:
+    """The machine's state dir of a deployment view (<machine>/deployments/<name>, see
+    reconcile.spec.deployments.state_dir_of); None for a state dir not laid out so."""
+    import os.path
+
+    here = spec.machine.state_dir.rstrip("/")
+    parent = os.path.dirname(here)
+    return os.path.dirname(parent) if os.path.basename(parent) == "deployments" else None
+
+
+def as_fronted(spec: Spec, machine: str | None = None) -> Spec:
+    """The front-less spec with apt's haproxy as its [front] (only what finding and stopping it read);
+    `machine`: behind the machine's one HAProxy in that state dir."""
+    from reconcile.spec.fronting import DEFAULT_HAPROXY, FrontView, SharedFront
     from reconcile.spec.view import SpecView
 
+    if machine is not None:
+        assert spec.server is not None
+        shared = SharedFront(machine, (), ())
+        view = FrontView(
+            DEFAULT_HAPROXY, [], "never", spec.machine.state_dir.rstrip("/").rsplit("/", 1)[-1], shared
+        )
+        return spec.model_copy(update={"front": view})
     front = SpecView({"haproxy": DEFAULT_HAPROXY, "ports": [], "blue_green": "never"})
     return spec.model_copy(update={"front": front})
+
+
+def serves_in(was: Spec) -> bool:
+    """Whether the machine's HAProxy config still has the deployment's frontend."""
+    from reconcile.safety import statefiles
+
+    assert was.server is not None
+    config, _pidfile, _sock = front_paths(was)
+    try:
+        raw = statefiles.read_state(config, max_bytes=65536) or b""
+    except OSError:
+        return False
+    return f"\nfrontend {was.server.name}\n".encode() in raw
 
 
 def front_joined(state_dir: str, server: str) -> bool:

@@ -71,9 +71,18 @@ def _plan_taken_away(spec: Spec, obs: Observed) -> Item | None:
         if spec.server.running
         else "[server] running = false"
     )
+    name = spec.server.name
+    if f"\nbackend vllm-{name}\n" in (seen.config or ""):  # the machine's one HAProxy, shared
+        return change(
+            Action.REMOVE,
+            f"take {name} out of the machine's haproxy (pid {seen.master}) and reload it gracefully, "
+            f"after {name}'s colors drain and stop",
+            f"the spec has no front for {name}; {then}",
+            (FieldDiff("haproxy", f"routes {where}", "(let go)"),),
+        )
     return change(
         Action.REMOVE,
-        f"stop haproxy (pid {seen.master}) on {where}, after {spec.server.name}'s colors drain and stop",
+        f"stop haproxy (pid {seen.master}) on {where}, after {name}'s colors drain and stop",
         f"the spec has no [front]; {then}",
         (FieldDiff("haproxy", f"pid {seen.master}", "(stopped)"),),
     )
