@@ -185,3 +185,27 @@ def test_taking_one_deployments_front_away_leaves_the_others_traffic_and_the_mas
     assert multi.models("chat", multi.key("chat"))[0] == 200
     again = multi.cli("plan")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_a_stranger_on_the_port_is_still_refused_though_a_pidfile_names_it_as_our_front(demo: Demo) -> None:
+    """A process of nobody's holds the public port and our front pidfile names it, its command line even
+    naming our config: not our HAProxy, so the preflight still refuses and nothing is signalled."""
+    import subprocess
+
+    demo.write_spec(lambda doc: _edit(doc, None))
+    demo.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    config = demo.state_dir / f"front-{demo.name}.cfg"
+    code = f"import socket,time;s=socket.socket();s.bind(('127.0.0.1',{demo.port}));s.listen();time.sleep(60)"
+    stranger = subprocess.Popen(
+        ["python3", "-c", code, str(config)], user="nobody", group="nogroup", start_new_session=True
+    )
+    try:
+        (demo.state_dir / f"front-{demo.name}.pid").write_text(f"{stranger.pid}\n")
+        wait_for(lambda: not refused(demo.port), 10, "the stranger listening")
+        plan = demo.cli("plan")
+        assert plan.returncode == 1 and f"port {demo.port} is held by" in plan.output, plan.output
+        assert "stop haproxy" not in plan.output
+        assert stranger.poll() is None  # never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
