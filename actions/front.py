@@ -31,8 +31,8 @@ def take_away(spec: Spec) -> str:
     their own scope, the master as front_master proves it (pidfile, root, apt's haproxy, our config)."""
     from actions import server as server_action
     from actions import supervising
-    from reconcile.identity import as_fronted, color_spec, former_front, front_paths
-    from reconcile.ownership.membership import scope_of
+    from reconcile.identity import as_fronted, color_spec, front_paths
+    from reconcile.ownership.membership import former_front, scope_of
     from reconcile.safety import statefiles
 
     was = former_front(spec) or as_fronted(spec)

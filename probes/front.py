@@ -1,11 +1,12 @@
 """Front probe: the deployment's HAProxy (its config file, its master process, the color it routes
 to). Called by reconcile.plan.prober when the spec has [server]: without [front], it finds our HAProxy
-that still serves the deployment (reconcile.identity.former_front), which apply then takes away."""
+that still serves the deployment (reconcile.ownership.membership.former_front), which apply then
+takes away."""
 
 from __future__ import annotations
 
-from reconcile.identity import active_color, former_front, front_paths
-from reconcile.ownership.membership import front_master
+from reconcile.identity import active_color, front_paths
+from reconcile.ownership.membership import former_front, front_master
 from reconcile.record import Record
 from reconcile.safety import statefiles
 

@@ -346,28 +346,6 @@ def front_paths(spec: Spec) -> tuple[str, str, str]:
     return f"{base}.cfg", f"{base}.pid", f"{base}.sock"
 
 
-def former_front(spec: Spec) -> Spec | None:
-    """A spec without [front] whose deployment our HAProxy still serves ([front] was taken out, or a
-    rollback goes to a generation from before it): the spec as it was behind that front (apt's haproxy,
-    the default color ports), to stop it by; None when no HAProxy of ours serves the deployment. Ours:
-    the master its pidfile in the state dir names, run by root from apt's haproxy with our config on its
-    command line (reconcile.ownership.membership.front_master): the deployment's own
-    <state_dir>/front-<name>.cfg, or for a deployment of [deployments] the machine's
-    <machine state_dir>/front.cfg while that still has the deployment's frontend."""
-    if spec.server is None or getattr(spec, "front", None) is not None:
-        return None
-    from reconcile.ownership.membership import front_master
-
-    was = as_fronted(spec)
-    if front_master(was) is not None:
-        return was
-    machine = machine_dir(spec)
-    if machine is None:
-        return None
-    was = as_fronted(spec, machine)
-    return was if front_master(was) is not None and serves_in(was) else None
-
-
 def machine_dir(spec: Spec) -> str | None:
     """The machine's state dir of a deployment view (<machine>/deployments/<name>, see
     reconcile.spec.deployments.state_dir_of); None for a state dir not laid out so."""

@@ -250,7 +250,8 @@ def inputs_from(spec: Spec, obs: Observed, within: str | None = None) -> Preflig
 def _our_front_holds(spec: Spec, obs: Observed, pid: int | None) -> bool:
     """Whether the port's holder is our HAProxy (its master, or a worker the master forked) that this
     apply takes away: the spec has no [front], and the front probe found ours serving the deployment
-    (reconcile.identity.former_front: pidfile, root, apt's haproxy, our config on its command line)."""
+    (reconcile.ownership.membership.former_front: pidfile, root, apt's haproxy, our config on its
+    command line)."""
     from reconcile.ownership.membership import read_stat
 
     master = getattr(obs.front, "master", None)
