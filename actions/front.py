@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actions import haproxy
-from reconcile.identity import active_color
+from reconcile.identity import COLORS, active_color
 from reconcile.ownership.membership import front_master
 from reconcile.plan.records import ActionResult
 from reconcile.spec.fronting import shared_front
@@ -17,6 +17,50 @@ if TYPE_CHECKING:
 
 
 def apply(spec: Spec) -> ActionResult:
+    assert spec.server is not None
+    if getattr(spec, "front", None) is None:  # [front] taken out: ours goes (with running = false too)
+        said = take_away(spec)
+        return ActionResult(bool(said), said or "no haproxy of ours serves it")
+    return _apply_fronted(spec)
+
+
+def take_away(spec: Spec) -> str:
+    """A spec without [front] whose deployment our HAProxy (or a color of it) still serves: each color
+    drains and stops (its in-flight requests finish through HAProxy), then HAProxy stops and lets the
+    public port go. What was done, "" when nothing was there. Ours only: the colors by their marker in
+    their own scope, the master as front_master proves it (pidfile, root, apt's haproxy, our config)."""
+    from actions import server as server_action
+    from actions import supervising
+    from reconcile.identity import as_fronted, color_spec, front_paths
+    from reconcile.ownership.membership import former_front, scope_of
+    from reconcile.safety import statefiles
+
+    was = former_front(spec) or as_fronted(spec)
+    said = []
+    for color in COLORS:
+        each = color_spec(was, color)
+        if supervising.marked_pids(scope_of(each)):
+            said.append(server_action.ensure_stopped(each).message)
+    pid = front_master(was)
+    if pid is None:
+        return "; ".join(said)
+    if shared_front(was) is not None:  # the machine's one HAProxy: only this deployment leaves it
+        assert spec.server is not None
+        config, _pidfile, _sock = front_paths(was)
+        raw = statefiles.read_state(config, max_bytes=65536) or b""
+        deployment = str(getattr(was.front, "deployment", ""))
+        text = haproxy.without(raw.decode(errors="replace"), spec.server.name, deployment)
+        if "\nfrontend " in text:
+            haproxy.write_config(was, text)
+            haproxy.reload(was, pid)
+            said.append(f"took {spec.server.name} out of the machine's haproxy (master pid {pid}), reloaded")
+            return "; ".join(said)
+    haproxy.stop(was, pid)
+    said.append(f"stopped haproxy (master pid {pid}): the spec has no [front]")
+    return "; ".join(said)
+
+
+def _apply_fronted(spec: Spec) -> ActionResult:
     assert spec.server is not None
     shared = shared_front(spec)
     if (shared is None and not spec.server.running) or (shared is not None and not shared.members):

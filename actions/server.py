@@ -85,6 +85,14 @@ def apply(
             said = before + "; ".join(r.message for r in results)
             return ActionResult(any(r.changed for r in results) or bool(before), said)
         spec = serving_spec(spec)  # a drain-restart in place, on the active color
+    elif _server(spec).running:
+        # [front] taken out while our HAProxy (or a color of it) still serves: the colors drain and
+        # stop, then HAProxy lets the public port go, and only then the server starts there (the
+        # front row then finds nothing left to stop).
+        from actions.front import take_away
+
+        if said := take_away(spec):
+            before = f"{said}; "
     if not _server(spec).running:
         return ensure_stopped(spec)
     hung = change.params.get("engine_hung")

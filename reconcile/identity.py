@@ -346,6 +346,46 @@ def front_paths(spec: Spec) -> tuple[str, str, str]:
     return f"{base}.cfg", f"{base}.pid", f"{base}.sock"
 
 
+def machine_dir(spec: Spec) -> str | None:
+    """The machine's state dir of a deployment view (<machine>/deployments/<name>, see
+    reconcile.spec.deployments.state_dir_of); None for a state dir not laid out so."""
+    import os.path
+
+    here = spec.machine.state_dir.rstrip("/")
+    parent = os.path.dirname(here)
+    return os.path.dirname(parent) if os.path.basename(parent) == "deployments" else None
+
+
+def as_fronted(spec: Spec, machine: str | None = None) -> Spec:
+    """The front-less spec with apt's haproxy as its [front] (only what finding and stopping it read);
+    `machine`: behind the machine's one HAProxy in that state dir."""
+    from reconcile.spec.fronting import DEFAULT_HAPROXY, FrontView, SharedFront
+    from reconcile.spec.view import SpecView
+
+    if machine is not None:
+        assert spec.server is not None
+        shared = SharedFront(machine, (), ())
+        view = FrontView(
+            DEFAULT_HAPROXY, [], "never", spec.machine.state_dir.rstrip("/").rsplit("/", 1)[-1], shared
+        )
+        return spec.model_copy(update={"front": view})
+    front = SpecView({"haproxy": DEFAULT_HAPROXY, "ports": [], "blue_green": "never"})
+    return spec.model_copy(update={"front": front})
+
+
+def serves_in(was: Spec) -> bool:
+    """Whether the machine's HAProxy config still has the deployment's frontend."""
+    from reconcile.safety import statefiles
+
+    assert was.server is not None
+    config, _pidfile, _sock = front_paths(was)
+    try:
+        raw = statefiles.read_state(config, max_bytes=65536) or b""
+    except OSError:
+        return False
+    return f"\nfrontend {was.server.name}\n".encode() in raw
+
+
 def front_joined(state_dir: str, server: str) -> bool:
     """Whether a deployment's own front step ran (its front-<server>.json is there): before, another
     deployment's step leaves it out of the shared config (its server from before [front] may still

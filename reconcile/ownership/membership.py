@@ -319,3 +319,25 @@ def front_master(spec: Spec) -> int | None:
         return None
     ours = uid == [b"0"] and exe == os.path.realpath(front.haproxy) and config.encode() in argv
     return pid if ours else None
+
+
+def former_front(spec: Spec) -> Spec | None:
+    """A spec without [front] whose deployment our HAProxy still serves ([front] was taken out, or a
+    rollback goes to a generation from before it): the spec as it was behind that front (apt's haproxy,
+    the default color ports), to stop it by; None when no HAProxy of ours serves the deployment. Ours:
+    the master its pidfile in the state dir names, run by root from apt's haproxy with our config on its
+    command line (reconcile.ownership.membership.front_master): the deployment's own
+    <state_dir>/front-<name>.cfg, or for a deployment of [deployments] the machine's
+    <machine state_dir>/front.cfg while that still has the deployment's frontend."""
+    if spec.server is None or getattr(spec, "front", None) is not None:
+        return None
+    from reconcile.identity import as_fronted, machine_dir, serves_in
+
+    was = as_fronted(spec)
+    if front_master(was) is not None:
+        return was
+    machine = machine_dir(spec)
+    if machine is None:
+        return None
+    was = as_fronted(spec, machine)
+    return was if front_master(was) is not None and serves_in(was) else None

@@ -78,7 +78,8 @@ class PreflightInputs(Record):
     model_files: frozenset[str] = frozenset()  # paths relative to the model dir
     model_files_from: Literal["dir", "source", "catalogue"] = "dir"  # where those were seen (not copied yet)
     weights: WeightsFact | None = None  # before download; None: from model_file_sizes, else estimated
-    port_state: Literal["free", "ours", "other", "unknown"] = "unknown"
+    # "front": our HAProxy holds it, and this apply stops it first ([front] was taken out)
+    port_state: Literal["free", "ours", "front", "other", "unknown"] = "unknown"
     port_holder: PortHolder | None = None
     api_key_configured: bool = False
 

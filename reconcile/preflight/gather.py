@@ -235,7 +235,9 @@ def inputs_from(spec: Spec, obs: Observed, within: str | None = None) -> Preflig
     if isinstance(obs.server, ServerObservation):
         listener = obs.server.listener
         kw["port_state"] = {"ours": "ours", "foreign": "other", "nobody": "free"}[listener.state]
-        if listener.state == "foreign":
+        if listener.state == "foreign" and _our_front_holds(spec, obs, listener.pid):
+            kw["port_state"] = "front"
+        elif listener.state == "foreign":
             cmd = one_line(listener.cmdline, 80) or listener.name or "?"
             health = obs.health
             answer = (
@@ -243,6 +245,20 @@ def inputs_from(spec: Spec, obs: Observed, within: str | None = None) -> Preflig
             )
             kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}", answer)
     return PreflightInputs(**kw)
+
+
+def _our_front_holds(spec: Spec, obs: Observed, pid: int | None) -> bool:
+    """Whether the port's holder is our HAProxy (its master, or a worker the master forked) that this
+    apply takes away: the spec has no [front], and the front probe found ours serving the deployment
+    (reconcile.ownership.membership.former_front: pidfile, root, apt's haproxy, our config on its
+    command line)."""
+    from reconcile.ownership.membership import read_stat
+
+    master = getattr(obs.front, "master", None)
+    if getattr(spec, "front", None) is not None or master is None or pid is None:
+        return False
+    stat = read_stat(pid)
+    return pid == master or (stat is not None and stat.ppid == master)
 
 
 def _cuda_facts(toolkit: object) -> dict[str, Any]:

@@ -212,6 +212,9 @@ def _port(c: RuleContext) -> list[Finding]:
         ]
     if state == "unknown":
         return []
+    if state == "front":
+        said = f"port {port} is held by our HAProxy, which this apply stops before the server starts there"
+        return [finding("host.port", "info", said)]
     return [
         finding(
             "host.port", "info", f"port {port} {'is free' if state == 'free' else 'is held by our server'}"

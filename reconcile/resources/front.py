@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 
 def plan_front(spec: Spec, obs: Observed) -> Item | None:
-    if getattr(spec, "front", None) is None or spec.server is None:
+    if spec.server is None:
         return None
+    if getattr(spec, "front", None) is None:
+        return _plan_taken_away(spec, obs)
     from actions.haproxy import render
     from probes.front import FrontObservation
     from reconcile.identity import color_spec
@@ -52,6 +54,38 @@ def plan_front(spec: Spec, obs: Observed) -> Item | None:
         return change(Action.CHANGE, f"rewrite the haproxy config and reload it gracefully ({where} -> {to})",
                       "its config is not the one the spec makes")  # fmt: skip
     return ok(f"haproxy (pid {seen.master}) on {where} routes to {to}")
+
+
+def _plan_taken_away(spec: Spec, obs: Observed) -> Item | None:
+    """No [front], but our HAProxy still serves the deployment: it goes, its colors drain and stop
+    first (actions.front.take_away); with running = true the plain server then starts on the port."""
+    from probes.front import FrontObservation
+
+    seen = obs.front
+    if not isinstance(seen, FrontObservation) or seen.master is None:
+        return None
+    assert spec.server is not None
+    where = f"{spec.server.host}:{spec.server.port}"
+    then = (
+        f"{spec.server.name} then serves on {where} itself"
+        if spec.server.running
+        else "[server] running = false"
+    )
+    name = spec.server.name
+    if f"\nbackend vllm-{name}\n" in (seen.config or ""):  # the machine's one HAProxy, shared
+        return change(
+            Action.REMOVE,
+            f"take {name} out of the machine's haproxy (pid {seen.master}) and reload it gracefully, "
+            f"after {name}'s colors drain and stop",
+            f"the spec has no front for {name}; {then}",
+            (FieldDiff("haproxy", f"routes {where}", "(let go)"),),
+        )
+    return change(
+        Action.REMOVE,
+        f"stop haproxy (pid {seen.master}) on {where}, after {name}'s colors drain and stop",
+        f"the spec has no [front]; {then}",
+        (FieldDiff("haproxy", f"pid {seen.master}", "(stopped)"),),
+    )
 
 
 def _plan_shared(spec: Spec, seen: FrontObservation, shared: SharedFront, where: str) -> Item:
@@ -87,5 +121,6 @@ def perform(loaded: LoadedSpec, change: Change, progress: Callable[[str], None])
     return front.apply(loaded.spec)
 
 
-PROBES = (Probe("front", "probes.front", "front", tags={"FrontObservation": "front"}),)
+# Probed wherever there is a [server]: without [front] it finds our HAProxy that still serves it.
+PROBES = (Probe("front", "probes.front", "server", tags={"FrontObservation": "front"}),)
 KINDS = (Kind("front", "front", ("front",), plan_front, perform, needs("server")),)
