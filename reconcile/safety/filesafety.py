@@ -370,6 +370,32 @@ ENV_DIRS = (
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")
+# Not a list of names but the tools' own namespaces: any variable of these whose value names a path
+# (an absolute path, a file:// URL, or a list of them split on ':' or blanks) is held to the same rule,
+# a directory to the write-dir role and a file to the read role: uv's system config in each of
+# $XDG_CONFIG_DIRS, its UV_FIND_LINKS, UV_CONSTRAINT, UV_PYTHON_INSTALL_DIR; pip's PIP_FIND_LINKS; git's
+# GIT_EXEC_PATH and GIT_ASKPASS; the hub's HF_TOKEN_PATH, HF_XET_CACHE, HUGGINGFACE_HUB_CACHE (the old
+# name of HF_HUB_CACHE); the CA bundles every HTTPS client root runs trusts; the temp dir the tools
+# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP.
+ENV_PREFIXES = ("UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_")
+ENV_PATH_NAMES = ("TMPDIR", "TMP", "TEMP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
+
+
+def _env_paths(value: str) -> list[str]:
+    """The paths a variable's value names: each ':'- or blank-separated word that is an absolute path
+    or a file:// URL (an index URL, a flag, a number is not a path)."""
+    words = [w for part in value.split(os.pathsep) for w in part.split()]
+    paths = [w[len("file://") :] if w.startswith("file://") else w for w in words]
+    return [w for w in paths if w.startswith("/")]
+
+
+def _env_path_problem(path: str) -> str | None:
+    """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
+    try:
+        is_file = not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        is_file = False
+    return read_problem(path) if is_file else env_dir_problem(path)
 
 
 def env_dir_problem(path: str) -> str | None:
@@ -400,13 +426,22 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
     new value, None to unset) and one "NAME left out: path: why" line for each."""
     changes: dict[str, str | None] = {}
     notes: list[str] = []
-    for name in (*ENV_DIRS, *ENV_FILES):
+    named = [
+        n for n in sorted(environ)
+        if n not in (*ENV_DIRS, *ENV_FILES) and (n.startswith(ENV_PREFIXES) or n in ENV_PATH_NAMES)
+    ]  # fmt: skip
+    for name in (*ENV_DIRS, *ENV_FILES, *named):
         value = environ.get(name)
         if not value:
             continue
-        problem = env_dir_problem(value) if name in ENV_DIRS else read_problem(value)
-        if problem is None and name in ENV_FILES and not value.startswith("/"):
-            problem = f"{value}: not an absolute path"
+        if name in ENV_DIRS:
+            problem = env_dir_problem(value)
+        elif name in ENV_FILES:
+            problem = read_problem(value)
+            if problem is None and not value.startswith("/"):
+                problem = f"{value}: not an absolute path"
+        else:
+            problem = next(filter(None, map(_env_path_problem, _env_paths(value))), None)
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"

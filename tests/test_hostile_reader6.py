@@ -1,0 +1,91 @@
+"""Issue 24's hostile reader, sixth round, classes 1-3 (the path-trust layer, untrusted trees and files,
+the spec's own provenance): attacks on what the fifth round's fixes added (the environment's per-user
+directories, the data role, the walked-once cache of safe trees, the compile caches), found by reading
+docs/security.md and the code alone, each run for real (a `nobody` file or process through setpriv,
+real files, links, uv), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files and processes of another user)")
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+NOGROUP = pwd.getpwnam("nobody").pw_gid
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A root directory, 0755, under /tmp: nobody reaches what the test gives them there (pytest's
+    own tmp dirs are 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="hostile6-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _nobodys_dir(parent: Path, name: str) -> Path:
+    path = parent / name
+    path.mkdir()
+    os.chown(path, NOBODY, NOGROUP)
+    return path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> tuple[int, str]:
+    run = subprocess.run(
+        [sys.executable, "-m", "reconcile", *args],
+        capture_output=True, text=True, timeout=timeout, cwd="/", env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    return run.returncode, run.stdout + run.stderr
+
+
+def _lock_spec(root: Path, wheelhouse: Path) -> Path:
+    """A spec with only [machine] and [venv] (ninja, from an empty wheelhouse), as `reconcile lock`
+    reads it."""
+    spec = root / "spec" / "demo.toml"
+    spec.parent.mkdir(parents=True)
+    spec.write_text(
+        f'[machine]\nstate_dir = "{root}/state"\n\n[venv]\npath = "{root}/venv"\n'
+        f'python = "/usr/bin/python3"\nwheelhouse = "{wheelhouse}"\npackages = {{ ninja = "*" }}\n'
+    )
+    return spec
+
+
+# --- class 1: the path-trust layer (the environment root's tools read) ------------------------------
+
+
+def test_a_uv_config_in_another_users_xdg_config_dirs_never_steers_roots_uv(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The fifth round checks the per-user directories it listed (HOME, XDG_CONFIG_HOME, XDG_CACHE_HOME,
+    UV_CACHE_DIR, ...), but uv also reads a system-level config from each of $XDG_CONFIG_DIRS
+    (<dir>/uv/uv.toml), and so do other tools: `sudo -E reconcile lock` hands root's uv nobody's
+    uv.toml, which chooses its cache (there: a link into a root-only directory), its indexes, its
+    overrides. main: uv wrote its cache, as root, into the root-only directory nobody's config named."""
+    theirs = _nobodys_dir(outside, "xdg")
+    target = tmp_path / "root-only"
+    target.mkdir(mode=0o700)
+    (theirs / "uv").mkdir()
+    (theirs / "uv" / "uv.toml").write_text(f'cache-dir = "{theirs}/cache"\n')
+    os.symlink(target, theirs / "cache")
+    for path in (theirs / "uv", theirs / "uv" / "uv.toml", theirs / "cache"):
+        os.lchown(path, NOBODY, NOGROUP)  # nobody's files in nobody's directory
+    (outside / "no-wheels").mkdir()
+    spec = _lock_spec(tmp_path, outside / "no-wheels")
+    code, output = _cli("lock", "--spec", str(spec), env={"XDG_CONFIG_DIRS": f"/etc/xdg:{theirs}"})
+    assert sorted(p.name for p in target.iterdir()) == [], output
+    assert code == 1, output  # the wheelhouse is empty: no closure, said in one line
+    assert f"reconcile: environment XDG_CONFIG_DIRS left out: /etc/xdg:{theirs}" in output, output
+    assert "Traceback" not in output, output
