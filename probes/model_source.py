@@ -44,6 +44,16 @@ def source_sizes(source: str, patterns: list[str]) -> dict[str, int]:
 
 
 def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
+    """Each file of the tree the data role reaches (filesafety.data_root: no link followed from a
+    directory of another user's on the way), never the one `source` names now by name."""
+    from reconcile.safety.filesafety import UnsafePath, data_root
+
+    try:
+        source = data_root(source)
+    except UnsafePath as exc:
+        raise NotRegular(source, str(exc)) from None
+    except FileNotFoundError:
+        return
     for root, dirs, files in walk_tree(source):
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for f in sorted(files):

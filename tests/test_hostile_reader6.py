@@ -7,6 +7,7 @@ real files, links, uv), each seen succeeding on main before its fix.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -17,6 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.test_untrusted_trees import Tree, tree
+
+__all__ = ["tree"]  # the fixture: a model source tree of nobody's
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files and processes of another user)")
 
@@ -89,3 +94,31 @@ def test_a_uv_config_in_another_users_xdg_config_dirs_never_steers_roots_uv(
     assert code == 1, output  # the wheelhouse is empty: no closure, said in one line
     assert f"reconcile: environment XDG_CONFIG_DIRS left out: /etc/xdg:{theirs}" in output, output
     assert "Traceback" not in output, output
+
+
+# --- class 2: untrusted trees and files ------------------------------------------------------------
+
+
+def test_the_plan_never_reads_a_root_only_config_through_nobodys_source_link(tree: Tree, outside: Path) -> None:
+    """The fifth round gave `[model] source` the data role: apply copies the tree only by the real path
+    data_root() reached (a link from nobody's directory is not followed), and the preflight says so.
+    But the plan's other readers of the source's config.json (the config patch's "was" values, the
+    preflight's model facts) resolved `model.source` by name again, links and all, and took the tree
+    it led to as the source: nobody's source made a link to a directory only root may enter put that
+    directory's config.json values in root's plan. main: the root-only value was in the plan."""
+    private = outside / "root-only"
+    private.mkdir(mode=0o700)
+    shutil.copytree(tree.source, private / "model")
+    secret = "root-only-value-7d1c"
+    config = json.loads((private / "model" / "config.json").read_text())
+    config["rope_parameters"] = secret
+    (private / "model" / "config.json").write_text(json.dumps(config))
+    theirs = _nobodys_dir(outside, "home")
+    tree.as_nobody("ln", "-s", str(private / "model"), str(theirs / "model"))
+    tree.spec.write_text(
+        tree.spec.read_text().replace(f'source = "{tree.source}"', f'source = "{theirs}/model"')
+    )
+    run = tree.cli("plan")
+    assert secret not in run.output, f"a root-only value reached the plan: {run.output}"
+    assert "Traceback" not in run.output, run.output
+    assert f"{theirs}/model" in run.output and "owned by nobody" in run.output, run.output
