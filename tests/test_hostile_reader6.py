@@ -99,7 +99,9 @@ def test_a_uv_config_in_another_users_xdg_config_dirs_never_steers_roots_uv(
 # --- class 2: untrusted trees and files ------------------------------------------------------------
 
 
-def test_the_plan_never_reads_a_root_only_config_through_nobodys_source_link(tree: Tree, outside: Path) -> None:
+def test_the_plan_never_reads_a_root_only_config_through_nobodys_source_link(
+    tree: Tree, outside: Path
+) -> None:
     """The fifth round gave `[model] source` the data role: apply copies the tree only by the real path
     data_root() reached (a link from nobody's directory is not followed), and the preflight says so.
     But the plan's other readers of the source's config.json (the config patch's "was" values, the
