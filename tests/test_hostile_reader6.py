@@ -16,9 +16,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.apply_support import Demo
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -94,6 +96,32 @@ def test_a_uv_config_in_another_users_xdg_config_dirs_never_steers_roots_uv(
     assert code == 1, output  # the wheelhouse is empty: no closure, said in one line
     assert f"reconcile: environment XDG_CONFIG_DIRS left out: /etc/xdg:{theirs}" in output, output
     assert "Traceback" not in output, output
+
+
+def test_a_cache_dir_the_specs_server_env_names_in_nobodys_directory_is_refused(
+    demo: Demo, outside: Path
+) -> None:
+    """Every path the spec names has a role (reconcile.spec.roles), but `[server] env` values were not
+    paths to it: `VLLM_CACHE_ROOT` (or HF_HOME, TRITON_CACHE_DIR, ...) naming a directory nobody owns
+    hands root's server a compile cache nobody fills: a link there sends root's writes where nobody
+    chooses, and a planted artifact (torch.compile's, Triton's, FlashInfer's are code) is loaded by
+    root's server. The same rule as the environment's (the write-dir role for a directory, the read
+    role for a file) holds each absolute path in `[server] env`. main: root's server wrote its compile
+    cache through nobody's link into a root-only directory."""
+    theirs = _nobodys_dir(outside, "vllm-cache")
+    target = outside / "root-only"
+    target.mkdir(mode=0o700)
+    os.symlink(target, theirs / "torch_compile_cache")
+    os.lchown(theirs / "torch_compile_cache", NOBODY, NOGROUP)
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["VLLM_CACHE_ROOT"] = str(theirs)
+
+    spec = demo.write_spec(edit)
+    run = demo.cli("apply", spec=spec)
+    assert sorted(p.name for p in target.iterdir()) == [], f"root's server wrote there: {run.output}"
+    assert "[server].env.VLLM_CACHE_ROOT" in run.output and "owned by nobody" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
 
 
 # --- class 2: untrusted trees and files ------------------------------------------------------------

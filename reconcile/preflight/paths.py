@@ -12,6 +12,7 @@ from reconcile.safety.filesafety import (
     FIX,
     UnsafePath,
     data_problem,
+    env_value_problem,
     owners,
     parent_problem,
     read_problem,
@@ -37,6 +38,12 @@ def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int], Role]]:
 
             with contextlib.suppress(KeyError):  # the api_key action says the user does not exist
                 allowed = owners({pwd.getpwnam(spec.api_key.owner).pw_uid})
+        elif p.role.kind == "value" and spec.server is not None and spec.server.supervisor == "systemd":
+            import pwd  # a unit of another user's: its caches may be that user's
+
+            user = spec.server.user
+            with contextlib.suppress(KeyError):
+                allowed = owners({pwd.getpwnam(user).pw_uid}) if user not in (None, "root") else allowed
         out.append((p.key, p.path, allowed, p.role))
     if spec.server is not None and spec.server.executable is None and spec.venv is not None:
         out.append(("[server].executable", f"{spec.venv.path.rstrip('/')}/bin/vllm", owners(), EXEC))
@@ -159,6 +166,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             problem = _exec_problem(path, allowed)
         elif role.kind == "read":  # root trusts what it reads: the file or tree, not only the way to it
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
+        elif role.kind == "value":  # a path in a value handed to the server, as in the environment
+            problem = env_value_problem(path, allowed)
         elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's
             problem = data_problem(path)
         else:

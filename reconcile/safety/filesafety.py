@@ -389,23 +389,29 @@ def _env_paths(value: str) -> list[str]:
     return [w for w in paths if w.startswith("/")]
 
 
-def _env_path_problem(path: str) -> str | None:
+def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
     try:
         is_file = not stat.S_ISDIR(os.stat(path).st_mode)
     except OSError:
         is_file = False
-    return read_problem(path) if is_file else env_dir_problem(path)
+    return read_problem(path, allowed) if is_file else env_dir_problem(path, allowed)
 
 
-def env_dir_problem(path: str) -> str | None:
+def env_value_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
+    """Why a value handed to a program (an environment variable, a flag) names a path another user
+    could change (None when none does): each path in it (_env_paths) by _env_path_problem."""
+    return next((p for p in (_env_path_problem(w, allowed) for w in _env_paths(value)) if p), None)
+
+
+def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """Why a directory a tool keeps its config or cache in is not root's or ours alone: the write-dir
     role (StrictModes on the way, links only from directories of root or ours, the directory itself
     root's or ours and writable by nobody else). A missing one is made by the tool, under a parent
     that passed."""
     if not path.startswith("/"):
         return f"{path or '(empty)'}: not an absolute path"
-    problem = parent_problem(path, follow=True, is_dir=True)
+    problem = parent_problem(path, allowed, follow=True, is_dir=True)
     if problem is not None:
         return problem
     try:
@@ -441,7 +447,7 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
             if problem is None and not value.startswith("/"):
                 problem = f"{value}: not an absolute path"
         else:
-            problem = next(filter(None, map(_env_path_problem, _env_paths(value))), None)
+            problem = env_value_problem(value)
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"
