@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import Demo
+from tests.apply_support import Demo, demo_in, seed_venv
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -29,6 +29,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files and
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 NOGROUP = pwd.getpwnam("nobody").pw_gid
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """The demo with a venv made by a real apply, copied."""
+    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
 
 
 @pytest.fixture
@@ -122,6 +128,28 @@ def test_a_cache_dir_the_specs_server_env_names_in_nobodys_directory_is_refused(
     assert sorted(p.name for p in target.iterdir()) == [], f"root's server wrote there: {run.output}"
     assert "[server].env.VLLM_CACHE_ROOT" in run.output and "owned by nobody" in run.output, run.output
     assert "Traceback" not in run.output, run.output
+
+
+def test_a_pth_line_of_the_venv_naming_nobodys_directory_never_runs_their_code_as_root(
+    seeded: Demo, outside: Path
+) -> None:
+    """Every Python start processes the site dir's .pth files: each path line puts that directory on
+    sys.path, and the start then imports `sitecustomize` from sys.path (Debian's venvs have none). The
+    spec's `extra_site_packages` is held to the read role, whole tree, but a .pth already in the venv
+    (`pip install -e` by an admin, a package's own .pth) naming another user's directory was not looked
+    at: nobody's sitecustomize.py ran in root's server, and in every python root starts from the venv.
+    main: it ran as uid 0."""
+    theirs = _nobodys_dir(outside, "proj")
+    proof = theirs / "ran-as"
+    code = f"import os\nopen({str(proof)!r}, 'w').write(str(os.getuid()))\n"
+    (theirs / "sitecustomize.py").write_text(code)
+    os.chown(theirs / "sitecustomize.py", NOBODY, NOGROUP)
+    (site,) = seeded.venv.glob("lib/python3*/site-packages")
+    (site / "__editable__.proj.pth").write_text(f"{theirs}\n")  # root's file, as pip -e writes it
+    run = seeded.cli("apply")
+    assert not proof.exists(), f"nobody's sitecustomize ran as uid {proof.read_text()}: {run.output}"
+    assert "Traceback" not in run.output, run.output
+    assert f"{theirs}" in run.output and "owned by nobody" in run.output, run.output
 
 
 # --- class 2: untrusted trees and files ------------------------------------------------------------

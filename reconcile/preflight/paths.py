@@ -155,6 +155,36 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
     return None
 
 
+def _pth_problem(spec: Spec) -> Finding | None:
+    """Each path line of a .pth file in the venv's site-packages is a directory every Python start
+    puts on sys.path, and then imports `sitecustomize` from: root's server (and every python root
+    runs from the venv) runs what is there. A directory an editable install (`pip install -e`) or a
+    package's own .pth names is held to the read role, its whole tree, as `extra_site_packages` is."""
+    if spec.venv is None:
+        return None
+    import glob
+
+    from probes.venv import scan_site_packages
+
+    venv = spec.venv.path.rstrip("/")
+    named = {os.path.normpath(p) for p in spec.venv.extra_site_packages}  # checked as the spec's paths
+    for site in sorted(glob.glob(os.path.join(glob.escape(venv), "lib", "python3*", "site-packages"))):
+        for entry in scan_site_packages(site)[1]:
+            if entry.path in named:
+                continue
+            if (problem := read_problem(entry.path, entries=-1)) is not None:
+                return Finding(
+                    "paths.owner",
+                    "error",
+                    f"[venv].path {venv}: {entry.file} puts {entry.path} on the server's sys.path (root "
+                    f"imports from it): {problem}",
+                    "remove that line (or the .pth file), or move what it names under a directory only "
+                    "root can write",
+                    {"path": entry.path, "key": "[venv].path"},
+                )
+    return None
+
+
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
     planted key, an executable in a directory they can write), and for a symlinked model dir."""
@@ -186,6 +216,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(remote)
     if (toolkit := _toolkit_problem(spec)) is not None:
         out.append(toolkit)
+    if (pth := _pth_problem(spec)) is not None:
+        out.append(pth)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
             st = os.lstat(path)
