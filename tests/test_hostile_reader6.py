@@ -152,6 +152,20 @@ def test_a_pth_line_of_the_venv_naming_nobodys_directory_never_runs_their_code_a
     assert f"{theirs}" in run.output and "owned by nobody" in run.output, run.output
 
 
+def test_a_module_of_nobodys_in_the_venvs_site_packages_fails_the_plan(seeded: Demo) -> None:
+    """A venv copied in with its owners kept (`cp -a`, rsync, a tarball of a build user's), as a
+    toolkit is (round 3): one module of nobody's in root's site-packages is theirs to rewrite, and
+    root's server imports it. `[venv] path` was held to the write-dir role only (the directory and
+    the way to it), never what is in it. main: the plan said nothing, apply started the server."""
+    (site,) = seeded.venv.glob("lib/python3*/site-packages")
+    module = site / "theirs_mod.py"
+    module.write_text("")
+    os.chown(module, NOBODY, NOGROUP)
+    run = seeded.cli("plan")
+    assert str(module) in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
 # --- class 2: untrusted trees and files ------------------------------------------------------------
 
 

@@ -155,6 +155,33 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
     return None
 
 
+def _venv_tree_problem(spec: Spec) -> Finding | None:
+    """What the venv's site-packages holds, python imports as root: a venv copied in with its owners
+    kept (`cp -a`, a tarball of a build user's) is held to the read role, whole tree, as a toolkit is.
+    A realization reconcile made and sealed in the spec's store (a directory of the delete role,
+    walked above) is root's by construction: not walked again on every plan."""
+    if spec.venv is None:
+        return None
+    import glob
+
+    from reconcile.apply.store import is_realization, read_manifest, spec_store
+
+    real = os.path.realpath(spec.venv.path)
+    store = spec_store(spec)
+    if store is not None and is_realization(real, os.path.realpath(store)) and read_manifest(real):
+        return None
+    for site in sorted(glob.glob(os.path.join(glob.escape(real), "lib", "python3*", "site-packages"))):
+        if (problem := read_problem(site, entries=-1)) is not None:
+            return Finding(
+                "paths.owner",
+                "error",
+                f"[venv].path {spec.venv.path}: {problem} (root's python imports from {site})",
+                "chown -R root: the venv (a copy keeps its owners), or let reconcile make it",
+                {"path": site, "key": "[venv].path"},
+            )
+    return None
+
+
 def _pth_problem(spec: Spec) -> Finding | None:
     """Each path line of a .pth file in the venv's site-packages is a directory every Python start
     puts on sys.path, and then imports `sitecustomize` from: root's server (and every python root
@@ -218,6 +245,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(toolkit)
     if (pth := _pth_problem(spec)) is not None:
         out.append(pth)
+    if (site := _venv_tree_problem(spec)) is not None:
+        out.append(site)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
             st = os.lstat(path)
