@@ -194,3 +194,19 @@ def test_the_plan_never_reads_a_root_only_config_through_nobodys_source_link(
     assert secret not in run.output, f"a root-only value reached the plan: {run.output}"
     assert "Traceback" not in run.output, run.output
     assert f"{theirs}/model" in run.output and "owned by nobody" in run.output, run.output
+
+
+def test_a_source_named_through_roots_own_link_is_still_read_and_hashed(tree: Tree) -> None:
+    """The other side of the fix above: a source named through a link root made in its own directory
+    is followed (the data role), and every reader, the drift's hashing of a touched file included,
+    reads the tree it reached: the plan says "touched", never "refused" or "outside the source"."""
+    via = tree.root / "via"
+    os.symlink(tree.source, via)  # root's link in root's directory
+    tree.spec.write_text(tree.spec.read_text().replace(f'source = "{tree.source}"', f'source = "{via}"'))
+    first = tree.cli("apply")
+    assert "Traceback" not in first.output and "refused" not in first.output, first.output
+    later = (tree.source / "config.json").stat().st_mtime + 5
+    os.utime(tree.source / "config.json", (later, later))  # a new stamp, the same bytes: hashed again
+    run = tree.cli("plan")
+    assert "config.json (touched)" in run.output, run.output
+    assert "refused" not in run.output and "outside the source" not in run.output, run.output
