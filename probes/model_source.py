@@ -26,6 +26,7 @@ def source_drift(
     A source file that is not a regular file (a FIFO, a device, a socket) raises NotRegular naming it
     (relative to the source): apply refuses to copy it, so the plan says so."""
     out = []
+    source = _top(source)
     for rel, path, st in _entries(source, patterns):
         if have.get(rel) != st.st_size:
             out.append(rel)
@@ -40,7 +41,21 @@ def source_drift(
 
 def source_sizes(source: str, patterns: list[str]) -> dict[str, int]:
     """Each source file's size (by apparent size: a sparse file counts whole); NotRegular as above."""
-    return {rel: st.st_size for rel, _path, st in _entries(source, patterns)}
+    return {rel: st.st_size for rel, _path, st in _entries(_top(source), patterns)}
+
+
+def _top(source: str) -> str:
+    """The tree the data role reaches (filesafety.data_root: no link followed from a directory of
+    another user's on the way), read and hashed by that path, never the one `source` names now; one
+    not there is walked as empty."""
+    from reconcile.safety.filesafety import UnsafePath, data_root
+
+    try:
+        return data_root(source)
+    except UnsafePath as exc:
+        raise NotRegular(source, str(exc)) from None
+    except FileNotFoundError:
+        return source
 
 
 def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:

@@ -289,6 +289,8 @@ def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
         ("server", "log"): f"{ok}/s.log",
         ("server", "pidfile"): f"{ok}/s.pid",
         ("server", "secret_files"): f"{ok}/hf.token",
+        ("server", "env"): f"{ok}/vllm-cache",
+        ("server", "args"): f"{ok}/template.jinja",
         ("front", "haproxy"): "/bin/true",
     }
     good[field] = bad
@@ -299,6 +301,10 @@ def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
             return f'["{value}"]'
         if name == "secret_files":
             return f'{{ HF_TOKEN = "{value}" }}'
+        if name == "env":
+            return f'{{ VLLM_CACHE_ROOT = "{value}" }}'
+        if name == "args":
+            return f'{{ chat-template = "{value}" }}'
         return f'"{value}"'
 
     return f"""
@@ -332,6 +338,8 @@ executable = {v("server", "executable")}
 log = {v("server", "log")}
 pidfile = {v("server", "pidfile")}
 secret_files = {v("server", "secret_files")}
+env = {v("server", "env")}
+args = {v("server", "args")}
 [front]
 haproxy = {v("front", "haproxy")}
 """

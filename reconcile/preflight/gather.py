@@ -102,12 +102,15 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
         quant = m.quant_config.data if isinstance(m.quant_config, JsonDoc) else None
         files = m.files
     elif want.source and (within is None or not outside(want.source, within)):
-        # not copied yet: judge the source's files, as apply will lay them out
-        root = want.source
+        # not copied yet: judge the source's files, as apply will lay them out, by the data role's
+        # path (no link followed from another user's directory; what it leads to is not read)
+        real = want.source if within is not None else _data_root(want.source)
+        root = real or want.source
         out["model_files_from"] = "source"
-        base = _read_json(os.path.join(root, "config.json"), within, want.source)
-        quant = _read_json(os.path.join(root, "hf_quant_config.json"), within, want.source)
-        files = _sizes(root, within)
+        if real is not None:
+            base = _read_json(os.path.join(root, "config.json"), within, root)
+            quant = _read_json(os.path.join(root, "hf_quant_config.json"), within, root)
+            files = _sizes(root, within, None if within is not None else root)
     elif (known := _known_model(want.repo)) is not None:  # not downloaded yet, but a model we know
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
@@ -115,10 +118,10 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
     if base is not None:
         out["model_config"] = deep_merge(base, want.config)
         out["weights"] = _weights_before_download(
-            spec, root, files, within, want.source if root == want.source else None
+            spec, root, files, within, root if out.get("model_files_from") == "source" else None
         )
     out["hf_quant_config"] = quant
-    tree = want.source if root == want.source else None  # nobody's data: links only inside it
+    tree = root if out.get("model_files_from") == "source" else None  # nobody's data: links only inside
     out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"), within, tree)
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
@@ -166,8 +169,22 @@ def _weights_before_download(
     )
 
 
-def _sizes(root: str, within: str | None = None) -> dict[str, int]:
-    """Each file's size; `within` (validate): a file that links out of that repository is left out."""
+def _data_root(source: str) -> str | None:
+    """The source's real path by the data role (filesafety.data_root); None for one it refuses (the
+    preflight's path check says why) or one not there: nothing is read from it."""
+    from reconcile.safety.filesafety import UnsafePath, data_root
+
+    try:
+        return data_root(source)
+    except (OSError, UnsafePath):
+        return None
+
+
+def _sizes(root: str, within: str | None = None, tree: str | None = None) -> dict[str, int]:
+    """Each file's size; `within` (validate): a file that links out of that repository is left out;
+    `tree` (a `[model] source`): a link out of it, a FIFO or device, is left out, never stat'ed there."""
+    from reconcile.safety.untrusted import tree_stat
+
     out: dict[str, int] = {}
     for dirpath, dirs, names in walk_tree(root):
         dirs[:] = [d for d in dirs if d != ".cache"]
@@ -176,7 +193,8 @@ def _sizes(root: str, within: str | None = None) -> dict[str, int]:
             if within is not None and outside(full, within):
                 continue
             try:
-                out[os.path.relpath(full, root)] = os.path.getsize(full)
+                size = tree_stat(full, tree).st_size if tree is not None else os.path.getsize(full)
+                out[os.path.relpath(full, root)] = size
             except OSError:
                 continue
     return out

@@ -12,6 +12,7 @@ from reconcile.safety.filesafety import (
     FIX,
     UnsafePath,
     data_problem,
+    env_value_problem,
     owners,
     parent_problem,
     read_problem,
@@ -37,6 +38,12 @@ def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int], Role]]:
 
             with contextlib.suppress(KeyError):  # the api_key action says the user does not exist
                 allowed = owners({pwd.getpwnam(spec.api_key.owner).pw_uid})
+        elif p.role.kind == "value" and spec.server is not None and spec.server.supervisor == "systemd":
+            import pwd  # a unit of another user's: its caches may be that user's
+
+            user = spec.server.user
+            with contextlib.suppress(KeyError):
+                allowed = owners({pwd.getpwnam(user).pw_uid}) if user not in (None, "root") else allowed
         out.append((p.key, p.path, allowed, p.role))
     if spec.server is not None and spec.server.executable is None and spec.venv is not None:
         out.append(("[server].executable", f"{spec.venv.path.rstrip('/')}/bin/vllm", owners(), EXEC))
@@ -148,6 +155,63 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
     return None
 
 
+def _venv_tree_problem(spec: Spec) -> Finding | None:
+    """What the venv's site-packages holds, python imports as root: a venv copied in with its owners
+    kept (`cp -a`, a tarball of a build user's) is held to the read role, whole tree, as a toolkit is.
+    A realization reconcile made and sealed in the spec's store (a directory of the delete role,
+    walked above) is root's by construction: not walked again on every plan."""
+    if spec.venv is None:
+        return None
+    import glob
+
+    from reconcile.apply.store import is_realization, read_manifest, spec_store
+
+    real = os.path.realpath(spec.venv.path)
+    store = spec_store(spec)
+    if store is not None and is_realization(real, os.path.realpath(store)) and read_manifest(real):
+        return None
+    for site in sorted(glob.glob(os.path.join(glob.escape(real), "lib", "python3*", "site-packages"))):
+        if (problem := read_problem(site, entries=-1)) is not None:
+            return Finding(
+                "paths.owner",
+                "error",
+                f"[venv].path {spec.venv.path}: {problem} (root's python imports from {site})",
+                "chown -R root: the venv (a copy keeps its owners), or let reconcile make it",
+                {"path": site, "key": "[venv].path"},
+            )
+    return None
+
+
+def _pth_problem(spec: Spec) -> Finding | None:
+    """Each path line of a .pth file in the venv's site-packages is a directory every Python start
+    puts on sys.path, and then imports `sitecustomize` from: root's server (and every python root
+    runs from the venv) runs what is there. A directory an editable install (`pip install -e`) or a
+    package's own .pth names is held to the read role, its whole tree, as `extra_site_packages` is."""
+    if spec.venv is None:
+        return None
+    import glob
+
+    from probes.venv import scan_site_packages
+
+    venv = spec.venv.path.rstrip("/")
+    named = {os.path.normpath(p) for p in spec.venv.extra_site_packages}  # checked as the spec's paths
+    for site in sorted(glob.glob(os.path.join(glob.escape(venv), "lib", "python3*", "site-packages"))):
+        for entry in scan_site_packages(site)[1]:
+            if entry.path in named:
+                continue
+            if (problem := read_problem(entry.path, entries=-1)) is not None:
+                return Finding(
+                    "paths.owner",
+                    "error",
+                    f"[venv].path {venv}: {entry.file} puts {entry.path} on the server's sys.path (root "
+                    f"imports from it): {problem}",
+                    "remove that line (or the .pth file), or move what it names under a directory only "
+                    "root can write",
+                    {"path": entry.path, "key": "[venv].path"},
+                )
+    return None
+
+
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
     planted key, an executable in a directory they can write), and for a symlinked model dir."""
@@ -159,6 +223,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             problem = _exec_problem(path, allowed)
         elif role.kind == "read":  # root trusts what it reads: the file or tree, not only the way to it
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
+        elif role.kind == "value":  # a path in a value handed to the server, as in the environment
+            problem = env_value_problem(path, allowed)
         elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's
             problem = data_problem(path)
         else:
@@ -177,6 +243,10 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(remote)
     if (toolkit := _toolkit_problem(spec)) is not None:
         out.append(toolkit)
+    if (pth := _pth_problem(spec)) is not None:
+        out.append(pth)
+    if (site := _venv_tree_problem(spec)) is not None:
+        out.append(site)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():
         try:
             st = os.lstat(path)

@@ -125,9 +125,10 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
 
 def _refused(source: str, exc: OSError) -> Change:
     name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
+    what = exc.strerror if name in (".", None) else f"{name} is {exc.strerror}"
     return change(
         Action.CHANGE,
-        f"[model].source {source}: {name} is {exc.strerror}: refused",
+        f"[model].source {source}: {what}: refused",
         "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
         actionable=False,
     )
@@ -238,13 +239,13 @@ def source_config(model: Model) -> dict[str, Any]:
     if not model.source:
         return {}
 
+    from reconcile.safety.filesafety import UnsafePath, data_root
     from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular
 
-    try:  # the source is data from outside: a regular file, non-blocking, bounded (class 2)
-        data = load_json(
-            read_regular(os.path.join(model.source, "config.json"), JSON_LIMIT, tree=model.source)
-        )
-    except (OSError, ValueError):
+    try:  # the source is data from outside: by the data role's path; a regular file, bounded (class 2)
+        source = data_root(model.source)
+        data = load_json(read_regular(os.path.join(source, "config.json"), JSON_LIMIT, tree=source))
+    except (OSError, ValueError, UnsafePath):
         return {}
     return data if isinstance(data, dict) else {}
 

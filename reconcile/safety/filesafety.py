@@ -370,16 +370,48 @@ ENV_DIRS = (
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")
+# Not a list of names but the tools' own namespaces: any variable of these whose value names a path
+# (an absolute path, a file:// URL, or a list of them split on ':' or blanks) is held to the same rule,
+# a directory to the write-dir role and a file to the read role: uv's system config in each of
+# $XDG_CONFIG_DIRS, its UV_FIND_LINKS, UV_CONSTRAINT, UV_PYTHON_INSTALL_DIR; pip's PIP_FIND_LINKS; git's
+# GIT_EXEC_PATH and GIT_ASKPASS; the hub's HF_TOKEN_PATH, HF_XET_CACHE, HUGGINGFACE_HUB_CACHE (the old
+# name of HF_HUB_CACHE); the CA bundles every HTTPS client root runs trusts; the temp dir the tools
+# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP.
+ENV_PREFIXES = ("UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_")
+ENV_PATH_NAMES = ("TMPDIR", "TMP", "TEMP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
 
 
-def env_dir_problem(path: str) -> str | None:
+def _env_paths(value: str) -> list[str]:
+    """The paths a variable's value names: each ':'- or blank-separated word that is an absolute path
+    or a file:// URL (an index URL, a flag, a number is not a path)."""
+    words = [w for part in value.split(os.pathsep) for w in part.split()]
+    paths = [w[len("file://") :] if w.startswith("file://") else w for w in words]
+    return [w for w in paths if w.startswith("/")]
+
+
+def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
+    """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
+    try:
+        is_file = not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        is_file = False
+    return read_problem(path, allowed) if is_file else env_dir_problem(path, allowed)
+
+
+def env_value_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
+    """Why a value handed to a program (an environment variable, a flag) names a path another user
+    could change (None when none does): each path in it (_env_paths) by _env_path_problem."""
+    return next((p for p in (_env_path_problem(w, allowed) for w in _env_paths(value)) if p), None)
+
+
+def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """Why a directory a tool keeps its config or cache in is not root's or ours alone: the write-dir
     role (StrictModes on the way, links only from directories of root or ours, the directory itself
     root's or ours and writable by nobody else). A missing one is made by the tool, under a parent
     that passed."""
     if not path.startswith("/"):
         return f"{path or '(empty)'}: not an absolute path"
-    problem = parent_problem(path, follow=True, is_dir=True)
+    problem = parent_problem(path, allowed, follow=True, is_dir=True)
     if problem is not None:
         return problem
     try:
@@ -400,13 +432,22 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
     new value, None to unset) and one "NAME left out: path: why" line for each."""
     changes: dict[str, str | None] = {}
     notes: list[str] = []
-    for name in (*ENV_DIRS, *ENV_FILES):
+    named = [
+        n for n in sorted(environ)
+        if n not in (*ENV_DIRS, *ENV_FILES) and (n.startswith(ENV_PREFIXES) or n in ENV_PATH_NAMES)
+    ]  # fmt: skip
+    for name in (*ENV_DIRS, *ENV_FILES, *named):
         value = environ.get(name)
         if not value:
             continue
-        problem = env_dir_problem(value) if name in ENV_DIRS else read_problem(value)
-        if problem is None and name in ENV_FILES and not value.startswith("/"):
-            problem = f"{value}: not an absolute path"
+        if name in ENV_DIRS:
+            problem = env_dir_problem(value)
+        elif name in ENV_FILES:
+            problem = read_problem(value)
+            if problem is None and not value.startswith("/"):
+                problem = f"{value}: not an absolute path"
+        else:
+            problem = env_value_problem(value)
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"

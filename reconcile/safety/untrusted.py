@@ -154,8 +154,11 @@ def load_json(raw: str | bytes) -> Any:
 
 def source_roots(source: str) -> list[str]:
     """Where a `[model] source` tree's symlinks may lead: inside it, and for a huggingface_hub cache
-    snapshot (<repo>/snapshots/<rev>, every file a link to ../../blobs/...) into that repo's blobs."""
-    real = os.path.realpath(source)
+    snapshot (<repo>/snapshots/<rev>, every file a link to ../../blobs/...) into that repo's blobs.
+    `source` is the real path the data role reached (filesafety.data_root), taken as it is, never
+    resolved by name again: the tree's owner who makes its top (or a directory above it of theirs) a
+    link since leads every file out of it, refused, not a new tree of their choosing read as theirs."""
+    real = os.path.normpath(source)
     roots = [real]
     if os.path.basename(os.path.dirname(real)) == "snapshots":
         roots.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))

@@ -95,7 +95,9 @@ Scalar = str | int | float | bool
 ArgValue = Annotated[
     Scalar | list[Scalar] | dict[str, Any],
     Expect("a flag value", "a string, number, true/false, a list of those, or a table for a JSON flag"),
+    roles.VALUE,  # a path in it (--chat-template, --download-dir) is held to the environment's rule
 ]
+EnvValue = Annotated[str, roles.VALUE]  # a path in it (VLLM_CACHE_ROOT, HF_HOME) likewise
 GpuArch = Annotated[
     str,
     Field(pattern=r"^(compute|sm|lto)_\d+[a-z]?$"),
@@ -402,7 +404,7 @@ class Server(_Model):
         default_factory=dict,
         description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
     )
-    env: dict[EnvName, str] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         description="Extra environment for the server. A value whose name has a word TOKEN, KEY, SECRET, "
         "PASSWORD or CREDENTIAL (HF_TOKEN, DB_PASSWORD) is sensitive: kept only as a hash in generations "

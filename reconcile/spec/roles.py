@@ -41,6 +41,12 @@ DELETE = Role(
 )
 LINK = Role("link", "root points this symlink: its directory root's or ours")
 DATA = Role("data", "a tree from outside, copied as data (regular files only, modes reduced, sizes bounded)")
+VALUE = Role(
+    "value",
+    "a value handed to the server (an env var, a flag) that may name a path: each absolute path (or "
+    "file:// URL, or ':'-list of them) in it held as the environment's are, a directory to write-dir, a "
+    "file to read (the serving user may own them too)",
+)
 
 # (section, field, role). A section named "a.b" is a list of tables (apt.repositories).
 PATHS: tuple[tuple[str, str, Role], ...] = (
@@ -62,6 +68,8 @@ PATHS: tuple[tuple[str, str, Role], ...] = (
     ("server", "log", WRITE),
     ("server", "pidfile", WRITE),
     ("server", "secret_files", READ),
+    ("server", "env", VALUE),
+    ("server", "args", VALUE),
     ("front", "haproxy", EXEC),
 )
 
@@ -90,7 +98,9 @@ def spec_paths(spec: Any) -> list[SpecPath]:
             if isinstance(value, str):
                 out.append(SpecPath(f"{where}.{field}", value, role))
             elif isinstance(value, dict):
-                out += [SpecPath(f"{where}.{field}.{k}", v, role) for k, v in sorted(value.items())]
+                for k, v in sorted(value.items()):  # a flag's list: each string in it
+                    words = [v] if isinstance(v, str) else v if isinstance(v, (list, tuple)) else []
+                    out += [SpecPath(f"{where}.{field}.{k}", w, role) for w in words if isinstance(w, str)]
             elif isinstance(value, (list, tuple)):
                 out += [SpecPath(f"{where}.{field}[{i}]", v, role) for i, v in enumerate(value)]
     return out
