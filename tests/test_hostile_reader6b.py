@@ -1,0 +1,89 @@
+"""Issue 24's hostile reader, sixth round, classes 4-6 (bounded network reads, output is data, state
+never wedges): attacks on what the fifth round left or merged since (the hub listing's cache under
+<state_dir>/cache/hub/, ...), found by reading docs/security.md and the code alone, each run for real
+(real FIFOs and damaged files in a real state directory, a real process that must end), each seen
+succeeding on main before its fix unless its docstring says it was already refused.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from probes.hub import cache_path
+
+REPO = "meta-llama/Llama-3.1-8B-Instruct"
+COMMIT = "a" * 40
+
+# The listing, asked in a process of its own: a read that waits on a FIFO is seen as a timeout there,
+# not as a hung test run.
+LISTING = r"""
+import sys
+from probes.hub import listing
+found = listing(sys.argv[1], sys.argv[2], sys.argv[3], offline=sys.argv[4] == "1")
+print("listing:", type(found).__name__, getattr(found, "reason", ""), flush=True)
+"""
+
+
+def _listing(cache: Path, revision: str, *, offline: bool) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": ""}
+    args = [sys.executable, "-c", LISTING, REPO, revision, str(cache), "1" if offline else "0"]
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=30, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the listing waited on the cache for 30 s: {exc.stdout!r}") from None
+
+
+def test_a_fifo_in_place_of_a_cached_hub_listing_never_hangs_the_plan(tmp_path: Path) -> None:
+    """The plan asks the hub's listing (the weights' size before download) from its cache under
+    <state_dir>/cache/hub/ first, offline too. main: a FIFO at `<owner>__<name>/<commit>.json` was
+    opened with a plain `open()`, which waits for a writer: the plan (and apply, with the lock held)
+    never ended."""
+    cache = tmp_path / "state" / "cache" / "hub"
+    path = Path(cache_path(str(cache), REPO, COMMIT))
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    run = _listing(cache, COMMIT, offline=True)
+    assert run.returncode == 0, run.stderr
+    assert "listing: Unavailable" in run.stdout, run.stdout
+    left = sorted(p.name for p in path.parent.iterdir())
+    assert f"{COMMIT}.json" not in left and any(n.startswith(f"{COMMIT}.json.corrupt-") for n in left), left
+
+
+def test_a_fifo_in_place_of_a_failed_listing_note_never_hangs_the_plan(tmp_path: Path) -> None:
+    """After a failed listing the plan notes why in `<commit>.json.failed` and, for 15 minutes, reads
+    that note instead of asking the hub again. main: a FIFO there (fresh: its mtime is now) was opened
+    with a plain `open()` and the plan waited for a writer for ever."""
+    cache = tmp_path / "state" / "cache" / "hub"
+    path = Path(cache_path(str(cache), REPO, COMMIT) + ".failed")
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    run = _listing(cache, COMMIT, offline=False)
+    assert run.returncode == 0, run.stderr
+    assert "listing: Unavailable" in run.stdout, run.stdout
+    left = sorted(p.name for p in path.parent.iterdir())
+    assert any(n.startswith(f"{path.name}.corrupt-") for n in left), left
+    assert path.is_file() and not path.is_fifo()  # the hub was asked again; its failure noted afresh
+
+
+def test_a_huge_failed_listing_note_is_not_read_into_memory(tmp_path: Path) -> None:
+    """The same note as a 4 GiB sparse file. main: read whole into memory by every plan for 15
+    minutes (`f.read()`, no bound): the child is given 1 GiB of address space and died of it."""
+    cache = tmp_path / "state" / "cache" / "hub"
+    path = Path(cache_path(str(cache), REPO, COMMIT) + ".failed")
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:
+        f.truncate(4 << 30)
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": ""}
+    code = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({1 << 30}, {1 << 30}))\n" + LISTING
+    run = subprocess.run(
+        [sys.executable, "-c", code, REPO, COMMIT, str(cache), "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 0 and "listing: Unavailable" in run.stdout, run.stdout + run.stderr
+    assert "MemoryError" not in run.stderr and "\x00" not in run.stdout
