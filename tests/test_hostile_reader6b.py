@@ -10,9 +10,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from probes.hub import cache_path
+from tests.apply_support import Demo, demo_in
+from tests.test_network_attacks import attacker, watched
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
 
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
 COMMIT = "a" * 40
@@ -87,3 +95,47 @@ def test_a_huge_failed_listing_note_is_not_read_into_memory(tmp_path: Path) -> N
     )
     assert run.returncode == 0 and "listing: Unavailable" in run.stdout, run.stdout + run.stderr
     assert "MemoryError" not in run.stderr and "\x00" not in run.stdout
+
+
+@pytest.fixture
+def demo(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    yield from demo_in(tmp_path)
+
+
+# A tenth of the 1 MiB cap of each JSON answer, after a right-to-left override.
+LONG = "\u202e" + "A" * 100_000
+LINE_MAX = 2_000
+
+
+@ROOT_ONLY
+def test_a_listener_cannot_print_a_line_of_100000_characters_through_status_or_plan(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """No server runs; nobody listens on the deployment's port and answers `/version` with a version
+    100,000 characters long (and `/v1/models` with such an id, a chat with such an answer): well under
+    the 1 MiB body cap, so the bounded client returns it. main: `status` printed it whole, one line of
+    100,000 characters; `status --json` and `plan` too (each seen on main)."""
+    attacker(demo, strangers, "escapes", "*", LONG)
+    for command in (("status",), ("status", "--json"), ("plan",), ("check",)):
+        run = watched(demo, *command)
+        assert run.returncode is not None, run
+        assert "\u202e" not in run.output, command
+        longest = max((len(line) for line in run.output.splitlines()), default=0)
+        assert longest <= LINE_MAX, (command, longest, run.output[:3000])
+
+
+def test_a_failed_starts_log_line_of_50000_characters_is_shown_cut(demo: Demo) -> None:
+    """The server (a process of the deployment: its log is its own) fails its start with one log line
+    of 50,000 characters (the fake takes it hex in one environment variable: at most 128 KiB). main:
+    `apply` printed it whole in the failed start's log tail (escaped, but one line of 50,000)."""
+    line = "ValueError: no attention backend " + LONG[:50_001]
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["FAKE_VLLM_FAIL_WITH_HEX"] = line.encode().hex()
+
+    demo.write_spec(edit)
+    run = watched(demo, "apply", wall=120)
+    assert run.returncode == 4, run.output[-3000:]  # not converged: the server did not start
+    assert "no attention backend \\u202eAAAA" in run.output, run.output[-3000:]
+    longest = max(len(line) for line in run.output.splitlines())
+    assert longest <= LINE_MAX, (longest, run.output[-3000:])
