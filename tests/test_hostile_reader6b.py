@@ -139,3 +139,22 @@ def test_a_failed_starts_log_line_of_50000_characters_is_shown_cut(demo: Demo) -
     assert "no attention backend \\u202eAAAA" in run.output, run.output[-3000:]
     longest = max(len(line) for line in run.output.splitlines())
     assert longest <= LINE_MAX, (longest, run.output[-3000:])
+
+
+@pytest.mark.parametrize("name", ["profile", "generations"])
+def test_a_fifo_in_place_of_a_generations_directory_never_stops_the_recording(demo: Demo, name: str) -> None:
+    """<state_dir>/profile/ (the profile generations: what rollback restores) or generations/ (the
+    per-apply journal) is a FIFO. main: every apply converged the machine but said `could not record
+    the generation: .../profile is not a directory: move it aside` (or `could not write the generation
+    record`), and so would every later one, unattended: no generation, no rollback, until a person
+    came. Now it is moved aside with one line and the apply records its generation."""
+    state = demo.root / "state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    os.mkfifo(state / name)
+    run = demo.cli("apply")
+    assert "could not" not in run.output and "internal error" not in run.output, run.output
+    assert f"state: {state / name} was a FIFO, not a directory: moved aside" in run.output, run.output
+    assert (state / name).is_dir() and any(p.name.startswith(f"{name}.corrupt-") for p in state.iterdir())
+    history = demo.cli("history")
+    assert history.returncode == 0 and "nothing applied yet" not in history.output, history.output
+    assert (state / "profile" / "1.json").is_file() and (state / "generations" / "1.json").is_file()

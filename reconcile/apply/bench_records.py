@@ -31,10 +31,9 @@ def keep(state_dir: str, run_data: dict[str, Any], generation: int | None) -> di
     """Add the run (measured on `generation`) to the records and redraw the chart beside them."""
     from reconcile.apply import bench_chart
     from reconcile.host import atomic_write
-    from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 
     directory = bench_dir(state_dir)
-    ensure_dir(directory, PRIVATE_DIR)
+    statefiles.ensure_state_dir(directory)
     entry = {**run_data, "generation": generation}
     kept = [*runs(state_dir), entry][-KEEP_RUNS:]
     body = {"format": statefiles.BENCH_FORMAT, "runs": kept}

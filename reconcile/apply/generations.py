@@ -18,7 +18,6 @@ from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
 from reconcile.safety import statefiles
-from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
@@ -49,7 +48,7 @@ def profile_dir(state_dir: str) -> str:
 
 def _ensure_dir(state_dir: str) -> str:
     path = profile_dir(state_dir)
-    ensure_dir(path, PRIVATE_DIR)  # 0700 whatever the umask; an older, wider one is narrowed
+    statefiles.ensure_state_dir(path)  # 0700 whatever the umask; an older, wider one is narrowed
     return path
 
 
