@@ -31,9 +31,11 @@ def keep(state_dir: str, run_data: dict[str, Any], generation: int | None) -> di
     """Add the run (measured on `generation`) to the records and redraw the chart beside them."""
     from reconcile.apply import bench_chart
     from reconcile.host import atomic_write
+    from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 
     directory = bench_dir(state_dir)
-    statefiles.ensure_state_dir(directory)
+    statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
+    ensure_dir(directory, PRIVATE_DIR)
     entry = {**run_data, "generation": generation}
     kept = [*runs(state_dir), entry][-KEEP_RUNS:]
     body = {"format": statefiles.BENCH_FORMAT, "runs": kept}

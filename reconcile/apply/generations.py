@@ -18,6 +18,7 @@ from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.record import Record
 from reconcile.safety import statefiles
+from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
@@ -48,7 +49,8 @@ def profile_dir(state_dir: str) -> str:
 
 def _ensure_dir(state_dir: str) -> str:
     path = profile_dir(state_dir)
-    statefiles.ensure_state_dir(path)  # 0700 whatever the umask; an older, wider one is narrowed
+    statefiles.clear_non_dir(path, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
+    ensure_dir(path, PRIVATE_DIR)  # 0700 whatever the umask; an older, wider one is narrowed
     return path
 
 

@@ -19,6 +19,7 @@ from reconcile.apply import generations
 from reconcile.errors import ReconcileError
 from reconcile.host import atomic_write
 from reconcile.safety import statefiles
+from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
@@ -122,7 +123,8 @@ def record(machine_dir: str, deployments: Mapping[str, int], *, reason: str) -> 
         name for name in set(deployments) | set(before) if deployments.get(name) != before.get(name)
     )
     directory = profile_dir(machine_dir)
-    statefiles.ensure_state_dir(directory)  # 0700 whatever the umask
+    statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
+    ensure_dir(directory, PRIVATE_DIR)  # 0700 whatever the umask
     number = max([0, *(n for n, _ in found)]) + 1
     while os.path.exists(os.path.join(directory, f"{number}.json")):  # left by a damaged index
         number += 1
@@ -143,7 +145,8 @@ def record(machine_dir: str, deployments: Mapping[str, int], *, reason: str) -> 
 
 def _write_index(machine_dir: str, index: Mapping[str, Any]) -> None:
     directory = profile_dir(machine_dir)
-    statefiles.ensure_state_dir(directory)
+    statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
+    ensure_dir(directory, PRIVATE_DIR)
     atomic_write(os.path.join(directory, INDEX), _dump(index), mode=0o600)
 
 

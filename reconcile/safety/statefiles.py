@@ -193,15 +193,10 @@ def clear_non_dir(path: str, *, then: str = AFRESH) -> str | None:
     return _aside(path, f"{_what(seen.st_mode)}, not a directory", then)
 
 
-def ensure_state_dir(path: str) -> None:
-    """A directory of reconcile's state that a writer is about to fill (profile/, generations/, bench/,
-    a machine's profile/): whatever is at its name and is not a directory (a file, a FIFO, a symlink)
-    is moved aside first, with one line, then the directory is made 0700 by the path-trust walk. Before
-    this, such a thing made every later apply fail to record its generation, for good."""
-    from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
-
-    clear_non_dir(path, then="a new directory is made")
-    ensure_dir(path, PRIVATE_DIR)
+# What a writer of one of reconcile's state directories (profile/, generations/, bench/, a machine's
+# profile/) calls before making it: `clear_non_dir(path, then=NEW_DIR)`. Before this, a file, FIFO or
+# symlink at such a name made every later apply fail to record its generation, for good.
+NEW_DIR = "a new directory is made"
 
 
 def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) -> tuple[Any, str | None]:
