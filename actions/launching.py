@@ -318,7 +318,7 @@ class ReadinessFailure(Record):
         lines = [self.reason]
         lines += [f"  known cause: {d}" for d in self.diagnoses]
         lines.append(f"  last {len(self.log_tail)} line(s) of {self.log_path}:")
-        lines += [f"    {line}" for line in self.log_tail]
+        lines += [f"    {shown(line)}" for line in self.log_tail]  # whole in log_tail, for diagnoses
         return "\n".join(lines)
 
 
@@ -334,7 +334,7 @@ def read_log(path: str, offset: int, *, mask: Collection[str] = (), limit: int =
         return []
     for secret in mask:
         text = text.replace(secret, SENSITIVE)
-    return [shown(line.rstrip("\r")) for line in text.split("\n") if line.strip()]
+    return [shown(line.rstrip("\r"), None) for line in text.split("\n") if line.strip()]
 
 
 def diagnoses(lines: list[str]) -> tuple[str, ...]:

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from probes.common import Unavailable
 from reconcile.record import Record
+from reconcile.safety import statefiles
 from reconcile.safety.display import shown
-from reconcile.safety.untrusted import load_json
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
@@ -43,27 +43,22 @@ def cache_path(cache_dir: str, repo: str, revision: str) -> str:
 
 
 def _read_cache(path: str, revision: str) -> HubListing | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = load_json(f.read())
-        fresh = _COMMIT.match(revision) or time.time() - os.path.getmtime(path) < BRANCH_TTL_S
-    except (OSError, ValueError):
+    """The cached listing, by the state files' one reader (a FIFO, a link, a huge or damaged file there
+    is moved aside with one line, never waited on)."""
+    got = statefiles.read_hub_listing(path)
+    if got is None:
         return None
-    sizes = data.get("sizes") if isinstance(data, dict) else None
-    if not fresh or not isinstance(sizes, dict) or not isinstance(data.get("commit"), str):
+    data, mtime = got
+    if not (_COMMIT.match(revision) or time.time() - mtime < BRANCH_TTL_S):
         return None
-    clean = {str(k): int(v) for k, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool)}
-    return HubListing(str(data.get("repo")), revision, data["commit"], clean, cached=True)
+    return HubListing(str(data.get("repo")), revision, data["commit"], dict(data["sizes"]), cached=True)
 
 
 def _recent_failure(path: str) -> str | None:
-    try:
-        if time.time() - os.path.getmtime(path + ".failed") >= FAILED_TTL_S:
-            return None
-        with open(path + ".failed", encoding="utf-8") as f:
-            return f.read().strip() + " (asked less than 15 minutes ago)"
-    except OSError:
+    got = statefiles.read_hub_note(path + ".failed")
+    if got is None or time.time() - got[1] >= FAILED_TTL_S:
         return None
+    return shown(got[0].strip(), 300) + " (asked less than 15 minutes ago)"
 
 
 def _write_private(path: str, text: str) -> None:

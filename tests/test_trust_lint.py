@@ -53,7 +53,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "actions/venv_index.py": (1, TEMP),
     "probes/apt.py": (2, SYSTEM),
     "probes/gpu.py": (1, PROC),
-    "probes/hub.py": (6, STATE),
+    "probes/hub.py": (4, STATE),
     "probes/venv.py": (6, BELOW),
     "reconcile/apply/benchmark.py": (1, TEMP),  # rmtree of the mkdtemp where vllm bench serve writes
     "reconcile/apply/generations.py": (1, STATE),

@@ -34,6 +34,7 @@ def keep(state_dir: str, run_data: dict[str, Any], generation: int | None) -> di
     from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
 
     directory = bench_dir(state_dir)
+    statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
     ensure_dir(directory, PRIVATE_DIR)
     entry = {**run_data, "generation": generation}
     kept = [*runs(state_dir), entry][-KEEP_RUNS:]

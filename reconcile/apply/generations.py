@@ -49,6 +49,7 @@ def profile_dir(state_dir: str) -> str:
 
 def _ensure_dir(state_dir: str) -> str:
     path = profile_dir(state_dir)
+    statefiles.clear_non_dir(path, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
     ensure_dir(path, PRIVATE_DIR)  # 0700 whatever the umask; an older, wider one is narrowed
     return path
 

@@ -140,6 +140,7 @@ def write_generation(state_dir: str, record: Mapping[str, Any], number: int | No
     from reconcile.safety.sensitive import redact_generation
 
     ensure_dir(state_dir, PRIVATE_DIR)
+    statefiles.clear_non_dir(generations_dir(state_dir), then=statefiles.NEW_DIR)  # a FIFO there: aside
     ensure_dir(generations_dir(state_dir), PRIVATE_DIR)
     index = read_index(state_dir)
     if index is None:

@@ -123,6 +123,7 @@ def record(machine_dir: str, deployments: Mapping[str, int], *, reason: str) -> 
         name for name in set(deployments) | set(before) if deployments.get(name) != before.get(name)
     )
     directory = profile_dir(machine_dir)
+    statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
     ensure_dir(directory, PRIVATE_DIR)  # 0700 whatever the umask
     number = max([0, *(n for n, _ in found)]) + 1
     while os.path.exists(os.path.join(directory, f"{number}.json")):  # left by a damaged index
@@ -144,6 +145,7 @@ def record(machine_dir: str, deployments: Mapping[str, int], *, reason: str) -> 
 
 def _write_index(machine_dir: str, index: Mapping[str, Any]) -> None:
     directory = profile_dir(machine_dir)
+    statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
     ensure_dir(directory, PRIVATE_DIR)
     atomic_write(os.path.join(directory, INDEX), _dump(index), mode=0o600)
 

@@ -33,9 +33,17 @@ def escape(char: str) -> str:
     return _NAMED.get(char) or f"\\u{ord(char):04x}"
 
 
-def shown(text: str, limit: int | None = None) -> str:
+# The longest a string from outside is shown, escapes included: a server answer well under the 1 MiB
+# body cap (a 100,000-character `/version`, model id or log line) is one line of the plan, not a
+# screenful, and no longer than this in `--json` either. Longer than any real version, model id,
+# process title or path.
+SHOWN_MAX = 1000
+
+
+def shown(text: str, limit: int | None = SHOWN_MAX) -> str:
     """`text` from outside, for one line of output: every control character (newline included)
-    escaped, cut to `limit` characters (with `…`) when given."""
+    escaped, cut to `limit` characters (with `…`): SHOWN_MAX unless the caller says (None: whole, for
+    a caller that matches on it and cuts where it shows it)."""
     out = CONTROL.sub(lambda m: escape(m.group()), text)
     if limit is not None and len(out) > limit:
         return out[: limit - 1] + "…"

@@ -190,6 +190,12 @@ def clear_non_dir(path: str, *, then: str = AFRESH) -> str | None:
     return _aside(path, f"{_what(seen.st_mode)}, not a directory", then)
 
 
+# What a writer of one of reconcile's state directories (profile/, generations/, bench/, a machine's
+# profile/) calls before making it: `clear_non_dir(path, then=NEW_DIR)`. Before this, a file, FIFO or
+# symlink at such a name made every later apply fail to record its generation, for good.
+NEW_DIR = "a new directory is made"
+
+
 def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) -> tuple[Any, str | None]:
     """(the document, None) when `path` holds JSON of `shape`; (None, None) when absent; else it is moved
     aside and (None, where it went)."""
@@ -209,6 +215,34 @@ def read_json(path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH) ->
     if problem is not None:
         return None, _aside(path, f"was not what reconcile writes ({problem})", then)
     return data, None
+
+
+def read_json_stat(
+    path: str, shape: Shape, *, max_bytes: int, then: str = AFRESH
+) -> tuple[Any, os.stat_result] | None:
+    """read_json, with the fstat of the file read (its mtime, for a cache's age); None when absent or
+    damaged (moved aside)."""
+    try:
+        got = read_state_stat(path, max_bytes=max_bytes)
+    except NotAFile as exc:
+        _aside(path, exc.why, then)
+        return None
+    except OSError as exc:
+        _aside(path, f"could not be read ({exc.strerror})", then)
+        return None
+    if got is None:
+        return None
+    raw, st = got
+    try:
+        data = load_json(raw)
+    except ValueError:
+        _aside(path, "was not JSON", then)
+        return None
+    problem = shape.problem(data, "")
+    if problem is not None:
+        _aside(path, f"was not what reconcile writes ({problem})", then)
+        return None
+    return data, st
 
 
 def _aside(path: str, why: str, then: str) -> str | None:
@@ -511,3 +545,32 @@ def read_bench(path: str) -> list[dict[str, Any]]:
     """bench/results.json's runs, oldest first; [] when absent or damaged (moved aside)."""
     data, _ = read_json(path, BENCH, max_bytes=RECORD, then="the figures start afresh")
     return list(data["runs"]) if data is not None else []
+
+
+# The hub's listing of a model revision, cached by probes.hub under <state_dir>/cache/hub/: its file
+# sizes (a large repo lists thousands of files), and the note of a failed call (one line).
+HUB_LISTING = Obj(
+    {"repo": STR, "revision": STR, "commit": STR, "sizes": MapOf(COUNT)}, required=("commit", "sizes")
+)
+HUB_NOTE_MAX = 4 * KiB
+
+
+def read_hub_listing(path: str) -> tuple[dict[str, Any], float] | None:
+    """A cached hub listing and its mtime; None when absent or damaged (a FIFO, a directory, a link,
+    too large, not its shape: moved aside, and the hub is asked again)."""
+    got = read_json_stat(path, HUB_LISTING, max_bytes=16 * MiB, then="the hub is asked again")
+    return None if got is None else (got[0], got[1].st_mtime)
+
+
+def read_hub_note(path: str) -> tuple[str, float] | None:
+    """The note of a failed hub listing (why it failed) and its mtime; None when absent or damaged
+    (moved aside: the hub is asked again)."""
+    try:
+        got = read_state_stat(path, max_bytes=HUB_NOTE_MAX)
+    except NotAFile as exc:
+        _aside(path, exc.why, "the hub is asked again")
+        return None
+    except OSError as exc:
+        _aside(path, f"could not be read ({exc.strerror})", "the hub is asked again")
+        return None
+    return None if got is None else (got[0].decode(errors="replace"), got[1].st_mtime)
