@@ -1,0 +1,155 @@
+"""Issue 24's hostile reader, seventh round, classes 1-3 (the path-trust layer, untrusted trees and
+files, the spec's own provenance): attacks on what the sixth round's fixes added (the tools' namespaces
+in the environment, the value role on `[server] env`/`args`, the `.pth` directory checks, the sealed
+realization's exemption), found by reading docs/security.md and the code alone, each run for real (a
+`nobody` directory, real files, the real CLI and uv), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apply_support import Demo
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+NOGROUP = pwd.getpwnam("nobody").pw_gid
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A root directory, 0755, under /tmp: nobody reaches what the test gives them there (pytest's
+    own tmp dirs are 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="hostile7-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _nobodys_dir(parent: Path, name: str) -> Path:
+    path = parent / name
+    path.mkdir()
+    os.chown(path, NOBODY, NOGROUP)
+    return path
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    run = subprocess.run(
+        [sys.executable, "-m", "reconcile", *args],
+        capture_output=True, text=True, timeout=180, cwd=cwd, env={**os.environ, **env},
+    )  # fmt: skip
+    return run.returncode, run.stdout + run.stderr
+
+
+def _lock_spec(root: Path, wheelhouse: Path) -> Path:
+    """A spec with only [machine] and [venv] (ninja, from an empty wheelhouse), as `reconcile lock`
+    reads it."""
+    spec = root / "spec" / "demo.toml"
+    spec.parent.mkdir(parents=True)
+    spec.write_text(
+        f'[machine]\nstate_dir = "{root}/state"\n\n[venv]\npath = "{root}/venv"\n'
+        f'python = "/usr/bin/python3"\nwheelhouse = "{wheelhouse}"\npackages = {{ ninja = "*" }}\n'
+    )
+    return spec
+
+
+# --- class 1: the path-trust layer (the environment root's tools read) ------------------------------
+
+
+def test_a_relative_entry_in_xdg_config_dirs_never_hands_roots_uv_nobodys_config(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The sixth round holds each path a tool's variable names to the read or write-dir role, but
+    only the words that look like paths: an absolute path or a file:// URL. uv reads
+    `<entry>/uv/uv.toml` for each entry of $XDG_CONFIG_DIRS, a relative entry too, against its
+    current directory, which reconcile makes "/" for every tool it runs: `sudo -E reconcile lock` with
+    `XDG_CONFIG_DIRS=/etc/xdg:tmp/<nobody's dir>` hands root's uv nobody's config, which
+    chooses its cache (there: a link into a root-only directory), its indexes, its overrides. main:
+    uv wrote its cache, as root, into the root-only directory nobody's config named."""
+    theirs = _nobodys_dir(outside, "xdg")
+    target = tmp_path / "root-only"
+    target.mkdir(mode=0o700)
+    (theirs / "uv").mkdir()
+    (theirs / "uv" / "uv.toml").write_text(f'cache-dir = "{theirs}/cache"\n')
+    os.symlink(target, theirs / "cache")
+    for path in (theirs / "uv", theirs / "uv" / "uv.toml", theirs / "cache"):
+        os.lchown(path, NOBODY, NOGROUP)  # nobody's files in nobody's directory
+    (outside / "no-wheels").mkdir()
+    spec = _lock_spec(tmp_path, outside / "no-wheels")
+    relative = str(theirs.relative_to("/"))  # tmp/hostile7-.../xdg: what it names from "/"
+    env = {"XDG_CONFIG_DIRS": f"/etc/xdg:{relative}"}
+    code, output = _cli("lock", "--spec", str(spec), cwd=outside, env=env)
+    assert sorted(p.name for p in target.iterdir()) == [], output
+    assert code == 1, output  # the wheelhouse is empty: no closure, said in one line
+    assert f"reconcile: environment XDG_CONFIG_DIRS left out: /etc/xdg:{relative}" in output, output
+    assert "Traceback" not in output, output
+
+
+def test_a_relative_cache_dir_in_the_specs_server_env_is_refused(demo: Demo, outside: Path) -> None:
+    """The value role holds each absolute path in `[server] env` to the environment's rule, but a
+    relative one passed as a word: root's server runs in "/", so `VLLM_CACHE_ROOT = "tmp/<nobody's
+    dir>"` is nobody's directory all the same, and a link there sends the compile cache root's server
+    writes (and later loads: torch.compile's artifacts are code) where nobody chooses. main: root's
+    server wrote its compile cache through nobody's link into a root-only directory."""
+    theirs = _nobodys_dir(outside, "vllm-cache")
+    target = outside / "root-only"
+    target.mkdir(mode=0o700)
+    os.symlink(target, theirs / "torch_compile_cache")
+    os.lchown(theirs / "torch_compile_cache", NOBODY, NOGROUP)
+    relative = str(theirs.relative_to("/"))
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["VLLM_CACHE_ROOT"] = relative
+
+    run = demo.cli("apply", spec=demo.write_spec(edit))
+    assert sorted(p.name for p in target.iterdir()) == [], f"root's server wrote there: {run.output}"
+    assert "[server].env.VLLM_CACHE_ROOT" in run.output and "owned by nobody" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+def test_a_path_inside_a_json_flags_table_in_server_args_is_held_to_the_value_role(
+    demo: Demo, outside: Path
+) -> None:
+    """`[server] args` takes a table for a JSON flag (`compilation-config = { cache_dir = ... }`, which
+    vLLM hands to torch.compile as its cache directory), and the value role walked a flag's string or
+    list only: the table's strings were never looked at, so a cache dir of nobody's passed the plan
+    (apply then starts root's vLLM writing and loading compiled code there). main: the plan said
+    nothing about it."""
+    theirs = _nobodys_dir(outside, "compile-cache")
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"]["compilation-config"] = {"level": 3, "options": {"cache_dir": str(theirs)}}
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert "[server].args.compilation-config" in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_a_path_after_an_equals_sign_in_a_server_value_is_held_to_the_value_role(
+    demo: Demo, outside: Path
+) -> None:
+    """The value role took each ':'- or blank-separated word that starts with '/' as a path; a word
+    like `--download-dir=/x` or `cache_dir=/x,y=z` (the form `VLLM_*` lists and `--override-*` flags
+    use) starts with something else, so the path in it passed unchecked. main: the plan said nothing
+    about nobody's directory in `[server] env`."""
+    theirs = _nobodys_dir(outside, "downloads")
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["VLLM_EXTRA_FLAGS"] = f"--download-dir={theirs},--seed=1"
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert "[server].env.VLLM_EXTRA_FLAGS" in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
