@@ -153,3 +153,48 @@ def test_a_path_after_an_equals_sign_in_a_server_value_is_held_to_the_value_role
     run = demo.cli("plan", spec=demo.write_spec(edit))
     assert "[server].env.VLLM_EXTRA_FLAGS" in run.output and "owned by nobody" in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_an_apt_config_of_nobodys_never_chooses_what_roots_apt_installs(demo: Demo, outside: Path) -> None:
+    """The tools' namespaces held uv's, pip's, git's, the hub's and Python's variables, but apt (which
+    apply runs as root: `apt-cache policy`, `apt-get install`) takes its whole configuration from the
+    file $APT_CONFIG names: its sources (a `[trusted=yes]` repository of nobody's), its lists, its
+    `Dir::Bin::dpkg`, its hooks (`DPkg::Pre-Invoke`). `sudo -E reconcile apply` with nobody's file
+    there installs nobody's package, whose maintainer scripts run as root. main: root's apply
+    installed nobody's package (6.6.6, from nobody's repository)."""
+    from tests import debs
+
+    if missing := debs.missing_tools():
+        pytest.skip(f"needs {', '.join(missing)}")
+    theirs = _nobodys_dir(outside, "apt")
+    repo = theirs / "repo"
+    repo.mkdir()
+    debs.build_deb(str(repo), "reconcile-test-evil", "6.6.6")
+    debs.scan(str(repo))
+    for d in ("lists/partial", "cache/archives/partial", "parts"):
+        (theirs / d).mkdir(parents=True)
+    (theirs / "sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n")
+    conf = theirs / "apt.conf"
+    conf.write_text(
+        f'Dir::Etc::sourcelist "{theirs}/sources.list";\nDir::Etc::sourceparts "{theirs}/parts";\n'
+        f'Dir::State::lists "{theirs}/lists/";\nDir::Cache "{theirs}/cache/";\nDebug::NoLocking "true";\n'
+        'APT::Sandbox::User "nobody";\n'
+    )
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    update = subprocess.run(  # nobody fills their own lists: no root needed
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "apt-get", "update"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "APT_CONFIG": str(conf)},
+    )  # fmt: skip
+    assert update.returncode == 0, update.stderr
+
+    def edit(doc: Any) -> None:
+        doc["apt"] = {"packages": ["reconcile-test-evil"]}
+
+    try:
+        run = demo.cli("apply", spec=demo.write_spec(edit), env={"APT_CONFIG": str(conf)})
+        installed = debs.installed_version("reconcile-test-evil")
+    finally:
+        debs.purge(["reconcile-test-evil"])
+    assert installed is None, f"root's apt installed nobody's package {installed}: {run.output}"
+    assert f"reconcile: environment APT_CONFIG left out: {conf}" in run.output, run.output
+    assert "Traceback" not in run.output, run.output

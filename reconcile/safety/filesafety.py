@@ -370,15 +370,19 @@ ENV_DIRS = (
     "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
-ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")
+ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
 # Not a list of names but the tools' own namespaces: any variable of these whose value names a path
 # (an absolute path, a file:// URL, or a list of them split on ':' or blanks) is held to the same rule,
 # a directory to the write-dir role and a file to the read role: uv's system config in each of
 # $XDG_CONFIG_DIRS, its UV_FIND_LINKS, UV_CONSTRAINT, UV_PYTHON_INSTALL_DIR; pip's PIP_FIND_LINKS; git's
 # GIT_EXEC_PATH and GIT_ASKPASS; the hub's HF_TOKEN_PATH, HF_XET_CACHE, HUGGINGFACE_HUB_CACHE (the old
 # name of HF_HUB_CACHE); the CA bundles every HTTPS client root runs trusts; the temp dir the tools
-# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP.
-ENV_PREFIXES = ("UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_")
+# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP;
+# apt's, dpkg's and debconf's (APT_CONFIG chooses apt's sources, lists, dpkg binary and hooks;
+# DPKG_ADMINDIR dpkg's database; DEBCONF_SYSTEMRC debconf's).
+ENV_PREFIXES = (
+    "UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_", "APT_", "DPKG_", "DEBCONF_",
+)  # fmt: skip
 ENV_PATH_NAMES = ("TMPDIR", "TMP", "TEMP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
 
 
