@@ -173,7 +173,11 @@ def scan_site_packages(
             else:
                 dists[normalize(found[0])] = Distribution(found[0], found[1], entry.path)
         elif entry.name.endswith(".pth") and entry.is_file():
-            pth += _pth_paths(entry.path, site)
+            found_pth = _pth_paths(entry.path, site)
+            if isinstance(found_pth, Invalid):
+                bad.append(found_pth)
+            else:
+                pth += found_pth
     headers.keep()
     return dists, pth, bad
 
@@ -261,16 +265,26 @@ def read_metadata_header(path: str) -> tuple[str, str] | Invalid:
     return Invalid(path, "METADATA has no Name or no Version header", "".join(lines))
 
 
-def _pth_paths(pth_file: str, site: str) -> list[PthEntry]:
+# A .pth is a few lines (an editable install's is one); one larger is not read into the plan (a file
+# of another user's in a copied venv could be grown to gigabytes of one line: the preflight names it).
+PTH_LIMIT = 1 << 20
+
+
+def _pth_paths(pth_file: str, site: str) -> list[PthEntry] | Invalid:
+    from reconcile.safety.untrusted import read_regular
+
+    try:  # non-blocking, a regular file only, bounded: never read whole by name
+        raw = read_regular(pth_file, PTH_LIMIT, follow=True)
+    except OSError as exc:
+        return Invalid(pth_file, f"{pth_file}: {exc.strerror or exc}: not read")
     entries = []
-    with open(pth_file, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\n\r")
-            # site.py executes lines starting with "import" and skips comments and blanks.
-            if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
-                continue
-            path = os.path.normpath(os.path.join(site, line))
-            entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        # site.py executes lines starting with "import", skips comments and blanks, and strips the
+        # trailing blanks of a path line (as here: "/dir " is /dir to it).
+        if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
+            continue
+        path = os.path.normpath(os.path.join(site, line.rstrip()))
+        entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
     return entries
 
 

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import Demo
+from tests.apply_support import Demo, demo_in, seed_venv
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """The demo with a venv made by a real apply, copied."""
+    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
@@ -198,3 +205,26 @@ def test_an_apt_config_of_nobodys_never_chooses_what_roots_apt_installs(demo: De
     assert installed is None, f"root's apt installed nobody's package {installed}: {run.output}"
     assert f"reconcile: environment APT_CONFIG left out: {conf}" in run.output, run.output
     assert "Traceback" not in run.output, run.output
+
+
+# --- class 2: untrusted files (what the plan reads before any check) --------------------------------
+
+
+def test_a_huge_pth_file_of_nobodys_in_the_venv_never_takes_the_plans_memory(seeded: Demo) -> None:
+    """The sixth round refuses a venv whose site-packages holds a file of nobody's (a venv copied in
+    with its owners kept), but that finding comes from the preflight, after the venv probe has read
+    every `.pth` there line by line with no bound: nobody grows their own `.pth` to a sparse 4 GiB
+    with no newline (no disk used) and root's plan reads it into one string. Run here under a 2 GiB
+    address-space limit so the test is safe. main: the plan died of MemoryError (a traceback, no
+    plan), and on a machine without the limit root's timer takes gigabytes."""
+    (site,) = seeded.venv.glob("lib/python3*/site-packages")
+    pth = site / "theirs.pth"
+    with open(pth, "wb") as f:
+        f.truncate(4 << 30)  # sparse: one line of zeros, no block written
+    os.chown(pth, NOBODY, NOGROUP)
+    argv = ["prlimit", f"--as={2 << 30}", "--", *seeded.command("plan")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=seeded.env())
+    output = run.stdout + run.stderr
+    assert "MemoryError" not in output and "Traceback" not in output, output[-3000:]
+    assert str(pth) in output and "owned by nobody" in output, output[-3000:]
+    assert run.returncode == 1, output[-3000:]
