@@ -76,18 +76,24 @@ def probe(spec: Spec) -> VenvObservation | Absent | Invalid | None:
     return read_venv(spec.venv.path)
 
 
+CFG_LIMIT = 1 << 16  # a pyvenv.cfg is a few lines
+
+
 def read_venv(path: str) -> VenvObservation | Absent | Invalid:
     """The venv at `path`; Absent when nothing is there, Invalid when it is a directory without pyvenv.cfg."""
     cfg_path = os.path.join(path, "pyvenv.cfg")
-    try:
-        with open(cfg_path, encoding="utf-8", errors="replace") as f:
-            config = parse_pyvenv_cfg(f.read())
+    from reconcile.safety.untrusted import read_regular
+
+    try:  # non-blocking, a regular file only, bounded: a venv of another user's may hold a FIFO here
+        config = parse_pyvenv_cfg(read_regular(cfg_path, CFG_LIMIT).decode("utf-8", errors="replace"))
     except FileNotFoundError:
         if os.path.lexists(path):
             return Invalid(path, f"{cfg_path} is missing: {path} is not a virtual environment")
         return Absent(path)
     except NotADirectoryError:
         return Invalid(path, f"{path} is not a directory")
+    except OSError as exc:  # NotRegular (a FIFO, a link), TooLarge: said, never read
+        return Invalid(path, f"{cfg_path}: {exc.strerror or exc}: not read")
     site_dirs = _site_dirs(path)
     distributions: dict[str, Distribution] = {}
     pth: list[PthEntry] = []

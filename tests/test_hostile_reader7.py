@@ -228,3 +228,25 @@ def test_a_huge_pth_file_of_nobodys_in_the_venv_never_takes_the_plans_memory(see
     assert "MemoryError" not in output and "Traceback" not in output, output[-3000:]
     assert str(pth) in output and "owned by nobody" in output, output[-3000:]
     assert run.returncode == 1, output[-3000:]
+
+
+def test_a_fifo_for_pyvenv_cfg_in_a_venv_of_nobodys_never_hangs_the_plan(seeded: Demo) -> None:
+    """A venv copied in with its owners kept is refused by the preflight (the write-dir role on
+    `[venv] path`, the read role on its site-packages), but the venv probe runs first and opened
+    `pyvenv.cfg` by name, blocking: in a venv directory of nobody's, nobody puts a FIFO there and
+    root's plan (and the timer's apply, holding the lock) waits on it for ever. main: the plan was
+    still waiting at the test's bound."""
+    os.chown(seeded.venv, NOBODY, NOGROUP)
+    cfg = seeded.venv / "pyvenv.cfg"
+    cfg.unlink()
+    os.mkfifo(cfg)
+    os.chown(cfg, NOBODY, NOGROUP)
+    try:
+        run = subprocess.run(
+            seeded.command("plan"), capture_output=True, text=True, timeout=60, env=seeded.env()
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("root's plan is waiting on nobody's FIFO")
+    output = run.stdout + run.stderr
+    assert "FIFO" in output and "Traceback" not in output, output[-3000:]
+    assert "owned by nobody" in output and run.returncode == 1, output[-3000:]
