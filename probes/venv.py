@@ -256,19 +256,41 @@ def read_metadata_header(path: str) -> tuple[str, str] | Invalid:
     """Name and Version from a core-metadata file's header (read up to the first blank line)."""
     name = version = None
     lines = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                break
-            lines.append(line)
-            key, _, value = line.partition(":")
-            if key == "Name":
-                name = value.strip()
-            elif key == "Version":
-                version = value.strip()
-            if name and version:
-                return name, version
+    try:
+        head = _head(path)
+    except OSError as exc:  # NotRegular (a FIFO, a link put there since the stat): said, never read
+        return Invalid(path, f"{path}: {exc.strerror or exc}: not read")
+    for line in head:
+        if not line.strip():
+            break
+        lines.append(line)
+        key, _, value = line.partition(":")
+        if key == "Name":
+            name = value.strip()
+        elif key == "Version":
+            version = value.strip()
+        if name and version:
+            return name, version
     return Invalid(path, "METADATA has no Name or no Version header", "".join(lines))
+
+
+HEADER_LIMIT = 1 << 20  # a core-metadata header is a few KiB; the description after it is not read
+
+
+def _head(path: str) -> list[str]:
+    """The lines of the first HEADER_LIMIT bytes of the regular file at `path` (opened non-blocking,
+    no link followed): a distribution's file in a venv of another user's may be a sparse 4 GiB line."""
+    from reconcile.safety.untrusted import open_regular
+
+    fd, _st = open_regular(path)
+    try:
+        parts, have = [], 0
+        while have < HEADER_LIMIT and (chunk := os.read(fd, HEADER_LIMIT - have)):
+            parts.append(chunk)
+            have += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(parts).decode("utf-8", errors="replace").splitlines(keepends=True)
 
 
 # A .pth is a few lines (an editable install's is one); one larger is not read into the plan (a file
@@ -301,13 +323,13 @@ def requires(dist: Distribution) -> tuple[str, ...]:
     meta = os.path.join(dist.path, "METADATA" if dist.path.endswith(".dist-info") else "PKG-INFO")
     out = []
     try:
-        with open(meta, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                if key == "Requires-Dist":
-                    out.append(value.strip())
+        head = _head(meta)
     except OSError:
         return ()
+    for line in head:
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        if key == "Requires-Dist":
+            out.append(value.strip())
     return tuple(out)

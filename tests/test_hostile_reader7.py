@@ -250,3 +250,21 @@ def test_a_fifo_for_pyvenv_cfg_in_a_venv_of_nobodys_never_hangs_the_plan(seeded:
     output = run.stdout + run.stderr
     assert "FIFO" in output and "Traceback" not in output, output[-3000:]
     assert "owned by nobody" in output and run.returncode == 1, output[-3000:]
+
+
+def test_a_huge_metadata_file_of_nobodys_in_the_venv_never_takes_the_plans_memory(seeded: Demo) -> None:
+    """The `.pth` attack's sibling: the venv probe reads each distribution's METADATA header line by
+    line, unbounded, before the preflight refuses a venv holding nobody's files: nobody grows their
+    own METADATA to a sparse 4 GiB line. Under a 2 GiB address-space limit. main: MemoryError."""
+    (site,) = seeded.venv.glob("lib/python3*/site-packages")
+    meta = site / "theirs-1.0.dist-info" / "METADATA"
+    meta.parent.mkdir()
+    with open(meta, "wb") as f:
+        f.truncate(4 << 30)
+    os.chown(meta, NOBODY, NOGROUP)
+    argv = ["prlimit", f"--as={2 << 30}", "--", *seeded.command("plan")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=seeded.env())
+    output = run.stdout + run.stderr
+    assert "MemoryError" not in output and "Traceback" not in output, output[-3000:]
+    assert str(meta) in output and "owned by nobody" in output, output[-3000:]
+    assert run.returncode == 1, output[-3000:]
