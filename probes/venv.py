@@ -76,18 +76,24 @@ def probe(spec: Spec) -> VenvObservation | Absent | Invalid | None:
     return read_venv(spec.venv.path)
 
 
+CFG_LIMIT = 1 << 16  # a pyvenv.cfg is a few lines
+
+
 def read_venv(path: str) -> VenvObservation | Absent | Invalid:
     """The venv at `path`; Absent when nothing is there, Invalid when it is a directory without pyvenv.cfg."""
     cfg_path = os.path.join(path, "pyvenv.cfg")
-    try:
-        with open(cfg_path, encoding="utf-8", errors="replace") as f:
-            config = parse_pyvenv_cfg(f.read())
+    from reconcile.safety.untrusted import read_regular
+
+    try:  # non-blocking, a regular file only, bounded: a venv of another user's may hold a FIFO here
+        config = parse_pyvenv_cfg(read_regular(cfg_path, CFG_LIMIT).decode("utf-8", errors="replace"))
     except FileNotFoundError:
         if os.path.lexists(path):
             return Invalid(path, f"{cfg_path} is missing: {path} is not a virtual environment")
         return Absent(path)
     except NotADirectoryError:
         return Invalid(path, f"{path} is not a directory")
+    except OSError as exc:  # NotRegular (a FIFO, a link), TooLarge: said, never read
+        return Invalid(path, f"{cfg_path}: {exc.strerror or exc}: not read")
     site_dirs = _site_dirs(path)
     distributions: dict[str, Distribution] = {}
     pth: list[PthEntry] = []
@@ -173,7 +179,11 @@ def scan_site_packages(
             else:
                 dists[normalize(found[0])] = Distribution(found[0], found[1], entry.path)
         elif entry.name.endswith(".pth") and entry.is_file():
-            pth += _pth_paths(entry.path, site)
+            found_pth = _pth_paths(entry.path, site)
+            if isinstance(found_pth, Invalid):
+                bad.append(found_pth)
+            else:
+                pth += found_pth
     headers.keep()
     return dists, pth, bad
 
@@ -246,31 +256,63 @@ def read_metadata_header(path: str) -> tuple[str, str] | Invalid:
     """Name and Version from a core-metadata file's header (read up to the first blank line)."""
     name = version = None
     lines = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                break
-            lines.append(line)
-            key, _, value = line.partition(":")
-            if key == "Name":
-                name = value.strip()
-            elif key == "Version":
-                version = value.strip()
-            if name and version:
-                return name, version
+    try:
+        head = _head(path)
+    except OSError as exc:  # NotRegular (a FIFO, a link put there since the stat): said, never read
+        return Invalid(path, f"{path}: {exc.strerror or exc}: not read")
+    for line in head:
+        if not line.strip():
+            break
+        lines.append(line)
+        key, _, value = line.partition(":")
+        if key == "Name":
+            name = value.strip()
+        elif key == "Version":
+            version = value.strip()
+        if name and version:
+            return name, version
     return Invalid(path, "METADATA has no Name or no Version header", "".join(lines))
 
 
-def _pth_paths(pth_file: str, site: str) -> list[PthEntry]:
+HEADER_LIMIT = 1 << 20  # a core-metadata header is a few KiB; the description after it is not read
+
+
+def _head(path: str) -> list[str]:
+    """The lines of the first HEADER_LIMIT bytes of the regular file at `path` (opened non-blocking,
+    no link followed): a distribution's file in a venv of another user's may be a sparse 4 GiB line."""
+    from reconcile.safety.untrusted import open_regular
+
+    fd, _st = open_regular(path)
+    try:
+        parts, have = [], 0
+        while have < HEADER_LIMIT and (chunk := os.read(fd, HEADER_LIMIT - have)):
+            parts.append(chunk)
+            have += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(parts).decode("utf-8", errors="replace").splitlines(keepends=True)
+
+
+# A .pth is a few lines (an editable install's is one); one larger is not read into the plan (a file
+# of another user's in a copied venv could be grown to gigabytes of one line: the preflight names it).
+PTH_LIMIT = 1 << 20
+
+
+def _pth_paths(pth_file: str, site: str) -> list[PthEntry] | Invalid:
+    from reconcile.safety.untrusted import read_regular
+
+    try:  # non-blocking, a regular file only, bounded: never read whole by name
+        raw = read_regular(pth_file, PTH_LIMIT, follow=True)
+    except OSError as exc:
+        return Invalid(pth_file, f"{pth_file}: {exc.strerror or exc}: not read")
     entries = []
-    with open(pth_file, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\n\r")
-            # site.py executes lines starting with "import" and skips comments and blanks.
-            if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
-                continue
-            path = os.path.normpath(os.path.join(site, line))
-            entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        # site.py executes lines starting with "import", skips comments and blanks, and strips the
+        # trailing blanks of a path line (as here: "/dir " is /dir to it).
+        if not line.strip() or line.startswith("#") or line.startswith(("import ", "import\t")):
+            continue
+        path = os.path.normpath(os.path.join(site, line.rstrip()))
+        entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
     return entries
 
 
@@ -281,13 +323,13 @@ def requires(dist: Distribution) -> tuple[str, ...]:
     meta = os.path.join(dist.path, "METADATA" if dist.path.endswith(".dist-info") else "PKG-INFO")
     out = []
     try:
-        with open(meta, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                if key == "Requires-Dist":
-                    out.append(value.strip())
+        head = _head(meta)
     except OSError:
         return ()
+    for line in head:
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        if key == "Requires-Dist":
+            out.append(value.strip())
     return tuple(out)

@@ -54,7 +54,7 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "probes/apt.py": (2, SYSTEM),
     "probes/gpu.py": (1, PROC),
     "probes/hub.py": (4, STATE),
-    "probes/venv.py": (6, BELOW),
+    "probes/venv.py": (2, BELOW),
     "reconcile/apply/benchmark.py": (1, TEMP),  # rmtree of the mkdtemp where vllm bench serve writes
     "reconcile/apply/generations.py": (1, STATE),
     "reconcile/apply/journal.py": (1, STATE),

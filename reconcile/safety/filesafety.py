@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 
@@ -369,28 +370,52 @@ ENV_DIRS = (
     "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
-ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM")
+ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
 # Not a list of names but the tools' own namespaces: any variable of these whose value names a path
 # (an absolute path, a file:// URL, or a list of them split on ':' or blanks) is held to the same rule,
 # a directory to the write-dir role and a file to the read role: uv's system config in each of
 # $XDG_CONFIG_DIRS, its UV_FIND_LINKS, UV_CONSTRAINT, UV_PYTHON_INSTALL_DIR; pip's PIP_FIND_LINKS; git's
 # GIT_EXEC_PATH and GIT_ASKPASS; the hub's HF_TOKEN_PATH, HF_XET_CACHE, HUGGINGFACE_HUB_CACHE (the old
 # name of HF_HUB_CACHE); the CA bundles every HTTPS client root runs trusts; the temp dir the tools
-# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP.
-ENV_PREFIXES = ("UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_")
+# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP;
+# apt's, dpkg's and debconf's (APT_CONFIG chooses apt's sources, lists, dpkg binary and hooks;
+# DPKG_ADMINDIR dpkg's database; DEBCONF_SYSTEMRC debconf's).
+ENV_PREFIXES = (
+    "UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_", "APT_", "DPKG_", "DEBCONF_",
+)  # fmt: skip
 ENV_PATH_NAMES = ("TMPDIR", "TMP", "TEMP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
 
 
-def _env_paths(value: str) -> list[str]:
-    """The paths a variable's value names: each ':'- or blank-separated word that is an absolute path
-    or a file:// URL (an index URL, a flag, a number is not a path)."""
-    words = [w for part in value.split(os.pathsep) for w in part.split()]
-    paths = [w[len("file://") :] if w.startswith("file://") else w for w in words]
-    return [w for w in paths if w.startswith("/")]
+# A value names paths in more forms than a bare absolute one: `--download-dir=/x`, `a=/x,b=/y`, JSON
+# (`{"cache_dir": "/x"}`), a file URL (`file:///x`, `file://localhost/x`, `file:/x`), a relative path
+# (every tool reconcile runs, and the server, runs in "/": `tmp/x` is /tmp/x) and `~` (expanded by the
+# tool, to a home nobody checked). Other URLs name no local path; a word that names nothing under "/"
+# (a hub id `org/model`, a number, a flag) is not a path.
+_FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)")
+_OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"',;]*")
+_WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
+
+
+def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
+    """The paths a value names (see _WORD_SPLIT): each absolute word; each relative one, resolved
+    against each of `bases` (the directories it may be read from), where its first component exists
+    there; and a word starting with '~' as itself (refused: not absolute)."""
+    words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", value)))
+    paths: list[str] = []
+    for w in words:
+        if w.startswith(("/", "~")):
+            paths.append(w)
+        elif w and not w.startswith("-"):
+            first = w.split("/", 1)[0]
+            paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
+    return paths
 
 
 def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
+    if path.startswith("~"):
+        return f"{path}: not an absolute path (the tool expands ~ to a home reconcile does not check)"
+    path = os.path.normpath(path)
     try:
         is_file = not stat.S_ISDIR(os.stat(path).st_mode)
     except OSError:
@@ -398,10 +423,14 @@ def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str 
     return read_problem(path, allowed) if is_file else env_dir_problem(path, allowed)
 
 
-def env_value_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
+def env_value_problem(
+    value: str, allowed: Collection[int] | None = None, bases: Collection[str] = ("/",)
+) -> str | None:
     """Why a value handed to a program (an environment variable, a flag) names a path another user
-    could change (None when none does): each path in it (_env_paths) by _env_path_problem."""
-    return next((p for p in (_env_path_problem(w, allowed) for w in _env_paths(value)) if p), None)
+    could change (None when none does): each path in it (_env_paths, a relative one resolved against
+    each of `bases`) by _env_path_problem."""
+    paths = _env_paths(value, bases)
+    return next((p for p in (_env_path_problem(w, allowed) for w in paths) if p), None)
 
 
 def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
@@ -446,8 +475,8 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
             problem = read_problem(value)
             if problem is None and not value.startswith("/"):
                 problem = f"{value}: not an absolute path"
-        else:
-            problem = env_value_problem(value)
+        else:  # a relative path: from "/" (the tools' cwd) and from ours (what reconcile reads itself)
+            problem = env_value_problem(value, bases=("/", os.getcwd()))
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"

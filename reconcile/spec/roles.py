@@ -98,9 +98,20 @@ def spec_paths(spec: Any) -> list[SpecPath]:
             if isinstance(value, str):
                 out.append(SpecPath(f"{where}.{field}", value, role))
             elif isinstance(value, dict):
-                for k, v in sorted(value.items()):  # a flag's list: each string in it
-                    words = [v] if isinstance(v, str) else v if isinstance(v, (list, tuple)) else []
-                    out += [SpecPath(f"{where}.{field}.{k}", w, role) for w in words if isinstance(w, str)]
+                for k, v in sorted(value.items()):  # a flag's list or JSON table: each string in it
+                    out += [SpecPath(f"{where}.{field}.{k}", w, role) for w in _strings(v)]
             elif isinstance(value, (list, tuple)):
                 out += [SpecPath(f"{where}.{field}[{i}]", v, role) for i, v in enumerate(value)]
     return out
+
+
+def _strings(value: object) -> list[str]:
+    """Every string in a value, however deep in its lists and tables (a JSON flag's table:
+    `compilation-config = { cache_dir = ... }`)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [w for k in sorted(value) for w in _strings(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [w for v in value for w in _strings(v)]
+    return []
