@@ -1,0 +1,76 @@
+"""Issue 24's hostile reader, seventh round, classes 4-6 (bounded network reads, output is data, state
+never wedges): attacks on what the sixth round added or left open (the hub listing's cache directory
+`<owner>__<name>`, noted open there), found by reading docs/security.md and the code alone, each run
+for real (real FIFOs, files and symlinks in a real state directory, a real process that must end), each
+seen succeeding on main before its fix unless its docstring says it was already refused.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probes.hub import cache_path
+
+REPO = "meta-llama/Llama-3.1-8B-Instruct"
+COMMIT = "a" * 40
+
+# The listing, asked twice in a process of its own (a read that waits on a FIFO is a timeout there,
+# not a hung test run); nothing listens at HF_ENDPOINT, so the first asking fails and notes why.
+LISTING = r"""
+import sys
+from probes.hub import listing
+for _ in range(2):
+    found = listing(sys.argv[1], sys.argv[2], sys.argv[3], offline=False)
+    print("listing:", type(found).__name__, getattr(found, "reason", ""), flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "file", "symlink"])
+def test_a_non_directory_in_place_of_a_repos_cache_directory_is_moved_aside(
+    tmp_path: Path, kind: str
+) -> None:
+    """The hub listing's cache keeps each repo under <state_dir>/cache/hub/<owner>__<name>/ (the sixth
+    round noted it open). main: a FIFO or a file there made every cache write fail silently (best
+    effort) and every read miss: each plan asked the hub again, and offline never had a listing, for
+    good; a symlink there (to a directory elsewhere) was followed: root wrote its failure note in the
+    directory the link names and read it back from there. Now it is moved aside like any damaged state
+    (the link renamed, never followed) and the repo's directory is made afresh."""
+    cache = tmp_path / "state" / "cache" / "hub"
+    path = Path(cache_path(str(cache), REPO, COMMIT))
+    owner_dir = path.parent
+    cache.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if kind == "fifo":
+        os.mkfifo(owner_dir)
+    elif kind == "file":
+        owner_dir.write_text("not a directory\n")
+    else:
+        owner_dir.symlink_to(elsewhere)
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": ""}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", LISTING, REPO, COMMIT, str(cache)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the listing waited for 60 s: {exc.stdout!r}") from None
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("listing: Unavailable") for line in lines), run.stdout
+    # The second asking read the first one's note: the cache works again.
+    assert "asked less than 15 minutes ago" in lines[1], run.stdout
+    assert owner_dir.is_dir() and not owner_dir.is_symlink(), kind
+    assert (owner_dir / f"{COMMIT}.json.failed").is_file()
+    assert any(p.name.startswith(f"{owner_dir.name}.corrupt-") for p in cache.iterdir()), list(
+        cache.iterdir()
+    )
+    assert list(elsewhere.iterdir()) == [], "root wrote through the symlink"
