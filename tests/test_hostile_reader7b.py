@@ -7,17 +7,24 @@ seen succeeding on main before its fix unless its docstring says it was already 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from probes.hub import cache_path
+from tests.apply_support import Demo, demo_in
+from tests.ownership_support import as_nobody
+from tests.test_network_attacks import HOSTILE, watched
 
 REPO = "meta-llama/Llama-3.1-8B-Instruct"
 COMMIT = "a" * 40
+# A tenth of the 1 MiB cap of each JSON answer, after a right-to-left override (as in round 6).
+LONG = "\u202e" + "A" * 100_000
 
 # The listing, asked twice in a process of its own (a read that waits on a FIFO is a timeout there,
 # not a hung test run); nothing listens at HF_ENDPOINT, so the first asking fails and notes why.
@@ -74,3 +81,31 @@ def test_a_non_directory_in_place_of_a_repos_cache_directory_is_moved_aside(
         cache.iterdir()
     )
     assert list(elsewhere.iterdir()) == [], "root wrote through the symlink"
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    yield from demo_in(tmp_path)
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
+LINE_MAX = 2_000
+
+
+@ROOT_ONLY
+def test_a_listeners_100000_character_process_title_is_not_one_line_of_output(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """`nobody` listens on the deployment's port from a process whose command line holds one argument
+    of 100,000 characters (after a right-to-left override): the plan observes that listener, its
+    command line included. The sixth round cut server answers to 1,000 characters "and no longer in
+    `--json` either"; main: `plan --json` and `status --json` printed the listener's command line whole,
+    one line of 100,000 characters (seen on main)."""
+    argv = ["/usr/bin/python3", "-c", HOSTILE, str(demo.port), "escapes", "*", json.dumps("fine"), LONG]
+    as_nobody(argv, {}, strangers)
+    for command in (("plan", "--json"), ("status", "--json"), ("plan",), ("status",)):
+        run = watched(demo, *command)
+        assert run.returncode is not None, run
+        assert "\u202e" not in run.output, command
+        longest = max((len(line) for line in run.output.splitlines()), default=0)
+        assert longest <= LINE_MAX, (command, longest, run.output[:3000])
