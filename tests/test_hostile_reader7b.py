@@ -109,3 +109,28 @@ def test_a_listeners_100000_character_process_title_is_not_one_line_of_output(
         assert "\u202e" not in run.output, command
         longest = max((len(line) for line in run.output.splitlines()), default=0)
         assert longest <= LINE_MAX, (command, longest, run.output[:3000])
+
+
+@pytest.mark.parametrize("since", [1e300, -1e300])
+def test_a_pause_file_with_a_timestamp_out_of_range_never_wedges_the_machine(
+    demo: Demo, since: float
+) -> None:
+    """The pause file (`reconcile pause`) whose `since` and `until` are finite numbers past any date
+    (1e300, -1e300): the shape allowed any finite number. main: every `plan`, `status`, `apply` and
+    even `resume` ended in `internal error: OverflowError: timestamp out of range for platform
+    time_t`, for good, until a person removed the file by hand (seen on main). Now a timestamp out of
+    any date is a shape error: the file is moved aside, a pause saying so holds (the safe side, as for
+    any damaged pause file), and `resume` lifts it."""
+    from reconcile.unattended.pause import PAUSE_FILE, pause_path
+
+    demo.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = Path(pause_path(str(demo.state_dir)))
+    path.write_text(json.dumps({"reason": "x", "user": "root", "pid": 1, "since": since, "until": 1e300}))
+    status = demo.cli("status")
+    assert "internal error" not in status.output, status.output
+    assert f"{PAUSE_FILE} was damaged" in status.output, status.output
+    assert any(p.name.startswith(f"{PAUSE_FILE}.corrupt-") for p in demo.state_dir.iterdir())
+    resume = demo.cli("resume")
+    assert resume.returncode == 0 and "internal error" not in resume.output, resume.output
+    plan = demo.cli("plan")
+    assert "internal error" not in plan.output and "was damaged" not in plan.output, plan.output
