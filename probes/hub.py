@@ -34,6 +34,9 @@ class HubListing(Record):
     cached: bool  # answered from the cache, no request made
 
 
+_ASKED_AGAIN = "the hub is asked again"
+
+
 def cache_path(cache_dir: str, repo: str, revision: str) -> str:
     """`<cache_dir>/<owner>__<name>/<revision>.json`; names that could escape the dir are refused."""
     for part in (*repo.split("/"), revision):
@@ -91,6 +94,9 @@ def listing(
         path = cache_path(cache_dir, repo, revision)
     except ValueError as exc:
         return Unavailable(str(exc))
+    for directory in (cache_dir, os.path.dirname(path)):  # a FIFO, file, link there: aside, not followed
+        with contextlib.suppress(OSError):  # a plan by a user who cannot read the state dir: no cache
+            statefiles.clear_non_dir(directory, then=_ASKED_AGAIN)
     cached = _read_cache(path, revision)
     if cached is not None:
         return cached

@@ -27,6 +27,7 @@ from reconcile.ownership.membership import (
 from reconcile.ownership.sockets import listeners, one_line
 from reconcile.record import Record
 from reconcile.safety import statefiles
+from reconcile.safety.display import shown_argv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _process(pid: int, env: Mapping[str, str], btime: float, ticks: int) -> Depl
         pgid=stat.pgid,
         sid=stat.sid,
         name=stat.comm,
-        cmdline=tuple(redact_argv([c for c in cmdline if c])),
+        cmdline=shown_argv(redact_argv([c for c in cmdline if c])),  # its own title: data, cut
         create_time=btime + stat.start / ticks,
         identity=env.get(IDENTITY),
         role="stray",

@@ -14,6 +14,7 @@ from reconcile.identity import redact_argv
 from reconcile.ownership.cgroups import cgroup_procs
 from reconcile.ownership.membership import Scope, is_member, read_bytes, read_stat, uids, user_name
 from reconcile.record import Record
+from reconcile.safety.display import shown_argv
 
 
 def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
@@ -131,7 +132,7 @@ def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
         pid = owners.get(inode)
         stat = read_stat(pid) if pid is not None else None
         raw = (read_bytes(f"/proc/{pid}/cmdline") or b"") if pid is not None else b""
-        cmd = tuple(redact_argv([c for c in raw.decode(errors="replace").split("\0") if c]))
+        cmd = shown_argv(redact_argv([c for c in raw.decode(errors="replace").split("\0") if c]))
         ids = uids(pid) if pid is not None else None
         out.append(Listener(inode, pid, ids[1] if ids else None, stat.comm if stat else "?", cmd))
     return out

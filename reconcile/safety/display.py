@@ -50,6 +50,20 @@ def shown(text: str, limit: int | None = SHOWN_MAX) -> str:
     return out
 
 
+# The most arguments of another process's command line an observation keeps (each one `shown()`):
+# a process title is data its process chose, up to the kernel's 2 MiB of arguments.
+ARGV_MAX = 64
+
+
+def shown_argv(argv: list[str]) -> tuple[str, ...]:
+    """A command line read from /proc (a process title: data from outside), fit to observe and show:
+    each argument `shown()`, at most ARGV_MAX of them (then `… N more`)."""
+    out = [shown(a) for a in argv[:ARGV_MAX]]
+    if len(argv) > ARGV_MAX:
+        out.append(f"… {len(argv) - ARGV_MAX} more")
+    return tuple(out)
+
+
 def _stream_part(m: re.Match[str]) -> str:
     return m.group(1) or escape(m.group())
 

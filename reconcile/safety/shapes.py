@@ -28,8 +28,10 @@ def _at(where: str, key: str) -> str:
 
 
 class Scalar(Shape):
-    def __init__(self, kind: str, *, nullable: bool = False, minimum: float | None = None) -> None:
-        self.kind, self.nullable, self.minimum = kind, nullable, minimum
+    def __init__(
+        self, kind: str, *, nullable: bool = False, minimum: float | None = None, maximum: float | None = None
+    ) -> None:
+        self.kind, self.nullable, self.minimum, self.maximum = kind, nullable, minimum, maximum
 
     def problem(self, value: object, where: str) -> str | None:
         if value is None and self.nullable:
@@ -43,9 +45,12 @@ class Scalar(Shape):
         }[self.kind]
         if ok and self.minimum is not None and value < self.minimum:  # type: ignore[operator]
             ok = False
+        if ok and self.maximum is not None and value > self.maximum:  # type: ignore[operator]
+            ok = False
         if ok:
             return None
         bound = f" >= {self.minimum:g}" if self.minimum is not None else ""
+        bound += f" <= {self.maximum:g}" if self.maximum is not None else ""
         return (
             f'"{where}" is {_name(value)}, expected {"an" if self.kind[0] == "i" else "a"} {self.kind}{bound}'
         )
@@ -145,3 +150,10 @@ OPT_STR, OPT_INT, OPT_NUM = (
     Scalar("number", nullable=True),
 )
 COUNT = Scalar("integer", minimum=0)
+# A moment (seconds since the epoch) that time.localtime and strftime can show: 1970 to 9999. Any finite
+# number was allowed before, and a 1e300 in pause.json made every run an internal error (OverflowError).
+TIME_MAX = 253402300799  # 9999-12-31T23:59:59Z
+TIME = Scalar("number", minimum=0, maximum=TIME_MAX)
+OPT_TIME = Scalar("number", nullable=True, minimum=0, maximum=TIME_MAX)
+# A process id os.kill and /proc can take (the kernel's pid_max is at most 2**22).
+PID = Scalar("integer", minimum=1, maximum=1 << 22)

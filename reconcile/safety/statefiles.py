@@ -23,7 +23,10 @@ from reconcile.safety.shapes import (
     OPT_INT,
     OPT_NUM,
     OPT_STR,
+    OPT_TIME,
+    PID,
     STR,
+    TIME,
     Const,
     ListOf,
     MapOf,
@@ -261,30 +264,30 @@ LAST_RUN = Obj(
     {
         "format": Const(LAST_RUN_FORMAT),
         "counters": Obj({"changes_total": MapOf(COUNT), "runs_total": MapOf(COUNT)}, nullable=True),
-        "last_success_timestamp": OPT_NUM,
-        "timestamp": OPT_NUM,
+        "last_success_timestamp": OPT_TIME,
+        "timestamp": OPT_TIME,
         "exit_code": OPT_INT,
         "phases": MapOf(NUM, nullable=True),  # each phase of the run and its seconds
     },
     required=("format",),
 )
 
-CONDITIONS = MapOf(Obj({"status": STR, "since": NUM}, required=("status", "since")))
+CONDITIONS = MapOf(Obj({"status": STR, "since": TIME}, required=("status", "since")))
 
 PAUSE = Obj(
     {
         "reason": STR,
         "user": STR,
-        "pid": INT,
-        "since": NUM,
-        "until": OPT_NUM,
+        "pid": PID,
+        "since": TIME,
+        "until": OPT_TIME,
         "tty": OPT_STR,
         "ssh_client": OPT_STR,
     },
     required=("reason", "user", "pid", "since"),
 )
 
-LOCK_HOLDER = Obj({"pid": INT, "started": NUM, "command": STR}, required=("pid", "started", "command"))
+LOCK_HOLDER = Obj({"pid": PID, "started": TIME, "command": STR}, required=("pid", "started", "command"))
 
 GENERATIONS_INDEX = Obj({"format": STR, "records": MapOf(STR)}, required=("records",))
 
@@ -300,7 +303,7 @@ GENERATION_RECORD = Obj(
 )
 
 HOLD = Obj(
-    {"generation": INT, "kind": STR, "since": NUM, "by": STR, "from_spec": STR, "reason": STR},
+    {"generation": INT, "kind": STR, "since": TIME, "by": STR, "from_spec": STR, "reason": STR},
     required=("generation", "kind", "since", "by", "from_spec", "reason"),
 )
 PROFILE_INDEX = Obj(
@@ -316,9 +319,9 @@ PROFILE_RECORD = Obj(
     {
         "generation": INT,
         "key": STR,
-        "created": NUM,
+        "created": TIME,
         "reason": STR,
-        "verdict": Obj({"good": BOOL, "why": STR, "at": NUM}, nullable=True),
+        "verdict": Obj({"good": BOOL, "why": STR, "at": TIME}, nullable=True),
         "spec": Obj({}),
         "spec_path": OPT_STR,
         "venv": Obj({"path": OPT_STR, "packages": MapOf(STR)}, nullable=True),
@@ -335,7 +338,7 @@ MACHINE_INDEX = Obj({"records": MapOf(STR), "current": OPT_INT}, required=("reco
 MACHINE_RECORD = Obj(
     {
         "generation": INT,
-        "created": NUM,
+        "created": TIME,
         "reason": STR,
         "deployments": MapOf(COUNT),
         "changed": ListOf(STR),
@@ -356,8 +359,8 @@ SERVER_RECORD = Obj(
         "history": ListOf(
             Obj(
                 {
-                    "at": NUM,
-                    "pid": INT,
+                    "at": TIME,
+                    "pid": PID,
                     "identity": STR,
                     "outcome": STR,
                     "reason": STR,
@@ -376,9 +379,9 @@ LIVENESS = Obj(
         "format": Const(LIVENESS_FORMAT),
         "stall": Obj(
             {
-                "pid": INT,
+                "pid": PID,
                 "start": NUM,
-                "since": NUM,
+                "since": TIME,
                 "tokens": OPT_NUM,
                 "running": OPT_NUM,
                 "waiting": OPT_NUM,
