@@ -203,13 +203,16 @@ def _seal_model(
 
 def profiles_moved(original: LoadedSpec, applied: LoadedSpec) -> bool:
     """Whether `[venv] path` or `[model] dir` (links, as written) points elsewhere than the realization
-    applied: a switch back to realizations that are all there changes no file, yet it is a switch."""
+    applied, or is not there at all: a switch back to realizations that are all there changes no file,
+    yet it is a switch; and an apply killed after its server started but before it made the link
+    leaves the next one nothing else to do (a directory there, made before the store, is left alone)."""
     pairs = (
         ((original.resolved.get("venv") or {}).get("path"), applied.spec.venv and applied.spec.venv.path),
         ((original.resolved.get("model") or {}).get("dir"), applied.spec.model and applied.spec.model.dir),
     )
     for profile, target in pairs:
-        linked = isinstance(profile, str) and target and profile != target and os.path.islink(profile)
-        if linked and isinstance(profile, str) and os.readlink(profile) != target:
+        if not isinstance(profile, str) or not target or profile == target:
+            continue
+        if not os.path.lexists(profile) or (os.path.islink(profile) and os.readlink(profile) != target):
             return True
     return False
