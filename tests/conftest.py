@@ -35,6 +35,12 @@ def yard() -> Iterator[Path]:
 
 
 @pytest.fixture
+def outside(yard: Path) -> Path:
+    """The hostile rounds' name for `yard`: where the attacker's files go, outside pytest's 0700 tmp."""
+    return yard
+
+
+@pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Demo]:
     """A fresh copy of the demo spec with its own paths, name and port."""
     yield from demo_in(tmp_path)

@@ -20,6 +20,7 @@ from probes import server
 from tests.test_server_support import Deployment, alive, deployment_in, wait_for
 
 NOBODY = 65534
+NOGROUP = 65534  # nogroup, nobody's group on Debian
 INPUTS = LaunchInputs(packages={"vllm": "0.26.0"})
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another user's processes, ns_last_pid)")
 
@@ -153,3 +154,11 @@ def kernel_thread() -> int:
                 if flags & 0x00200000:  # PF_KTHREAD
                     return int(entry)
     pytest.skip("no kernel thread visible (a pid namespace)")
+
+
+def nobodys_dir(parent: Path, name: str) -> Path:
+    """A directory `name` under `parent`, made by root and given to nobody."""
+    path = parent / name
+    path.mkdir()
+    os.chown(path, NOBODY, NOGROUP)
+    return path

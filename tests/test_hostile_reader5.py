@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.apply_support import Demo, demo_in
+from tests.ownership_support import nobodys_dir
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -34,25 +34,6 @@ NOBODY = pwd.getpwnam("nobody").pw_uid
 NOGROUP = pwd.getpwnam("nobody").pw_gid
 AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 UV = str(Path(sys.executable).parent / "uv")
-
-
-@pytest.fixture
-def outside() -> Iterator[Path]:
-    """A root directory, 0755, under /tmp: nobody reaches what the test gives them there (pytest's
-    own tmp dirs are 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="hostile5-"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _nobodys_dir(parent: Path, name: str) -> Path:
-    path = parent / name
-    path.mkdir()
-    os.chown(path, NOBODY, NOGROUP)
-    return path
 
 
 def _as_nobody_sh(script: str) -> None:
@@ -203,7 +184,7 @@ def test_a_git_config_of_another_users_xdg_config_home_never_runs_a_program_as_r
     subprocess.run([*git, "commit", "-qm", "spec"], check=True)
     later = time.time() + 5
     os.utime(spec, (later, later))  # touched: git compares its content, through the clean filter
-    theirs = _nobodys_dir(outside, "config")
+    theirs = nobodys_dir(outside, "config")
     proof = theirs / "ran-as"
     (theirs / "git").mkdir()
     (theirs / "attributes").write_text("* filter=x\n")
@@ -226,7 +207,7 @@ def test_a_cache_dir_of_another_users_xdg_cache_home_never_receives_roots_writes
     index pages, built wheels, the interpreter's facts, all of which it trusts on the next run. nobody
     owns that directory, so they choose where root writes (a link at `uv`) and what root reads back.
     main: uv wrote its cache, as root, into a root-only directory the link led to."""
-    theirs = _nobodys_dir(outside, "cache")
+    theirs = nobodys_dir(outside, "cache")
     target = tmp_path / "root-only"
     target.mkdir(mode=0o700)
     os.symlink(target, theirs / "uv")
@@ -314,7 +295,7 @@ def test_validate_never_opens_a_path_outside_the_repository(tmp_path: Path, outs
     fifo = fifo_dir / "watchdog"
     os.mkfifo(fifo)
     os.chown(fifo, NOBODY, NOGROUP)
-    proof = _nobodys_dir(outside, "proof") / "opened"
+    proof = nobodys_dir(outside, "proof") / "opened"
     writer = subprocess.Popen([*AS_NOBODY, "/bin/sh", "-c", f"exec 3> {fifo}; echo yes > {proof}"])
     try:
         deadline = time.monotonic() + 30  # a bound on the wait for the writer to reach its open
@@ -379,7 +360,7 @@ def test_nobody_cannot_point_their_source_at_a_directory_only_root_may_read(
     shutil.copytree(tree.source, private / "model")
     (private / "model" / "private.txt").write_text("root's private notes\n")
     (private / "model" / "private.txt").chmod(0o644)
-    theirs = _nobodys_dir(outside, "home")
+    theirs = nobodys_dir(outside, "home")
     tree.as_nobody("ln", "-s", str(private / "model"), str(theirs / "model"))
     tree.spec.write_text(
         tree.spec.read_text().replace(f'source = "{tree.source}"', f'source = "{theirs}/model"')

@@ -13,7 +13,6 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo, demo_in, seed_venv
+from tests.ownership_support import nobodys_dir
 from tests.test_untrusted_trees import Tree, tree
 
 __all__ = ["tree"]  # the fixture: a model source tree of nobody's
@@ -35,25 +35,6 @@ NOGROUP = pwd.getpwnam("nobody").pw_gid
 def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     """The demo with a venv made by a real apply, copied."""
     yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
-
-
-@pytest.fixture
-def outside() -> Iterator[Path]:
-    """A root directory, 0755, under /tmp: nobody reaches what the test gives them there (pytest's
-    own tmp dirs are 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="hostile6-"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _nobodys_dir(parent: Path, name: str) -> Path:
-    path = parent / name
-    path.mkdir()
-    os.chown(path, NOBODY, NOGROUP)
-    return path
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> tuple[int, str]:
@@ -87,7 +68,7 @@ def test_a_uv_config_in_another_users_xdg_config_dirs_never_steers_roots_uv(
     (<dir>/uv/uv.toml), and so do other tools: `sudo -E reconcile lock` hands root's uv nobody's
     uv.toml, which chooses its cache (there: a link into a root-only directory), its indexes, its
     overrides. main: uv wrote its cache, as root, into the root-only directory nobody's config named."""
-    theirs = _nobodys_dir(outside, "xdg")
+    theirs = nobodys_dir(outside, "xdg")
     target = tmp_path / "root-only"
     target.mkdir(mode=0o700)
     (theirs / "uv").mkdir()
@@ -114,7 +95,7 @@ def test_a_cache_dir_the_specs_server_env_names_in_nobodys_directory_is_refused(
     root's server. The same rule as the environment's (the write-dir role for a directory, the read
     role for a file) holds each absolute path in `[server] env`. main: root's server wrote its compile
     cache through nobody's link into a root-only directory."""
-    theirs = _nobodys_dir(outside, "vllm-cache")
+    theirs = nobodys_dir(outside, "vllm-cache")
     target = outside / "root-only"
     target.mkdir(mode=0o700)
     os.symlink(target, theirs / "torch_compile_cache")
@@ -139,7 +120,7 @@ def test_a_pth_line_of_the_venv_naming_nobodys_directory_never_runs_their_code_a
     (`pip install -e` by an admin, a package's own .pth) naming another user's directory was not looked
     at: nobody's sitecustomize.py ran in root's server, and in every python root starts from the venv.
     main: it ran as uid 0."""
-    theirs = _nobodys_dir(outside, "proj")
+    theirs = nobodys_dir(outside, "proj")
     proof = theirs / "ran-as"
     code = f"import os\nopen({str(proof)!r}, 'w').write(str(os.getuid()))\n"
     (theirs / "sitecustomize.py").write_text(code)
@@ -185,7 +166,7 @@ def test_the_plan_never_reads_a_root_only_config_through_nobodys_source_link(
     config = json.loads((private / "model" / "config.json").read_text())
     config["rope_parameters"] = secret
     (private / "model" / "config.json").write_text(json.dumps(config))
-    theirs = _nobodys_dir(outside, "home")
+    theirs = nobodys_dir(outside, "home")
     tree.as_nobody("ln", "-s", str(private / "model"), str(theirs / "model"))
     tree.spec.write_text(
         tree.spec.read_text().replace(f'source = "{tree.source}"', f'source = "{theirs}/model"')

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo, demo_in, seed_venv
+from tests.ownership_support import nobodys_dir
 
 
 @pytest.fixture
@@ -32,25 +31,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of 
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 NOGROUP = pwd.getpwnam("nobody").pw_gid
-
-
-@pytest.fixture
-def outside() -> Iterator[Path]:
-    """A root directory, 0755, under /tmp: nobody reaches what the test gives them there (pytest's
-    own tmp dirs are 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="hostile7-"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _nobodys_dir(parent: Path, name: str) -> Path:
-    path = parent / name
-    path.mkdir()
-    os.chown(path, NOBODY, NOGROUP)
-    return path
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
@@ -86,7 +66,7 @@ def test_a_relative_entry_in_xdg_config_dirs_never_hands_roots_uv_nobodys_config
     `XDG_CONFIG_DIRS=/etc/xdg:tmp/<nobody's dir>` hands root's uv nobody's config, which
     chooses its cache (there: a link into a root-only directory), its indexes, its overrides. main:
     uv wrote its cache, as root, into the root-only directory nobody's config named."""
-    theirs = _nobodys_dir(outside, "xdg")
+    theirs = nobodys_dir(outside, "xdg")
     target = tmp_path / "root-only"
     target.mkdir(mode=0o700)
     (theirs / "uv").mkdir()
@@ -111,7 +91,7 @@ def test_a_relative_cache_dir_in_the_specs_server_env_is_refused(demo: Demo, out
     dir>"` is nobody's directory all the same, and a link there sends the compile cache root's server
     writes (and later loads: torch.compile's artifacts are code) where nobody chooses. main: root's
     server wrote its compile cache through nobody's link into a root-only directory."""
-    theirs = _nobodys_dir(outside, "vllm-cache")
+    theirs = nobodys_dir(outside, "vllm-cache")
     target = outside / "root-only"
     target.mkdir(mode=0o700)
     os.symlink(target, theirs / "torch_compile_cache")
@@ -135,7 +115,7 @@ def test_a_path_inside_a_json_flags_table_in_server_args_is_held_to_the_value_ro
     list only: the table's strings were never looked at, so a cache dir of nobody's passed the plan
     (apply then starts root's vLLM writing and loading compiled code there). main: the plan said
     nothing about it."""
-    theirs = _nobodys_dir(outside, "compile-cache")
+    theirs = nobodys_dir(outside, "compile-cache")
 
     def edit(doc: Any) -> None:
         doc["server"]["args"]["compilation-config"] = {"level": 3, "options": {"cache_dir": str(theirs)}}
@@ -152,7 +132,7 @@ def test_a_path_after_an_equals_sign_in_a_server_value_is_held_to_the_value_role
     like `--download-dir=/x` or `cache_dir=/x,y=z` (the form `VLLM_*` lists and `--override-*` flags
     use) starts with something else, so the path in it passed unchecked. main: the plan said nothing
     about nobody's directory in `[server] env`."""
-    theirs = _nobodys_dir(outside, "downloads")
+    theirs = nobodys_dir(outside, "downloads")
 
     def edit(doc: Any) -> None:
         doc["server"]["env"]["VLLM_EXTRA_FLAGS"] = f"--download-dir={theirs},--seed=1"
@@ -173,7 +153,7 @@ def test_an_apt_config_of_nobodys_never_chooses_what_roots_apt_installs(demo: De
 
     if missing := debs.missing_tools():
         pytest.skip(f"needs {', '.join(missing)}")
-    theirs = _nobodys_dir(outside, "apt")
+    theirs = nobodys_dir(outside, "apt")
     repo = theirs / "repo"
     repo.mkdir()
     debs.build_deb(str(repo), "reconcile-test-evil", "6.6.6")
