@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from actions.launching import LaunchInputs, build_argv, launch_command, render_args
+from actions.launching import CACHE_ENV_DIRS, LaunchInputs, build_argv, launch_command, render_args
 from reconcile.errors import ActionError
 from reconcile.identity import explain_change, launch_identity, redact_argv
 from reconcile.spec.models import Spec
@@ -207,6 +207,8 @@ def test_launch_command_builds_argv_and_a_clean_env(tmp_path: Path) -> None:
         "VLLM_API_KEY": "sk-from-file",
         "RECONCILE_DEPLOYMENT": f"n@{tmp_path}",  # name and state dir: unique per spec
         "RECONCILE_IDENTITY": cmd.identity.digest,
+        # vLLM's compile and JIT caches, kept per machine under the state dir (docs/switching.md)
+        **{name: f"{tmp_path}/vllm-cache/{sub}" for name, sub in CACHE_ENV_DIRS.items()},
     }
     assert "sk-from-file" not in repr(cmd)
 
