@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -156,7 +157,9 @@ class Demo:
     def start(
         self, *args: str, kill_at: str | None = None, spec: Path | None = None
     ) -> subprocess.Popen[str]:
-        """The CLI in the background, in its own process group (so a test can kill it with its children)."""
+        """The CLI in the background, in its own process group (so a test can kill it with its children),
+        with SIGINT at its default as on a terminal: a suite started as a shell's background job
+        (`pytest &`) inherits SIGINT ignored, and a test's Ctrl-C would then never arrive."""
         return subprocess.Popen(
             self.command(*args, spec=spec),
             stdout=subprocess.PIPE,
@@ -165,6 +168,7 @@ class Demo:
             env=self.env(kill_at),
             cwd=str(self.root),
             start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     def finish(self, proc: subprocess.Popen[str], timeout: float = 180) -> Run:
