@@ -19,6 +19,7 @@ import pytest
 
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.ownership_support import nobodys_dir
+from tests.test_hostile_reader6 import _lock_spec
 
 
 @pytest.fixture
@@ -39,18 +40,6 @@ def _cli(*args: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
         capture_output=True, text=True, timeout=180, cwd=cwd, env={**os.environ, **env},
     )  # fmt: skip
     return run.returncode, run.stdout + run.stderr
-
-
-def _lock_spec(root: Path, wheelhouse: Path) -> Path:
-    """A spec with only [machine] and [venv] (ninja, from an empty wheelhouse), as `reconcile lock`
-    reads it."""
-    spec = root / "spec" / "demo.toml"
-    spec.parent.mkdir(parents=True)
-    spec.write_text(
-        f'[machine]\nstate_dir = "{root}/state"\n\n[venv]\npath = "{root}/venv"\n'
-        f'python = "/usr/bin/python3"\nwheelhouse = "{wheelhouse}"\npackages = {{ ninja = "*" }}\n'
-    )
-    return spec
 
 
 # --- class 1: the path-trust layer (the environment root's tools read) ------------------------------
