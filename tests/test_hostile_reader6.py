@@ -57,6 +57,21 @@ def _lock_spec(root: Path, wheelhouse: Path) -> Path:
     return spec
 
 
+def _nobodys_uv_config(tmp_path: Path, outside: Path) -> tuple[Path, Path, Path]:
+    """(nobody's config dir, a root-only dir, a lock spec): <theirs>/uv/uv.toml names as uv's cache
+    <theirs>/cache, nobody's link to the root-only directory."""
+    theirs = nobodys_dir(outside, "xdg")
+    target = tmp_path / "root-only"
+    target.mkdir(mode=0o700)
+    (theirs / "uv").mkdir()
+    (theirs / "uv" / "uv.toml").write_text(f'cache-dir = "{theirs}/cache"\n')
+    os.symlink(target, theirs / "cache")
+    for path in (theirs / "uv", theirs / "uv" / "uv.toml", theirs / "cache"):
+        os.lchown(path, NOBODY, NOGROUP)  # nobody's files in nobody's directory
+    (outside / "no-wheels").mkdir()
+    return theirs, target, _lock_spec(tmp_path, outside / "no-wheels")
+
+
 # --- class 1: the path-trust layer (the environment root's tools read) ------------------------------
 
 
@@ -68,16 +83,7 @@ def test_a_uv_config_in_another_users_xdg_config_dirs_never_steers_roots_uv(
     (<dir>/uv/uv.toml), and so do other tools: `sudo -E reconcile lock` hands root's uv nobody's
     uv.toml, which chooses its cache (there: a link into a root-only directory), its indexes, its
     overrides. main: uv wrote its cache, as root, into the root-only directory nobody's config named."""
-    theirs = nobodys_dir(outside, "xdg")
-    target = tmp_path / "root-only"
-    target.mkdir(mode=0o700)
-    (theirs / "uv").mkdir()
-    (theirs / "uv" / "uv.toml").write_text(f'cache-dir = "{theirs}/cache"\n')
-    os.symlink(target, theirs / "cache")
-    for path in (theirs / "uv", theirs / "uv" / "uv.toml", theirs / "cache"):
-        os.lchown(path, NOBODY, NOGROUP)  # nobody's files in nobody's directory
-    (outside / "no-wheels").mkdir()
-    spec = _lock_spec(tmp_path, outside / "no-wheels")
+    theirs, target, spec = _nobodys_uv_config(tmp_path, outside)
     code, output = _cli("lock", "--spec", str(spec), env={"XDG_CONFIG_DIRS": f"/etc/xdg:{theirs}"})
     assert sorted(p.name for p in target.iterdir()) == [], output
     assert code == 1, output  # the wheelhouse is empty: no closure, said in one line

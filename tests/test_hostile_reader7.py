@@ -19,7 +19,7 @@ import pytest
 
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.ownership_support import nobodys_dir
-from tests.test_hostile_reader6 import _lock_spec
+from tests.test_hostile_reader6 import _nobodys_uv_config
 
 
 @pytest.fixture
@@ -55,17 +55,8 @@ def test_a_relative_entry_in_xdg_config_dirs_never_hands_roots_uv_nobodys_config
     `XDG_CONFIG_DIRS=/etc/xdg:tmp/<nobody's dir>` hands root's uv nobody's config, which
     chooses its cache (there: a link into a root-only directory), its indexes, its overrides. main:
     uv wrote its cache, as root, into the root-only directory nobody's config named."""
-    theirs = nobodys_dir(outside, "xdg")
-    target = tmp_path / "root-only"
-    target.mkdir(mode=0o700)
-    (theirs / "uv").mkdir()
-    (theirs / "uv" / "uv.toml").write_text(f'cache-dir = "{theirs}/cache"\n')
-    os.symlink(target, theirs / "cache")
-    for path in (theirs / "uv", theirs / "uv" / "uv.toml", theirs / "cache"):
-        os.lchown(path, NOBODY, NOGROUP)  # nobody's files in nobody's directory
-    (outside / "no-wheels").mkdir()
-    spec = _lock_spec(tmp_path, outside / "no-wheels")
-    relative = str(theirs.relative_to("/"))  # tmp/hostile7-.../xdg: what it names from "/"
+    theirs, target, spec = _nobodys_uv_config(tmp_path, outside)
+    relative = str(theirs.relative_to("/"))  # var/tmp/reconcile-yard-.../xdg: what it names from "/"
     env = {"XDG_CONFIG_DIRS": f"/etc/xdg:{relative}"}
     code, output = _cli("lock", "--spec", str(spec), cwd=outside, env=env)
     assert sorted(p.name for p in target.iterdir()) == [], output
