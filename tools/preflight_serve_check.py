@@ -517,6 +517,11 @@ def build(name: str, out: Path) -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
+    # save_pretrained writes transformers' class name (PhimoeForCausalLM); a real checkpoint names
+    # vLLM's (PhiMoEForCausalLM), and vLLM falls back to its Transformers backend for any other.
+    saved = json.loads((out / "config.json").read_text())
+    saved["architectures"] = [ARCH[cls_name]]
+    (out / "config.json").write_text(json.dumps(saved, indent=2))
 
 
 SERVED_KEYS = ("started", "refused_kv", "logged_tokens", "available_gib", "seconds", "tail", "logged_backend",
