@@ -371,19 +371,20 @@ ENV_DIRS = (
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
-# Not a list of names but the tools' own namespaces: any variable of these whose value names a path
-# (an absolute path, a file:// URL, or a list of them split on ':' or blanks) is held to the same rule,
-# a directory to the write-dir role and a file to the read role: uv's system config in each of
-# $XDG_CONFIG_DIRS, its UV_FIND_LINKS, UV_CONSTRAINT, UV_PYTHON_INSTALL_DIR; pip's PIP_FIND_LINKS; git's
-# GIT_EXEC_PATH and GIT_ASKPASS; the hub's HF_TOKEN_PATH, HF_XET_CACHE, HUGGINGFACE_HUB_CACHE (the old
-# name of HF_HUB_CACHE); the CA bundles every HTTPS client root runs trusts; the temp dir the tools
-# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP;
-# apt's, dpkg's and debconf's (APT_CONFIG chooses apt's sources, lists, dpkg binary and hooks;
-# DPKG_ADMINDIR dpkg's database; DEBCONF_SYSTEMRC debconf's).
-ENV_PREFIXES = (
-    "UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_", "APT_", "DPKG_", "DEBCONF_",
+# Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
+# relative word that exists, or a list of them) is held to the same rule, a directory to the write-dir
+# role and a file to the read role. The sixth and seventh rounds held the tools' namespaces (UV_, PIP_,
+# GIT_, HF_, XDG_, PYTHON, APT_, DPKG_, ...), and the eighth found a library's outside them: every
+# process that loads libcrypto (Python's hashlib and ssl: reconcile itself, pip, the venv's python)
+# reads the file $OPENSSL_CONF names, which loads providers (shared objects) as it starts; glibc's
+# GCONV_PATH and LOCPATH, a venv's VIRTUAL_ENV, pip's private _PIP_STANDALONE_CERT are alike. sudo -E
+# keeps all of those (its env_delete strips LD_*, PYTHONPATH, PYTHONHOME and a few shells' variables).
+# What is left unchecked is what only describes the invocation, which nothing reconcile runs reads as a
+# place to load from (PATH has its own rule: search_path).
+ENV_INERT = (
+    "PATH", "PWD", "OLDPWD", "_", "SHLVL", "USER", "LOGNAME", "MAIL",
+    "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND",
 )  # fmt: skip
-ENV_PATH_NAMES = ("TMPDIR", "TMP", "TEMP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
 
 
 # A value names paths in more forms than a bare absolute one: `--download-dir=/x`, `a=/x,b=/y`, JSON
@@ -455,16 +456,14 @@ def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | 
 
 
 def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | None], list[str]]:
-    """What to change in `environ` so that no tool root runs takes its config or cache from a place
-    another user can change (ENV_DIRS: the write-dir role; ENV_FILES: the read role): each such
-    variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
+    """What to change in `environ` so that no tool root runs (nor a library reconcile loads) takes its
+    config, cache or code from a place another user can change (ENV_DIRS: the write-dir role;
+    ENV_FILES: the read role; every other variable but ENV_INERT: each path its value names): each
+    such variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
     new value, None to unset) and one "NAME left out: path: why" line for each."""
     changes: dict[str, str | None] = {}
     notes: list[str] = []
-    named = [
-        n for n in sorted(environ)
-        if n not in (*ENV_DIRS, *ENV_FILES) and (n.startswith(ENV_PREFIXES) or n in ENV_PATH_NAMES)
-    ]  # fmt: skip
+    named = [n for n in sorted(environ) if n not in (*ENV_DIRS, *ENV_FILES, *ENV_INERT)]
     for name in (*ENV_DIRS, *ENV_FILES, *named):
         value = environ.get(name)
         if not value:

@@ -1,0 +1,92 @@
+"""Issue 24's hostile reader, eighth round, classes 1-3 (the path-trust layer, untrusted trees and
+files, the spec's own provenance): attacks on what the seventh round added (the value splitter, the
+tools' namespaces in the environment, the bounded venv reads), found by reading docs/security.md and
+the code alone, each run for real (a `nobody` directory, real files, a real shared object, a real wheel,
+the real CLI and pip), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apply_support import Demo
+from tests.ownership_support import nobodys_dir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+NOGROUP = pwd.getpwnam("nobody").pw_gid
+
+
+def _give_to_nobody(*paths: Path) -> None:
+    for path in paths:
+        os.chown(path, NOBODY, NOGROUP)
+
+
+# --- class 1: the path-trust layer (the environment root's tools read) ------------------------------
+
+
+_PROVIDER = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void ran(void) {
+    FILE *f = fopen(MARKER, "a");
+    if (f) { fprintf(f, "uid=%d\n", (int)getuid()); fclose(f); }
+}
+int OSSL_provider_init(void) { return 0; }
+"""
+
+
+def test_an_openssl_config_of_nobodys_never_loads_their_code_into_root(demo: Demo, outside: Path) -> None:
+    """The environment rule held the tools' namespaces (UV_, PIP_, GIT_, HF_, XDG_, PYTHON, APT_, ...),
+    a list of prefixes, and OpenSSL's is not a tool's: every process that loads libcrypto (Python's
+    hashlib and ssl, so reconcile itself, pip, the venv's python) reads the file $OPENSSL_CONF names,
+    and that file loads providers: shared objects, run at load. sudo keeps it under `-E` (sudo 1.9.13's
+    env_delete strips LD_*, PYTHONPATH, PYTHONHOME, not OPENSSL_*). `sudo -E reconcile plan` with
+    nobody's config there runs nobody's code as uid 0. main: nobody's provider ran in reconcile's own
+    process (uid=0), in a plan."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the provider")
+    theirs = nobodys_dir(outside, "openssl")
+    marker = outside / "ran-as"
+    source = theirs / "provider.c"
+    source.write_text(_PROVIDER)
+    library = theirs / "provider.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(library), str(source)], check=True
+    )
+    conf = theirs / "openssl.cnf"
+    conf.write_text(
+        "openssl_conf = init\n[init]\nproviders = providers\n[providers]\ntheirs = theirs\n"
+        f"default = default\n[default]\nactivate = 1\n[theirs]\nmodule = {library}\nactivate = 1\n"
+    )
+    _give_to_nobody(source, library, conf)
+
+    run = demo.cli("plan", env={"OPENSSL_CONF": str(conf)})
+    assert not marker.exists(), f"nobody's provider ran: {marker.read_text()}; {run.output}"
+    assert f"reconcile: environment OPENSSL_CONF left out: {conf}" in run.output, run.output
+    assert run.returncode == 2 and "Traceback" not in run.output, run.output
+
+
+def _wheel(directory: Path, marker: Path) -> Path:
+    """ninja 99.0 as a wheel whose `.pth` (an import line) runs at every start of the venv's python."""
+    wheel = directory / "ninja-99.0-py3-none-any.whl"
+    info = "ninja-99.0.dist-info"
+    files = {
+        "zz_theirs.pth": f"import os; open({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: ninja\nVersion: 99.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: theirs\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
