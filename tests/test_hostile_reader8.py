@@ -90,3 +90,44 @@ def _wheel(directory: Path, marker: Path) -> Path:
         for name, text in files.items():
             z.writestr(name, text)
     return wheel
+
+
+def test_a_percent_encoded_file_url_in_pip_find_links_never_hands_root_nobodys_wheel(
+    demo: Demo, outside: Path
+) -> None:
+    """The value splitter takes `file:///x` as the path /x, but pip (and uv) unquote a file URL first:
+    `file:///%76ar/tmp/<nobody's dir>` is /var/tmp/<nobody's dir> to pip, and `/%76ar/...` (which
+    names nothing) to the splitter. `sudo -E reconcile apply` with `PIP_FIND_LINKS` so written hands
+    root's pip nobody's wheelhouse: an unlocked install takes the highest version it finds there.
+    main: root's venv got nobody's ninja 99.0, and its `.pth` ran as uid 0 at the venv python's next
+    start."""
+    theirs = nobodys_dir(outside, "wheels")
+    marker = outside / "ran-as"
+    _give_to_nobody(_wheel(theirs, marker))
+    assert str(theirs).startswith("/var/")
+    url = "file:///%76ar" + str(theirs)[len("/var") :]
+
+    run = demo.cli("apply", env={"PIP_FIND_LINKS": url}, timeout=300)
+    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
+    ran = marker.read_text() if marker.exists() else ""
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    assert f"reconcile: environment PIP_FIND_LINKS left out: {url}" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+def test_a_json_escaped_path_in_a_server_flags_string_is_held_to_the_value_role(
+    demo: Demo, outside: Path
+) -> None:
+    """A JSON flag may be given as a string (`compilation-config = '{"cache_dir": "..."}'`, as vLLM's
+    docs write it); vLLM decodes it with json.loads, so `"\\/var\\/tmp\\/x"` and `"\\u002fvar/tmp/x"`
+    are /var/tmp/x to it, while the splitter saw the words `\\/var\\/tmp\\/x` (naming nothing). main:
+    the plan said nothing about nobody's compile cache."""
+    theirs = nobodys_dir(outside, "compile-cache")
+    escaped = str(theirs).replace("/", "\\/")
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"]["compilation-config"] = f'{{"level": 3, "cache_dir": "{escaped}"}}'
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert "[server].args.compilation-config" in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output

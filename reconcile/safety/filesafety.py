@@ -400,16 +400,42 @@ _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
 def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     """The paths a value names (see _WORD_SPLIT): each absolute word; each relative one, resolved
     against each of `bases` (the directories it may be read from), where its first component exists
-    there; and a word starting with '~' as itself (refused: not absolute)."""
-    words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", value)))
+    there; and a word starting with '~' as itself (refused: not absolute). In the value as written and
+    as the tools decode it (_decoded_forms): a path is a path in whichever form a tool reads it."""
     paths: list[str] = []
-    for w in words:
-        if w.startswith(("/", "~")):
-            paths.append(w)
-        elif w and not w.startswith("-"):
-            first = w.split("/", 1)[0]
-            paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
-    return paths
+    for form in _decoded_forms(value):
+        words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", form)))
+        for w in words:
+            if w.startswith(("/", "~")):
+                paths.append(w)
+            elif w and not w.startswith("-"):
+                first = w.split("/", 1)[0]
+                paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
+    return list(dict.fromkeys(paths))
+
+
+_JSON_ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|[\\/\"bfnrt])")
+_JSON_CHARS = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _decoded_forms(value: str) -> list[str]:
+    """`value`, and what a tool reading it decodes it to: a file URL's percent-escapes (pip and uv
+    unquote `file:///%76ar/x` to /var/x), a JSON string's escapes (vLLM's json.loads of a JSON flag
+    reads `"\\/var\\/x"` and `"\\u002fvar/x"` as /var/x), and both."""
+    from urllib.parse import unquote
+
+    def unescape(text: str) -> str:
+        def one(m: re.Match[str]) -> str:
+            e = m.group(1)
+            return chr(int(e[1:], 16)) if e[0] == "u" else _JSON_CHARS.get(e, e)
+
+        return _JSON_ESCAPE.sub(one, text)
+
+    forms = [value]
+    if "\\" in value:
+        forms.append(unescape(value))
+    forms += [unquote(f) for f in list(forms) if "%" in f]
+    return list(dict.fromkeys(forms))
 
 
 def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
