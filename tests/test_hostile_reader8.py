@@ -115,6 +115,24 @@ def test_a_percent_encoded_file_url_in_pip_find_links_never_hands_root_nobodys_w
     assert "Traceback" not in run.output, run.output
 
 
+def test_a_server_flags_name_cannot_carry_a_value_past_the_value_role(demo: Demo, outside: Path) -> None:
+    """The value role looks at the strings of `[server] args` (each value, and every string of a JSON
+    flag's table), never at the flag's name: `args = { "download-dir=<nobody's dir>" = true }` renders
+    as `--download-dir=<nobody's dir>`, which vLLM's argparse takes as the flag and its value, and
+    root's server downloads (and loads) the weights there. A flag's name is now a name (letters,
+    digits, '.', '_', '-'), refused at load. main: the plan said nothing about it."""
+    theirs = nobodys_dir(outside, "downloads")
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"][f"download-dir={theirs}"] = True
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert "a flag's name is letters, digits" in run.output, run.output
+    assert "(download-dir = ...)" in run.output, run.output
+    assert "Plan:" not in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
 def test_a_json_escaped_path_in_a_server_flags_string_is_held_to_the_value_role(
     demo: Demo, outside: Path
 ) -> None:
