@@ -316,6 +316,66 @@ def _pth_paths(pth_file: str, site: str) -> list[PthEntry] | Invalid:
     return entries
 
 
+def pth_imports(site: str) -> list[PthEntry]:
+    """The paths that the modules a `.pth` import line imports from `site` name: an editable install
+    of setuptools' finder kind (`import __editable___x_finder; __editable___x_finder.install()`) maps
+    the package to its source directory in the finder's `MAPPING` (`editables`' redirector alike, in a
+    `map_module` call), so each absolute path written in such a module (a string literal; the module
+    is parsed, never run) is one root's python imports from. Bounded reads, as _pth_paths'."""
+    from reconcile.safety.untrusted import read_regular
+
+    out: list[PthEntry] = []
+    try:
+        names = sorted(e.name for e in os.scandir(site) if e.name.endswith(".pth") and e.is_file())
+    except OSError:
+        return out
+    for pth in names:
+        try:
+            raw = read_regular(os.path.join(site, pth), PTH_LIMIT, follow=True)
+        except OSError:
+            continue  # named by scan_site_packages as unreadable
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            if line.startswith(("import ", "import\t")):
+                for module in _imported(line):
+                    out += _module_paths(site, module)
+    return out
+
+
+def _imported(line: str) -> list[str]:
+    """The top-level modules an `import` line of a .pth imports (`import a, b.c; ...`: a, b)."""
+    import ast
+
+    try:
+        tree = ast.parse(line)
+    except (SyntaxError, ValueError):
+        return []
+    imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import)]
+    return [a.name.split(".")[0] for node in imports for a in node.names]
+
+
+def _module_paths(site: str, module: str) -> list[PthEntry]:
+    import ast
+
+    from reconcile.safety.untrusted import read_regular
+
+    for candidate in (os.path.join(site, module + ".py"), os.path.join(site, module, "__init__.py")):
+        try:
+            source = read_regular(candidate, PTH_LIMIT, follow=True)
+        except OSError:
+            continue
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return []
+        found = {
+            os.path.normpath(node.value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/")
+        }
+        return [PthEntry(candidate, path, os.path.exists(path)) for path in sorted(found)]
+    return []
+
+
 def requires(dist: Distribution) -> tuple[str, ...]:
     """The Requires-Dist lines of a distribution's core metadata, as written (markers included).
 

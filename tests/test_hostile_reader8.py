@@ -149,3 +149,32 @@ def test_a_json_escaped_path_in_a_server_flags_string_is_held_to_the_value_role(
     run = demo.cli("plan", spec=demo.write_spec(edit))
     assert "[server].args.compilation-config" in run.output and "owned by nobody" in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_an_editable_finders_mapping_to_nobodys_directory_fails_the_plan(seeded: Demo, outside: Path) -> None:
+    """An editable install of setuptools' finder kind (`pip install -e` of a flat-layout project) puts
+    no path in its `.pth`, only `import __editable___x_finder; ....install()`, and the finder module
+    (root's, in site-packages) maps the package's name to its source directory (`MAPPING`): every
+    import of it in root's server runs what is there. The sixth round holds each directory a `.pth`
+    names to the read role, and the finder's MAPPING was left open. main: planned without a word."""
+    theirs = nobodys_dir(outside, "src")
+    package = theirs / "theirpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("import os\n")
+    _give_to_nobody(package, package / "__init__.py")
+    (site,) = seeded.venv.glob("lib/python3*/site-packages")
+    finder = site / "__editable___theirpkg_1_0_finder.py"
+    finder.write_text(
+        "import sys\n"
+        f"MAPPING: dict[str, str] = {{'theirpkg': {str(package)!r}}}\n"
+        "NAMESPACES: dict[str, list[str]] = {}\n"
+        "PATH_PLACEHOLDER = '__editable__.theirpkg-1.0.finder' + '.__path_hook__'\n"
+        "def install():\n    pass\n"
+    )
+    (site / "__editable__.theirpkg-1.0.pth").write_text(
+        "import __editable___theirpkg_1_0_finder; __editable___theirpkg_1_0_finder.install()\n"
+    )
+    run = seeded.cli("plan")
+    assert str(package) in run.output and "owned by nobody" in run.output, run.output
+    assert finder.name in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
