@@ -178,3 +178,29 @@ def test_an_editable_finders_mapping_to_nobodys_directory_fails_the_plan(seeded:
     assert str(package) in run.output and "owned by nobody" in run.output, run.output
     assert finder.name in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_a_local_index_of_nobodys_in_the_spec_never_hands_root_their_wheel(demo: Demo, outside: Path) -> None:
+    """`[venv] wheelhouse` has the read role (its top level root's or ours), but `index_url` and
+    `extra_index_urls` had none: a `file://` index is a wheelhouse under another key, and pip takes
+    from it as readily. With one of nobody's (a PEP 503 directory), an unlocked apply installs the
+    highest version it offers, and `reconcile lock` would pin nobody's wheels' hashes. main: root's
+    venv got nobody's ninja 99.0, whose `.pth` ran as uid 0."""
+    theirs = nobodys_dir(outside, "index")
+    project = theirs / "simple" / "ninja"
+    project.mkdir(parents=True)
+    marker = outside / "ran-as"
+    wheel = _wheel(project, marker)
+    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    url = f"file://{theirs}/simple"
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["extra_index_urls"] = [url]
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
+    ran = marker.read_text() if marker.exists() else ""
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    assert "[venv].extra_index_urls" in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output

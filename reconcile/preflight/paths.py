@@ -13,6 +13,7 @@ from reconcile.safety.filesafety import (
     UnsafePath,
     data_problem,
     env_value_problem,
+    index_problem,
     owners,
     parent_problem,
     read_problem,
@@ -231,6 +232,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
         elif role.kind == "value":  # a path in a value handed to the server, as in the environment
             problem = env_value_problem(path, allowed)
+        elif role.kind == "index":  # a local index is a wheelhouse: what it holds is what root installs
+            problem = index_problem(path, allowed)
         elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's
             problem = data_problem(path)
         else:

@@ -460,6 +460,16 @@ def env_value_problem(
     return next((p for p in (_env_path_problem(w, allowed) for w in paths) if p), None)
 
 
+def index_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
+    """Why a package index pip or uv installs from (`[venv] index_url`, `extra_index_urls`) is not root's
+    or ours alone: each local path it names (a `file://` URL, percent-escapes decoded, or a path; a
+    remote URL names none) held to the read role, its whole tree, as a wheelhouse's wheels are: the
+    wheels and sdists there are what root installs and builds."""
+    paths = [p for p in _env_paths(value) if not p.startswith("~")]
+    problems = (read_problem(os.path.normpath(w), allowed, entries=-1) for w in paths)
+    return next((p for p in problems if p), None)
+
+
 def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """Why a directory a tool keeps its config or cache in is not root's or ours alone: the write-dir
     role (StrictModes on the way, links only from directories of root or ours, the directory itself
