@@ -322,13 +322,13 @@ def pth_imports(site: str) -> list[PthEntry]:
     the package to its source directory in the finder's `MAPPING` (`editables`' redirector alike, in a
     `map_module` call), so each absolute path written in such a module (a string literal; the module
     is parsed, never run) is one root's python imports from. Bounded reads, as _pth_paths'."""
-    from reconcile.safety.untrusted import read_regular
+    from reconcile.safety.untrusted import read_regular, walk_tree
 
     out: list[PthEntry] = []
-    try:
-        names = sorted(e.name for e in os.scandir(site) if e.name.endswith(".pth") and e.is_file())
-    except OSError:
-        return out
+    names: list[str] = []
+    for _top, dirs, files in walk_tree(site):
+        dirs[:] = []  # site-packages' own .pth files only, as site.py reads them
+        names = sorted(f for f in files if f.endswith(".pth"))
     for pth in names:
         try:
             raw = read_regular(os.path.join(site, pth), PTH_LIMIT, follow=True)
