@@ -166,7 +166,15 @@ def drop_stale_backup(model_dir: str, hub_blob_id: str | None) -> None:
         fsync_dir(model_dir)
 
 
-def place_source_config(src: int, st: os.stat_result, model_dir: str) -> bool | None:
+def changed_while_copied(name: str) -> str:
+    """Why a source file's copy is refused: its bytes are not the ones hashed for its record."""
+    return (
+        f"[model].source: {name} changed while it was copied (the bytes copied are not the ones hashed): "
+        "nothing recorded for it; apply again once the source is still"
+    )
+
+
+def place_source_config(src: int, st: os.stat_result, model_dir: str, digest: str) -> bool | None:
     """Copy mode, config.json once patched: compare the source (open as data: `src`, `st` its fstat)
     with the backup, not the patched file.
 
@@ -179,6 +187,10 @@ def place_source_config(src: int, st: os.stat_result, model_dir: str) -> bool | 
     if st.st_size > JSON_LIMIT:
         raise ActionError(f"the source's config.json is {st.st_size} bytes, more than a config holds")
     new = os.pread(src, st.st_size, 0)
+    import hashlib
+
+    if hashlib.sha256(new).hexdigest() != digest:  # its owner wrote it since it was hashed
+        raise ActionError(changed_while_copied("config.json"))
     if new == _read(backup):
         return False
     atomic_write(os.path.join(model_dir, CONFIG), new, mode=reduced_mode(st.st_mode))

@@ -12,12 +12,12 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from actions.model_config import place_source_config
+from actions.model_config import changed_while_copied, place_source_config
 from reconcile.errors import ActionError
 from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
 from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.names import is_inside, name_problem
-from reconcile.safety.source_content import entry, fd_content_changed
+from reconcile.safety.source_content import entry, same_stamp
 from reconcile.safety.untrusted import (
     NotRegular,
     copy_fd,
@@ -112,11 +112,15 @@ def copy_files(
         except NotRegular as exc:
             raise ActionError(_refusal(source, name, str(exc.strerror))) from None
         try:
-            changed = fd_content_changed(fd, recorded.get(name), st)
-            digest = recorded[name]["sha256"] if changed is None else sha256_fd(fd, st.st_size)
-            entries[name] = entry(st, digest)
-            if _copy_one(fd, st, model_dir, name, unchanged=changed is not True):
+            was = recorded.get(name)
+            if same_stamp(was, st):  # unchanged since the copy `recorded` describes (ctime included)
+                changed, digest = None, str(recorded[name]["sha256"])
+            else:
+                digest = sha256_fd(fd, st.st_size)
+                changed = not isinstance(was, Mapping) or was.get("sha256") != digest
+            if _copy_one(fd, st, model_dir, name, digest, unchanged=changed is not True):
                 copied.append(name)
+            entries[name] = entry(st, digest)
         except OSError as exc:
             if exc.filename is not None:  # the destination's (ENOSPC names it): shown as it is
                 raise
@@ -135,9 +139,16 @@ def open_source(path: str, roots: Sequence[str]) -> tuple[int, os.stat_result]:
     return open_regular(os.path.realpath(path), inside=roots)
 
 
-def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchanged: bool) -> bool:
+def _copy_one(
+    src: int, st: os.stat_result, model_dir: str, name: str, digest: str, *, unchanged: bool
+) -> bool:
+    """Copy the open source file `src` to `name` in the model dir, unless `unchanged` and there at its
+    size. The copy must hold the bytes whose sha256 `digest` the record will name: the source was read
+    once to hash it and is read again to copy it, and its owner may write it in between (the record
+    would then name bytes the copy does not hold, and the store its blob by them). So the copy itself,
+    root's temp file, is hashed before it is renamed into place; other bytes are refused."""
     dst = inside_model_dir(model_dir, name)
-    if name == "config.json" and (placed := place_source_config(src, st, model_dir)) is not None:
+    if name == "config.json" and (placed := place_source_config(src, st, model_dir, digest)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):
         if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
@@ -149,6 +160,8 @@ def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchan
         try:
             os.fchmod(fd, reduced_mode(st.st_mode))  # never setuid, setgid, sticky or writable by others
             copy_fd(src, fd, st.st_size)  # holes kept; stops at the size fstat saw
+            if sha256_fd(fd, st.st_size) != digest:
+                raise ActionError(changed_while_copied(name))
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
             os.fsync(fd)
         finally:

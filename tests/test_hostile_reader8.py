@@ -204,3 +204,68 @@ def test_a_local_index_of_nobodys_in_the_spec_never_hands_root_their_wheel(demo:
     assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
     assert "[venv].extra_index_urls" in run.output and "owned by nobody" in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+# --- class 2: untrusted trees and files (a source that changes while it is copied) -----------------
+
+
+REWRITER = r"""
+import os, sys
+name = os.path.join(sys.argv[1], "weights.bin")
+size = int(sys.argv[2])
+fd = os.open(name, os.O_WRONLY)
+print("ready", flush=True)
+while True:  # the same file, the same size, other bytes: in place, as its owner may
+    for byte in (b"A", b"B"):
+        os.pwrite(fd, byte * size, 0)
+"""
+
+
+def test_a_source_file_changed_while_it_is_copied_is_never_recorded_with_another_files_hash(
+    outside: Path,
+) -> None:
+    """The copy hashed a source file from its descriptor, then copied it from the same descriptor: one
+    open file, but read twice, and its owner can write it in between. The record then says sha256 H
+    (bytes that were read) of a copy holding other bytes; the store names the copy's blob by the
+    record (seal_model), so another realization's genuine file with hash H is later hard-linked to
+    nobody's bytes, and a deployment whose own source hashes to H takes this copy as "touched", not
+    changed. nobody rewrites their file in place (same size) while root copies it. main: a copy whose
+    recorded sha256 is not the sha256 of its bytes, within a few copies."""
+    import hashlib
+    import json
+    import sys
+
+    from actions.model import download
+    from reconcile.errors import ActionError
+    from reconcile.spec.models import Model
+
+    source = nobodys_dir(outside, "source")
+    size = 4 << 20
+    (source / "weights.bin").write_bytes(b"A" * size)
+    (source / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+    _give_to_nobody(source / "weights.bin", source / "config.json")
+    model_dir = outside / "models" / "m"
+    racer = subprocess.Popen(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", REWRITER,
+         str(source), str(size)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lies = []
+    try:
+        assert racer.stdout is not None and racer.stdout.readline() == "ready\n"
+        for _ in range(40):
+            try:
+                download(Model(source=str(source), dir=str(model_dir)), progress=False)
+            except ActionError as exc:
+                assert "changed while it was copied" in str(exc), exc
+                continue
+            record = json.loads((model_dir / ".reconcile-model.json").read_text())
+            said = record["source_files"]["weights.bin"]["sha256"]
+            held = hashlib.sha256((model_dir / "weights.bin").read_bytes()).hexdigest()
+            if said != held:
+                lies.append((said, held))
+                break
+    finally:
+        racer.kill()
+        racer.wait()
+    assert lies == [], "the record names bytes the copy does not hold"
