@@ -113,14 +113,17 @@ def copy_files(
             raise ActionError(_refusal(source, name, str(exc.strerror))) from None
         try:
             was = recorded.get(name)
+            digest: str | None = None  # a first copy: its record is the copy's own hash
+            changed: bool | None = True
             if same_stamp(was, st):  # unchanged since the copy `recorded` describes (ctime included)
                 changed, digest = None, str(recorded[name]["sha256"])
-            else:
+            elif isinstance(was, Mapping):  # changed, or only touched: its bytes decide
                 digest = sha256_fd(fd, st.st_size)
-                changed = not isinstance(was, Mapping) or was.get("sha256") != digest
-            if _copy_one(fd, st, model_dir, name, digest, unchanged=changed is not True):
+                changed = was.get("sha256") != digest
+            done, kept = _copy_one(fd, st, model_dir, name, digest, unchanged=changed is not True)
+            if done:
                 copied.append(name)
-            entries[name] = entry(st, digest)
+            entries[name] = entry(st, kept)
         except OSError as exc:
             if exc.filename is not None:  # the destination's (ENOSPC names it): shown as it is
                 raise
@@ -140,19 +143,20 @@ def open_source(path: str, roots: Sequence[str]) -> tuple[int, os.stat_result]:
 
 
 def _copy_one(
-    src: int, st: os.stat_result, model_dir: str, name: str, digest: str, *, unchanged: bool
-) -> bool:
+    src: int, st: os.stat_result, model_dir: str, name: str, digest: str | None, *, unchanged: bool
+) -> tuple[bool, str]:
     """Copy the open source file `src` to `name` in the model dir, unless `unchanged` and there at its
-    size. The copy must hold the bytes whose sha256 `digest` the record will name: the source was read
-    once to hash it and is read again to copy it, and its owner may write it in between (the record
-    would then name bytes the copy does not hold, and the store its blob by them). So the copy itself,
-    root's temp file, is hashed before it is renamed into place; other bytes are refused."""
+    size; returns (copied, the sha256 its record names). The record must name the bytes the copy
+    holds: the copy itself, root's temp file, is hashed before it is renamed into place. Where the
+    source was hashed first (`digest`: to decide whether to copy), its owner may have written it
+    since (the record would then name bytes the copy does not hold, and the store its blob by them):
+    other bytes are refused."""
     dst = inside_model_dir(model_dir, name)
     if name == "config.json" and (placed := place_source_config(src, st, model_dir, digest)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):
-        if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
-            return False
+        if unchanged and digest is not None and os.stat(dst).st_size == st.st_size:  # copied last time
+            return False, digest
     ensure_dir(os.path.dirname(dst), 0o755)  # one level at a time (os.makedirs recurses)
     # mkstemp: O_EXCL, 0600, named as the stale-temp sweep knows ours
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
@@ -160,7 +164,8 @@ def _copy_one(
         try:
             os.fchmod(fd, reduced_mode(st.st_mode))  # never setuid, setgid, sticky or writable by others
             copy_fd(src, fd, st.st_size)  # holes kept; stops at the size fstat saw
-            if sha256_fd(fd, st.st_size) != digest:
+            held = sha256_fd(fd, st.st_size)
+            if digest is not None and held != digest:
                 raise ActionError(changed_while_copied(name))
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
             os.fsync(fd)
@@ -174,4 +179,4 @@ def _copy_one(
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(exc.errno, exc.strerror, dst) from exc  # the full disk is the destination's
         raise
-    return True
+    return True, held
