@@ -206,6 +206,34 @@ def test_a_local_index_of_nobodys_in_the_spec_never_hands_root_their_wheel(demo:
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
 
 
+def test_a_dotdot_after_a_link_in_a_value_is_resolved_as_the_kernel_resolves_it(
+    demo: Demo, outside: Path
+) -> None:
+    """A value's path was normalised before it was checked (os.path.normpath: `a/L/../x` is `a/x`),
+    but the kernel, and so the server that opens it, resolves `..` from where the link `L` led. nobody
+    puts their own link in a sticky directory (as /tmp is) pointing into their directory: the value
+    `<sticky>/L/../cache` names `<sticky>/cache` to the check (a missing directory under a sticky
+    one: allowed) and nobody's `cache` to the server. main: the plan passed, and root's server wrote
+    its compile cache (code it loads next start) into nobody's directory."""
+    sticky = outside / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    theirs = nobodys_dir(outside, "theirs")
+    (theirs / "sub").mkdir()
+    _give_to_nobody(theirs / "sub")
+    link = sticky / "L"
+    link.symlink_to(theirs / "sub")
+    os.lchown(link, NOBODY, NOGROUP)
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["VLLM_CACHE_ROOT"] = f"{link}/../cache"
+
+    run = demo.cli("apply", spec=demo.write_spec(edit))
+    assert not (theirs / "cache").exists(), f"root's server wrote into nobody's directory: {run.output}"
+    assert "[server].env.VLLM_CACHE_ROOT" in run.output and "owned by nobody" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
 # --- class 2: untrusted trees and files (a source that changes while it is copied) -----------------
 
 

@@ -133,7 +133,10 @@ def walk(
     but a link is still followed only from a directory of root or ours that nobody else may write: the
     tree's owner chooses what the tree holds, never which of root's directories root reads as theirs."""
     ok = owners() if allowed is None else frozenset(allowed)
-    todo = [c for c in os.path.abspath(path).split("/") if c][::-1]  # a stack: next component last
+    # As the kernel resolves it: `..` from where a link led, never lexically (os.path.abspath would
+    # make `<sticky>/L/../x` <sticky>/x, and pass by nobody's link L to their directory).
+    full = path if path.startswith("/") else os.path.join(os.getcwd(), path)
+    todo = [c for c in full.split("/") if c][::-1]  # a stack: next component last
     stack: list[tuple[int, str, os.stat_result]] = []
     root = os.open("/", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     stack.append((root, "/", os.fstat(root)))
@@ -442,12 +445,22 @@ def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str 
     """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
     if path.startswith("~"):
         return f"{path}: not an absolute path (the tool expands ~ to a home reconcile does not check)"
-    path = os.path.normpath(path)
-    try:
-        is_file = not stat.S_ISDIR(os.stat(path).st_mode)
-    except OSError:
-        is_file = False
-    return read_problem(path, allowed) if is_file else env_dir_problem(path, allowed)
+    for form in _resolutions(path):
+        try:
+            is_file = not stat.S_ISDIR(os.stat(form).st_mode)
+        except OSError:
+            is_file = False
+        problem = read_problem(form, allowed) if is_file else env_dir_problem(form, allowed)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _resolutions(path: str) -> list[str]:
+    """The ways a tool may resolve `path`: as the kernel does (walk() takes `..` from where a link led:
+    `<sticky>/L/../x` is x beside L's target) and as a tool that normalises it first does (Python's
+    abspath, site.py's .pth lines: `<sticky>/x`)."""
+    return list(dict.fromkeys((path, os.path.normpath(path))))
 
 
 def env_value_problem(
@@ -466,7 +479,7 @@ def index_problem(value: str, allowed: Collection[int] | None = None) -> str | N
     remote URL names none) held to the read role, its whole tree, as a wheelhouse's wheels are: the
     wheels and sdists there are what root installs and builds."""
     paths = [p for p in _env_paths(value) if not p.startswith("~")]
-    problems = (read_problem(os.path.normpath(w), allowed, entries=-1) for w in paths)
+    problems = (read_problem(f, allowed, entries=-1) for w in paths for f in _resolutions(w))
     return next((p for p in problems if p), None)
 
 
