@@ -234,6 +234,25 @@ def test_a_dotdot_after_a_link_in_a_value_is_resolved_as_the_kernel_resolves_it(
     assert "Traceback" not in run.output, run.output
 
 
+def test_a_pth_import_line_that_runs_a_file_of_nobodys_fails_the_plan(seeded: Demo, outside: Path) -> None:
+    """The finder fix above parses the modules a `.pth` import line imports, but the line is code
+    itself (coverage's and others' `.pth` files hold a statement, not only an import): `import os;
+    exec(open("<nobody's file>").read())` in root's site-packages runs nobody's file at every start
+    of the venv's python, root's server included. main: planned without a word (and so on this
+    branch after the finder fix, which looked only at the modules such a line imports)."""
+    theirs = nobodys_dir(outside, "hooks")
+    hook = theirs / "hook.py"
+    hook.write_text("pass\n")
+    _give_to_nobody(hook)
+    (site,) = seeded.venv.glob("lib/python3*/site-packages")
+    pth = site / "zz_hook.pth"
+    pth.write_text(f"import os; exec(open({str(hook)!r}).read())\n")
+    run = seeded.cli("plan")
+    assert str(hook) in run.output and "owned by nobody" in run.output, run.output
+    assert pth.name in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
 # --- class 2: untrusted trees and files (a source that changes while it is copied) -----------------
 
 

@@ -206,7 +206,7 @@ def _pth_problem(spec: Spec) -> Finding | None:
                 what = (
                     f"puts {entry.path} on the server's sys.path"
                     if entry.file.endswith(".pth")
-                    else f"(imported by a .pth at every start) maps imports to {entry.path}"
+                    else f"names {entry.path}, run or imported at every start of the venv's python"
                 )
                 return Finding(
                     "paths.owner",
