@@ -166,12 +166,23 @@ def drop_stale_backup(model_dir: str, hub_blob_id: str | None) -> None:
         fsync_dir(model_dir)
 
 
-def place_source_config(src: int, st: os.stat_result, model_dir: str) -> bool | None:
+def changed_while_copied(name: str) -> str:
+    """Why a source file's copy is refused: its bytes are not the ones hashed for its record."""
+    return (
+        f"[model].source: {name} changed while it was copied (the bytes copied are not the ones hashed): "
+        "nothing recorded for it; apply again once the source is still"
+    )
+
+
+def place_source_config(
+    src: int, st: os.stat_result, model_dir: str, digest: str | None
+) -> tuple[bool, str] | None:
     """Copy mode, config.json once patched: compare the source (open as data: `src`, `st` its fstat)
     with the backup, not the patched file.
 
-    None: not patched (copy it like any file). False: the original is unchanged. True: a new original was
-    written and the stale backup dropped (the config patch then runs on the new original).
+    None: not patched (copy it like any file). (False, sha256): the original is unchanged. (True,
+    sha256): a new original was written and the stale backup dropped (the config patch then runs on
+    the new original). The bytes read must be those hashed as `digest`, when it was.
     """
     backup = os.path.join(model_dir, BACKUP)
     if not os.path.exists(backup):
@@ -179,10 +190,15 @@ def place_source_config(src: int, st: os.stat_result, model_dir: str) -> bool | 
     if st.st_size > JSON_LIMIT:
         raise ActionError(f"the source's config.json is {st.st_size} bytes, more than a config holds")
     new = os.pread(src, st.st_size, 0)
+    import hashlib
+
+    held = hashlib.sha256(new).hexdigest()
+    if digest is not None and held != digest:  # its owner wrote it since it was hashed
+        raise ActionError(changed_while_copied("config.json"))
     if new == _read(backup):
-        return False
+        return False, held
     atomic_write(os.path.join(model_dir, CONFIG), new, mode=reduced_mode(st.st_mode))
     os.utime(os.path.join(model_dir, CONFIG), ns=(st.st_atime_ns, st.st_mtime_ns))
     os.unlink(backup)
     fsync_dir(model_dir)
-    return True
+    return True, held

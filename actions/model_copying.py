@@ -12,12 +12,12 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from actions.model_config import place_source_config
+from actions.model_config import changed_while_copied, place_source_config
 from reconcile.errors import ActionError
 from reconcile.host import checkpoint, fsync_dir, remove_stale_temps, temp_prefix
 from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.names import is_inside, name_problem
-from reconcile.safety.source_content import entry, fd_content_changed
+from reconcile.safety.source_content import entry, same_stamp
 from reconcile.safety.untrusted import (
     NotRegular,
     copy_fd,
@@ -112,11 +112,18 @@ def copy_files(
         except NotRegular as exc:
             raise ActionError(_refusal(source, name, str(exc.strerror))) from None
         try:
-            changed = fd_content_changed(fd, recorded.get(name), st)
-            digest = recorded[name]["sha256"] if changed is None else sha256_fd(fd, st.st_size)
-            entries[name] = entry(st, digest)
-            if _copy_one(fd, st, model_dir, name, unchanged=changed is not True):
+            was = recorded.get(name)
+            digest: str | None = None  # a first copy: its record is the copy's own hash
+            changed: bool | None = True
+            if same_stamp(was, st):  # unchanged since the copy `recorded` describes (ctime included)
+                changed, digest = None, str(recorded[name]["sha256"])
+            elif isinstance(was, Mapping):  # changed, or only touched: its bytes decide
+                digest = sha256_fd(fd, st.st_size)
+                changed = was.get("sha256") != digest
+            done, kept = _copy_one(fd, st, model_dir, name, digest, unchanged=changed is not True)
+            if done:
                 copied.append(name)
+            entries[name] = entry(st, kept)
         except OSError as exc:
             if exc.filename is not None:  # the destination's (ENOSPC names it): shown as it is
                 raise
@@ -135,13 +142,21 @@ def open_source(path: str, roots: Sequence[str]) -> tuple[int, os.stat_result]:
     return open_regular(os.path.realpath(path), inside=roots)
 
 
-def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchanged: bool) -> bool:
+def _copy_one(
+    src: int, st: os.stat_result, model_dir: str, name: str, digest: str | None, *, unchanged: bool
+) -> tuple[bool, str]:
+    """Copy the open source file `src` to `name` in the model dir, unless `unchanged` and there at its
+    size; returns (copied, the sha256 its record names). The record must name the bytes the copy
+    holds: the copy itself, root's temp file, is hashed before it is renamed into place. Where the
+    source was hashed first (`digest`: to decide whether to copy), its owner may have written it
+    since (the record would then name bytes the copy does not hold, and the store its blob by them):
+    other bytes are refused."""
     dst = inside_model_dir(model_dir, name)
-    if name == "config.json" and (placed := place_source_config(src, st, model_dir)) is not None:
+    if name == "config.json" and (placed := place_source_config(src, st, model_dir, digest)) is not None:
         return placed
     with contextlib.suppress(FileNotFoundError):
-        if unchanged and os.stat(dst).st_size == st.st_size:  # the bytes copied last time
-            return False
+        if unchanged and digest is not None and os.stat(dst).st_size == st.st_size:  # copied last time
+            return False, digest
     ensure_dir(os.path.dirname(dst), 0o755)  # one level at a time (os.makedirs recurses)
     # mkstemp: O_EXCL, 0600, named as the stale-temp sweep knows ours
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(dst), suffix=".tmp", dir=os.path.dirname(dst))
@@ -149,6 +164,9 @@ def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchan
         try:
             os.fchmod(fd, reduced_mode(st.st_mode))  # never setuid, setgid, sticky or writable by others
             copy_fd(src, fd, st.st_size)  # holes kept; stops at the size fstat saw
+            held = sha256_fd(fd, st.st_size)
+            if digest is not None and held != digest:
+                raise ActionError(changed_while_copied(name))
             os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
             os.fsync(fd)
         finally:
@@ -161,4 +179,4 @@ def _copy_one(src: int, st: os.stat_result, model_dir: str, name: str, *, unchan
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(exc.errno, exc.strerror, dst) from exc  # the full disk is the destination's
         raise
-    return True
+    return True, held

@@ -16,7 +16,7 @@ from reconcile.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import TypeGuard
+    from typing import Any, TypeGuard
 
     from reconcile.spec.models import Spec
 
@@ -314,6 +314,81 @@ def _pth_paths(pth_file: str, site: str) -> list[PthEntry] | Invalid:
         path = os.path.normpath(os.path.join(site, line.rstrip()))
         entries.append(PthEntry(pth_file, path, os.path.isdir(path)))
     return entries
+
+
+def pth_imports(site: str) -> list[PthEntry]:
+    """The paths that the modules a `.pth` import line imports from `site` name: an editable install
+    of setuptools' finder kind (`import __editable___x_finder; __editable___x_finder.install()`) maps
+    the package to its source directory in the finder's `MAPPING` (`editables`' redirector alike, in a
+    `map_module` call), so each absolute path written in such a module (a string literal; the module
+    is parsed, never run) is one root's python imports from; and so is one written in the import
+    line itself, which is code (`import os; exec(open("/x").read())`). Bounded reads, as _pth_paths'."""
+    from reconcile.safety.untrusted import read_regular, walk_tree
+
+    out: list[PthEntry] = []
+    names: list[str] = []
+    for _top, dirs, files in walk_tree(site):
+        dirs[:] = []  # site-packages' own .pth files only, as site.py reads them
+        names = sorted(f for f in files if f.endswith(".pth"))
+    for pth in names:
+        try:
+            raw = read_regular(os.path.join(site, pth), PTH_LIMIT, follow=True)
+        except OSError:
+            continue  # named by scan_site_packages as unreadable
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            if line.startswith(("import ", "import\t")):
+                tree = _parsed(line.encode())
+                line_of = f"{os.path.join(site, pth)} (its import line)"
+                out += [PthEntry(line_of, p, os.path.exists(p)) for p in _literal_paths(tree)]
+                for module in _imported(tree):
+                    out += _module_paths(site, module)
+    return out
+
+
+def _parsed(source: bytes) -> Any:
+    """The AST of a .pth line or a module (None when it does not parse: Python would fail it too)."""
+    import ast
+
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _literal_paths(tree: Any) -> list[str]:
+    """Every absolute path written as a string literal in `tree` (parsed, never run)."""
+    import ast
+
+    if tree is None:
+        return []
+    found = {
+        os.path.normpath(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/")
+    }
+    return sorted(found)
+
+
+def _imported(tree: Any) -> list[str]:
+    """The top-level modules an `import` line of a .pth imports (`import a, b.c; ...`: a, b)."""
+    import ast
+
+    if tree is None:
+        return []
+    imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import)]
+    return [a.name.split(".")[0] for node in imports for a in node.names]
+
+
+def _module_paths(site: str, module: str) -> list[PthEntry]:
+    from reconcile.safety.untrusted import read_regular
+
+    for candidate in (os.path.join(site, module + ".py"), os.path.join(site, module, "__init__.py")):
+        try:
+            source = read_regular(candidate, PTH_LIMIT, follow=True)
+        except OSError:
+            continue
+        return [PthEntry(candidate, path, os.path.exists(path)) for path in _literal_paths(_parsed(source))]
+    return []
 
 
 def requires(dist: Distribution) -> tuple[str, ...]:

@@ -279,6 +279,8 @@ def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
         ("apt.repositories", "key_source"): f"{ok}/r.gpg",
         ("venv", "path"): f"{ok}/venv",
         ("venv", "python"): sys.executable,
+        ("venv", "index_url"): "https://pypi.org/simple",
+        ("venv", "extra_index_urls"): f"file://{ok}/simple",
         ("venv", "wheelhouse"): f"{ok}/wheels",
         ("venv", "extra_site_packages"): f"{ok}/site",
         ("venv", "store"): f"{ok}/store",
@@ -297,7 +299,7 @@ def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
 
     def v(section: str, name: str) -> str:
         value = good[(section, name)]
-        if name == "extra_site_packages":
+        if name in ("extra_site_packages", "extra_index_urls"):
             return f'["{value}"]'
         if name == "secret_files":
             return f'{{ HF_TOKEN = "{value}" }}'
@@ -324,6 +326,8 @@ key_source = {v("apt.repositories", "key_source")}
 [venv]
 path = {v("venv", "path")}
 python = {v("venv", "python")}
+index_url = {v("venv", "index_url")}
+extra_index_urls = {v("venv", "extra_index_urls")}
 wheelhouse = {v("venv", "wheelhouse")}
 extra_site_packages = {v("venv", "extra_site_packages")}
 store = {v("venv", "store")}

@@ -13,6 +13,7 @@ from reconcile.safety.filesafety import (
     UnsafePath,
     data_problem,
     env_value_problem,
+    index_problem,
     owners,
     parent_problem,
     read_problem,
@@ -186,25 +187,31 @@ def _pth_problem(spec: Spec) -> Finding | None:
     """Each path line of a .pth file in the venv's site-packages is a directory every Python start
     puts on sys.path, and then imports `sitecustomize` from: root's server (and every python root
     runs from the venv) runs what is there. A directory an editable install (`pip install -e`) or a
-    package's own .pth names is held to the read role, its whole tree, as `extra_site_packages` is."""
+    package's own .pth names is held to the read role, its whole tree, as `extra_site_packages` is; and
+    so is each path that a module a .pth import line imports names (an editable finder's MAPPING:
+    probes.venv.pth_imports)."""
     if spec.venv is None:
         return None
     import glob
 
-    from probes.venv import scan_site_packages
+    from probes.venv import pth_imports, scan_site_packages
 
     venv = spec.venv.path.rstrip("/")
     named = {os.path.normpath(p) for p in spec.venv.extra_site_packages}  # checked as the spec's paths
     for site in sorted(glob.glob(os.path.join(glob.escape(venv), "lib", "python3*", "site-packages"))):
-        for entry in scan_site_packages(site)[1]:
+        for entry in [*scan_site_packages(site)[1], *pth_imports(site)]:
             if entry.path in named:
                 continue
             if (problem := read_problem(entry.path, entries=-1)) is not None:
+                what = (
+                    f"puts {entry.path} on the server's sys.path"
+                    if entry.file.endswith(".pth")
+                    else f"names {entry.path}, run or imported at every start of the venv's python"
+                )
                 return Finding(
                     "paths.owner",
                     "error",
-                    f"[venv].path {venv}: {entry.file} puts {entry.path} on the server's sys.path (root "
-                    f"imports from it): {problem}",
+                    f"[venv].path {venv}: {entry.file} {what} (root imports from it): {problem}",
                     "remove that line (or the .pth file), or move what it names under a directory only "
                     "root can write",
                     {"path": entry.path, "key": "[venv].path"},
@@ -225,6 +232,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
         elif role.kind == "value":  # a path in a value handed to the server, as in the environment
             problem = env_value_problem(path, allowed)
+        elif role.kind == "index":  # a local index is a wheelhouse: what it holds is what root installs
+            problem = index_problem(path, allowed)
         elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's
             problem = data_problem(path)
         else:

@@ -133,7 +133,10 @@ def walk(
     but a link is still followed only from a directory of root or ours that nobody else may write: the
     tree's owner chooses what the tree holds, never which of root's directories root reads as theirs."""
     ok = owners() if allowed is None else frozenset(allowed)
-    todo = [c for c in os.path.abspath(path).split("/") if c][::-1]  # a stack: next component last
+    # As the kernel resolves it: `..` from where a link led, never lexically (os.path.abspath would
+    # make `<sticky>/L/../x` <sticky>/x, and pass by nobody's link L to their directory).
+    full = path if path.startswith("/") else os.path.join(os.getcwd(), path)
+    todo = [c for c in full.split("/") if c][::-1]  # a stack: next component last
     stack: list[tuple[int, str, os.stat_result]] = []
     root = os.open("/", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     stack.append((root, "/", os.fstat(root)))
@@ -371,19 +374,20 @@ ENV_DIRS = (
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
-# Not a list of names but the tools' own namespaces: any variable of these whose value names a path
-# (an absolute path, a file:// URL, or a list of them split on ':' or blanks) is held to the same rule,
-# a directory to the write-dir role and a file to the read role: uv's system config in each of
-# $XDG_CONFIG_DIRS, its UV_FIND_LINKS, UV_CONSTRAINT, UV_PYTHON_INSTALL_DIR; pip's PIP_FIND_LINKS; git's
-# GIT_EXEC_PATH and GIT_ASKPASS; the hub's HF_TOKEN_PATH, HF_XET_CACHE, HUGGINGFACE_HUB_CACHE (the old
-# name of HF_HUB_CACHE); the CA bundles every HTTPS client root runs trusts; the temp dir the tools
-# (and tempfile) make their build and scratch directories in; a child Python's PYTHONPATH/STARTUP;
-# apt's, dpkg's and debconf's (APT_CONFIG chooses apt's sources, lists, dpkg binary and hooks;
-# DPKG_ADMINDIR dpkg's database; DEBCONF_SYSTEMRC debconf's).
-ENV_PREFIXES = (
-    "UV_", "PIP_", "GIT_", "HF_", "HUGGINGFACE_", "XDG_", "PYTHON", "SSL_CERT_", "APT_", "DPKG_", "DEBCONF_",
+# Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
+# relative word that exists, or a list of them) is held to the same rule, a directory to the write-dir
+# role and a file to the read role. The sixth and seventh rounds held the tools' namespaces (UV_, PIP_,
+# GIT_, HF_, XDG_, PYTHON, APT_, DPKG_, ...), and the eighth found a library's outside them: every
+# process that loads libcrypto (Python's hashlib and ssl: reconcile itself, pip, the venv's python)
+# reads the file $OPENSSL_CONF names, which loads providers (shared objects) as it starts; glibc's
+# GCONV_PATH and LOCPATH, a venv's VIRTUAL_ENV, pip's private _PIP_STANDALONE_CERT are alike. sudo -E
+# keeps all of those (its env_delete strips LD_*, PYTHONPATH, PYTHONHOME and a few shells' variables).
+# What is left unchecked is what only describes the invocation, which nothing reconcile runs reads as a
+# place to load from (PATH has its own rule: search_path).
+ENV_INERT = (
+    "PATH", "PWD", "OLDPWD", "_", "SHLVL", "USER", "LOGNAME", "MAIL",
+    "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND",
 )  # fmt: skip
-ENV_PATH_NAMES = ("TMPDIR", "TMP", "TEMP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
 
 
 # A value names paths in more forms than a bare absolute one: `--download-dir=/x`, `a=/x,b=/y`, JSON
@@ -399,28 +403,64 @@ _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
 def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     """The paths a value names (see _WORD_SPLIT): each absolute word; each relative one, resolved
     against each of `bases` (the directories it may be read from), where its first component exists
-    there; and a word starting with '~' as itself (refused: not absolute)."""
-    words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", value)))
+    there; and a word starting with '~' as itself (refused: not absolute). In the value as written and
+    as the tools decode it (_decoded_forms): a path is a path in whichever form a tool reads it."""
     paths: list[str] = []
-    for w in words:
-        if w.startswith(("/", "~")):
-            paths.append(w)
-        elif w and not w.startswith("-"):
-            first = w.split("/", 1)[0]
-            paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
-    return paths
+    for form in _decoded_forms(value):
+        words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", form)))
+        for w in words:
+            if w.startswith(("/", "~")):
+                paths.append(w)
+            elif w and not w.startswith("-"):
+                first = w.split("/", 1)[0]
+                paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
+    return list(dict.fromkeys(paths))
+
+
+_JSON_ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|[\\/\"bfnrt])")
+_JSON_CHARS = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _decoded_forms(value: str) -> list[str]:
+    """`value`, and what a tool reading it decodes it to: a file URL's percent-escapes (pip and uv
+    unquote `file:///%76ar/x` to /var/x), a JSON string's escapes (vLLM's json.loads of a JSON flag
+    reads `"\\/var\\/x"` and `"\\u002fvar/x"` as /var/x), and both."""
+    from urllib.parse import unquote
+
+    def unescape(text: str) -> str:
+        def one(m: re.Match[str]) -> str:
+            e = m.group(1)
+            return chr(int(e[1:], 16)) if e[0] == "u" else _JSON_CHARS.get(e, e)
+
+        return _JSON_ESCAPE.sub(one, text)
+
+    forms = [value]
+    if "\\" in value:
+        forms.append(unescape(value))
+    forms += [unquote(f) for f in list(forms) if "%" in f]
+    return list(dict.fromkeys(forms))
 
 
 def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
     if path.startswith("~"):
         return f"{path}: not an absolute path (the tool expands ~ to a home reconcile does not check)"
-    path = os.path.normpath(path)
-    try:
-        is_file = not stat.S_ISDIR(os.stat(path).st_mode)
-    except OSError:
-        is_file = False
-    return read_problem(path, allowed) if is_file else env_dir_problem(path, allowed)
+    for form in _resolutions(path):
+        try:
+            is_file = not stat.S_ISDIR(os.stat(form).st_mode)
+        except OSError:
+            is_file = False
+        problem = read_problem(form, allowed) if is_file else env_dir_problem(form, allowed)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _resolutions(path: str) -> list[str]:
+    """The ways a tool may resolve `path`: as the kernel does (walk() takes `..` from where a link led:
+    `<sticky>/L/../x` is x beside L's target) and as a tool that normalises it first does (Python's
+    abspath, site.py's .pth lines: `<sticky>/x`)."""
+    return list(dict.fromkeys((path, os.path.normpath(path))))
 
 
 def env_value_problem(
@@ -431,6 +471,16 @@ def env_value_problem(
     each of `bases`) by _env_path_problem."""
     paths = _env_paths(value, bases)
     return next((p for p in (_env_path_problem(w, allowed) for w in paths) if p), None)
+
+
+def index_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
+    """Why a package index pip or uv installs from (`[venv] index_url`, `extra_index_urls`) is not root's
+    or ours alone: each local path it names (a `file://` URL, percent-escapes decoded, or a path; a
+    remote URL names none) held to the read role, its whole tree, as a wheelhouse's wheels are: the
+    wheels and sdists there are what root installs and builds."""
+    paths = [p for p in _env_paths(value) if not p.startswith("~")]
+    problems = (read_problem(f, allowed, entries=-1) for w in paths for f in _resolutions(w))
+    return next((p for p in problems if p), None)
 
 
 def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
@@ -455,16 +505,14 @@ def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | 
 
 
 def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | None], list[str]]:
-    """What to change in `environ` so that no tool root runs takes its config or cache from a place
-    another user can change (ENV_DIRS: the write-dir role; ENV_FILES: the read role): each such
-    variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
+    """What to change in `environ` so that no tool root runs (nor a library reconcile loads) takes its
+    config, cache or code from a place another user can change (ENV_DIRS: the write-dir role;
+    ENV_FILES: the read role; every other variable but ENV_INERT: each path its value names): each
+    such variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
     new value, None to unset) and one "NAME left out: path: why" line for each."""
     changes: dict[str, str | None] = {}
     notes: list[str] = []
-    named = [
-        n for n in sorted(environ)
-        if n not in (*ENV_DIRS, *ENV_FILES) and (n.startswith(ENV_PREFIXES) or n in ENV_PATH_NAMES)
-    ]  # fmt: skip
+    named = [n for n in sorted(environ) if n not in (*ENV_DIRS, *ENV_FILES, *ENV_INERT)]
     for name in (*ENV_DIRS, *ENV_FILES, *named):
         value = environ.get(name)
         if not value:

@@ -80,10 +80,3 @@ def content_changed(path: str, tree: str, recorded: Entry | None, st: os.stat_re
     if same_stamp(recorded, st):
         return None
     return not isinstance(recorded, Mapping) or recorded.get("sha256") != sha256_file(path, tree)
-
-
-def fd_content_changed(fd: int, recorded: Entry | None, st: os.stat_result) -> bool | None:
-    """content_changed for a file already open (`st` its fstat): the copy hashes what it copies."""
-    if same_stamp(recorded, st):
-        return None
-    return not isinstance(recorded, Mapping) or recorded.get("sha256") != sha256_fd(fd, st.st_size)

@@ -98,6 +98,7 @@ ArgValue = Annotated[
     roles.VALUE,  # a path in it (--chat-template, --download-dir) is held to the environment's rule
 ]
 EnvValue = Annotated[str, roles.VALUE]  # a path in it (VLLM_CACHE_ROOT, HF_HOME) likewise
+IndexUrl = Annotated[str, roles.INDEX]  # a file:// index (or a path) is a wheelhouse by another name
 GpuArch = Annotated[
     str,
     Field(pattern=r"^(compute|sm|lto)_\d+[a-z]?$"),
@@ -228,8 +229,10 @@ class Venv(_Model):
     python: ExecCommand = Field(
         "python3", description="Interpreter used to create it (a name on PATH or a path)."
     )
-    index_url: str | None = Field(None, description="pip --index-url.")
-    extra_index_urls: list[str] = Field(default_factory=list, description="pip --extra-index-url, in order.")
+    index_url: IndexUrl | None = Field(None, description="pip --index-url.")
+    extra_index_urls: list[IndexUrl] = Field(
+        default_factory=list, description="pip --extra-index-url, in order."
+    )
     packages: Annotated[
         dict[PackageName, VersionSpec],
         Expect("a table", 'name = "version specifier" pairs, e.g. { vllm = ">=0.26", ninja = "*" }'),

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Role(Record):
-    kind: str  # read | write | write-dir | exec | delete | link | data
+    kind: str  # read | write | write-dir | exec | delete | link | data | value | index
     rule: str  # the rule that applies, in words (docs/security.md's table)
 
 
@@ -48,6 +48,12 @@ VALUE = Role(
     "file to read (the serving user may own them too)",
 )
 
+INDEX = Role(
+    "index",
+    "a package index pip and uv install from: a local one (a path or file:// URL in it) held to the read "
+    "role, its whole tree (what it holds is what root installs); a remote one is the spec's choice",
+)
+
 # (section, field, role). A section named "a.b" is a list of tables (apt.repositories).
 PATHS: tuple[tuple[str, str, Role], ...] = (
     ("machine", "state_dir", WRITE_DIR),
@@ -58,6 +64,8 @@ PATHS: tuple[tuple[str, str, Role], ...] = (
     ("apt.repositories", "key_source", READ),
     ("venv", "path", WRITE_DIR),
     ("venv", "python", EXEC),
+    ("venv", "index_url", INDEX),
+    ("venv", "extra_index_urls", INDEX),
     ("venv", "wheelhouse", READ),
     ("venv", "extra_site_packages", READ),
     ("venv", "store", DELETE),

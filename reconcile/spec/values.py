@@ -185,4 +185,15 @@ def flag_names(value: dict[str, Any]) -> dict[str, Any]:
         if key.startswith("-"):
             message = "write the flag without its leading dashes ({name} = ...)"
             raise PydanticCustomError("spec", message, {"at": (key,), "name": key.lstrip("-")})
+        if not re.fullmatch(FLAG_NAME, key):
+            # `"download-dir=/x" = true` renders as `--download-dir=/x`: a value in the name, where the
+            # value role (reconcile.spec.roles) never looks, and argparse takes it as the flag's value.
+            message = (
+                "a flag's name is letters, digits, '.', '_' and '-'; its value goes on the right "
+                "({name} = ...)"
+            )
+            raise PydanticCustomError("spec", message, {"at": (key,), "name": re.split(r"[=\s]", key)[0]})
     return value
+
+
+FLAG_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
