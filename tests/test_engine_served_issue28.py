@@ -20,7 +20,9 @@ ROWS = Path(__file__).resolve().parent / "data" / "served_issue28"
 CUDA_TOTAL = 150_109_880_320  # the lab H200's cudaMemGetInfo total
 # The served rows of 28a/28b, then 28c's (one family each that none had served).
 SERVED = ["cohere2", "llama4-text", "granite-h", "zamba2", "nemotronh-pad",
-          "falcon-h1", "qwen3-next", "jamba", "minicpm3"]  # fmt: skip
+          "falcon-h1", "qwen3-next", "jamba", "minicpm3",
+          "glm4-moe-lite", "cohere2-moe", "phimoe", "qwen3-sliding", "gptbigcode-tf", "qwen2-heads", "gpt2",
+          "qwen2-moe"]  # fmt: skip
 
 
 def _row(name: str) -> dict[str, Any]:

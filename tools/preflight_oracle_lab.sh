@@ -5,9 +5,9 @@
 #   call 2: the other 7 serve cases (~8 min); both share ORACLE_STATE, so a timed-out call resumes.
 #   28a, 28b: issue 28's cases (--kv-cache-memory-bytes verdicts; Cohere2, Llama 4, Granite-4.0-H,
 #   NemotronH's padded groups, Zamba2), ~5 and ~4 min.
-#   28c: one served row for each family of architectures none had checked (tools/vllm_architectures.py
-#   --families), most informative first; each case takes 86-161 s, so the first call (2026-12-02) served
-#   falcon-h1, qwen3-next, jamba, minicpm3 and the list holds the other eight; a timed-out call keeps its rows.
+#   28c, 28d: one served row for each family of architectures none had checked (tools/vllm_architectures.py
+#   --families), most informative first, in two calls: 28c's four hybrids took 540 s on 2026-12-02 03:56,
+#   28d's eight 501 s at 07:12 (each case 50-161 s); a timed-out call keeps its rows.
 # usage: OUT=dir tools/preflight_oracle_lab.sh 1|2      results: $OUT/preflight-{oracle,serve}.{json,md}
 set -u
 cd "$(dirname "$0")/.."
@@ -28,9 +28,10 @@ case "${1:-}" in
   28a) timeout 560 tools/preflight_oracle.sh --serve dense-kvbytes-nofit dense-kvbytes-fits mamba-kvbytes-graphs \
          cohere2 llama4-text > "$OUT/serve.log" 2>&1 ;;
   28b) timeout 560 tools/preflight_oracle.sh --serve granite-h nemotronh-pad zamba2 > "$OUT/serve.log" 2>&1 ;;
-  28c) timeout 540 tools/preflight_oracle.sh --serve glm4-moe-lite cohere2-moe phimoe qwen3-sliding \
+  28c) timeout 560 tools/preflight_oracle.sh --serve falcon-h1 qwen3-next jamba minicpm3 > "$OUT/serve.log" 2>&1 ;;
+  28d) timeout 560 tools/preflight_oracle.sh --serve glm4-moe-lite cohere2-moe phimoe qwen3-sliding \
          gptbigcode-tf qwen2-heads gpt2 qwen2-moe > "$OUT/serve.log" 2>&1 ;;
-  *) echo "usage: OUT=dir tools/preflight_oracle_lab.sh 1|2|28a|28b|28c" >&2; exit 2 ;;
+  *) echo "usage: OUT=dir tools/preflight_oracle_lab.sh 1|2|28a|28b|28c|28d" >&2; exit 2 ;;
 esac
 echo "serve rc=$?"
 cat "$OUT"/preflight-oracle.md "$OUT"/preflight-serve.md 2>/dev/null

@@ -33,13 +33,22 @@ OUT = ROOT / "reconcile" / "data" / "vllm_architectures.json"
 # Modules whose recurrent state reconcile models (engine.kvspec.mamba_state, shape.MambaShape).
 STATE_MODELLED = {"nemotron_h", "jamba", "granitemoehybrid", "falcon_h1", "zamba2", "qwen3_next", "qwen3_5"}
 # What a module's source shows that the engine does not lay out, and what to call it.
-UNMODELLED = (("kv_sharing_target_layer_name", "layers that reuse another layer's KV cache"),)
+UNMODELLED = (
+    ("kv_sharing_target_layer_name", "layers that reuse another layer's KV cache"),
+    # Ouro (total_ut_steps, default 4) and IQuest-LoopCoder (loop_num, default 2, later loops with their
+    # own window) build one Attention per loop step in every decoder layer: a KV cache of loops x layers.
+    ("unique_layer_idx", "looped layers (an attention and its KV cache per loop step of every layer)"),
+)
 # Config keys that switch such a cache on in a module that otherwise lays out plainly: the plan
 # refuses to size a config that sets one (engine.architectures.coverage).
 WHEN_SET = {
     "index_topk": "a sparse-attention indexer cache (DeepSeek V3.2 style)",
     "compress_ratios": "compressed sparse MLA (DeepSeek V4)",
     "use_cla": "cross-layer attention (layers reuse another layer's KV cache)",
+    # openPangu, Jais2, PLaMo 3: a window per layer from this key (an int, or a list taken by layer
+    # index modulo its length), which the engine does not read; openPangu's static sink tokens.
+    "interleaved_sliding_window": "per-layer windows from interleaved_sliding_window",
+    "param_sink_number": "static sink tokens kept in the KV cache (StaticSinkAttention)",
 }
 # The head-size rule of attention code that ignores config.json's head_dim.
 _FROM_HIDDEN = re.compile(
@@ -63,18 +72,9 @@ _BASE_NAMES = re.compile(r"\w+(Attention|DecoderLayer|Model|ForCausalLM)\b")
 # without building one (MiniCPM3: `Attention(heads, qk_nope + qk_rope, num_kv_heads=heads)`) keeps a
 # per-head K and V cache, and ModelConfig.use_mla is false for its model_type.
 _MLA_LAYERS = re.compile(r"MultiHeadLatentAttentionWrapper|MLAAttention\b|DeepseekV2MLAAttention|use_mla")
-# Served cases written for families without a served row, not yet run on the lab (issue 28, 28c in
+# Served cases written for families without a served row, not yet run on the lab (issue 28, 28c/28d in
 # tools/preflight_oracle_lab.sh); a row moves to SERVED once the lab has run it.
-PLANNED = {
-    "Glm4MoeLiteForCausalLM": "serve: glm4-moe-lite",
-    "Qwen2ForCausalLM": "serve: qwen2-heads",
-    "PhiMoEForCausalLM": "serve: phimoe",
-    "Cohere2MoeForCausalLM": "serve: cohere2-moe",
-    "GPTBigCodeForCausalLM": "serve: gptbigcode-tf",
-    "GPT2LMHeadModel": "serve: gpt2",
-    "Qwen2MoeForCausalLM": "serve: qwen2-moe",
-    "Qwen3ForCausalLM": "serve: qwen3-sliding",
-}
+PLANNED: dict[str, str] = {}
 # Served rows (tools/preflight_serve_check.py) by architecture, and the config oracle's corpus rows.
 SERVED = {
     "LlamaForCausalLM": ["serve: dense", "serve: dense-nofit", "serve: dense-kvbytes-nofit",
@@ -93,6 +93,14 @@ SERVED = {
     "Qwen3NextForCausalLM": ["serve: qwen3-next"],
     "JambaForCausalLM": ["serve: jamba"],
     "MiniCPM3ForCausalLM": ["serve: minicpm3"],
+    "Glm4MoeLiteForCausalLM": ["serve: glm4-moe-lite"],
+    "Qwen2ForCausalLM": ["serve: qwen2-heads"],
+    "PhiMoEForCausalLM": ["serve: phimoe"],
+    "Cohere2MoeForCausalLM": ["serve: cohere2-moe"],
+    "GPTBigCodeForCausalLM": ["serve: gptbigcode-tf"],
+    "GPT2LMHeadModel": ["serve: gpt2"],
+    "Qwen2MoeForCausalLM": ["serve: qwen2-moe"],
+    "Qwen3ForCausalLM": ["serve: qwen3-sliding"],
 }  # fmt: skip
 
 
