@@ -18,7 +18,12 @@ LOCKED = (
 # isolates (U+061C, U+200E/F, U+202A-E, U+2066-9: Trojan Source's reversed text), the zero-width
 # space, joiners, word joiner, invisible operators and BOM (U+200B-D, U+2060-4, U+FEFF).
 INVISIBLE = "\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
-CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}]")
+# And the surrogates, which no UTF-8 stream or file can hold alone: a JSON `\ud800` escape (a listener's
+# answer, a damaged state file) decodes to one, and writing it raised UnicodeEncodeError (an internal
+# error on every run that showed it); a `\udc9b` (as surrogateescape decodes a raw byte) was written as
+# the raw byte 0x9b, an 8-bit terminal's CSI. A valid pair is one character, never matched here.
+SURROGATES = "\ud800-\udfff"
+CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}{SURROGATES}]")
 
 
 def control_char(text: str) -> str | None:

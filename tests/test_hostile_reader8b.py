@@ -1,0 +1,97 @@
+"""Issue 24's hostile reader, eighth round, classes 4-6 (bounded network reads, output is data, state
+never wedges) and the process-ownership rules: attacks on what the seventh round added (the state
+shapes' TIME and PID ranges, `display.shown_argv`) and on what no round attacked yet, found by reading
+docs/security.md and the code alone, each run for real (a listener of `nobody` on the port, real damaged
+state files, real processes), each seen succeeding on main before its fix unless its docstring says it
+was already refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.apply_support import Demo, demo_in
+from tests.ownership_support import as_nobody
+from tests.test_network_attacks import HOSTILE
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
+
+# A lone surrogate, as a JSON `\ud800` escape decodes to: a str Python holds but no UTF-8 stream can
+# write ("surrogates not allowed"), whatever the locale's error handler (surrogateescape takes only
+# U+DC80-U+DCFF). And one of that range, which surrogateescape writes as the raw byte 0x9b: an 8-bit
+# terminal's CSI, and never UTF-8.
+LONE = "\ud800"
+RAW_BYTE = "\udc9b"
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    yield from demo_in(tmp_path)
+
+
+def _utf8_without_raw(out: bytes) -> str:
+    """The output as text: it must be UTF-8 (no raw byte a surrogate escaped to), without a surrogate."""
+    text = out.decode("utf-8")  # raises on a raw 0x9b or 0xed 0xa0 0x80
+    assert "\ud800" not in text and "\x9b" not in text, text[-2000:]
+    return text
+
+
+@ROOT_ONLY
+def test_a_lone_surrogate_in_a_listeners_version_is_shown_escaped_not_a_crash(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """`nobody` listens on the deployment's port (the server is down) and answers `/version` (read
+    unguarded: the plan's server row names a foreign holder from the port itself) with
+    `{"version": "0.26.0\\ud800"}`: valid JSON, which Python decodes to a lone surrogate. main: every
+    `status` ended in `internal error: UnicodeEncodeError: 'utf-8' codec can't encode character
+    '\\ud800' ... surrogates not allowed` when SafeStream wrote the version (seen on main), and the same
+    with `\\udc9b` wrote a raw 0x9b byte to the terminal under the C locale's surrogateescape. Now a
+    surrogate is a control character to `shown()` and SafeStream: written as its escape `\\ud800`."""
+    for lone in (LONE, RAW_BYTE):
+        argv = ["/usr/bin/python3", "-c", HOSTILE, str(demo.port), "escapes", "*", json.dumps(lone)]
+        listener = as_nobody(argv, {}, strangers)
+        for command in (("status",), ("status", "--json"), ("plan",)):
+            run = subprocess.run(
+                demo.command(*command), capture_output=True, env=demo.env(), cwd=str(demo.root), timeout=120
+            )
+            text = _utf8_without_raw(run.stdout + run.stderr)
+            assert "internal error" not in text, (command, text[-2000:])
+            assert run.returncode in (1, 2), (command, run.returncode, text[-2000:])
+            if command == ("status",):
+                assert "0.26.0" + json.dumps(lone)[1:-1] in text, text[-2000:]
+            if command == ("status", "--json"):
+                json.loads(run.stdout)  # the escape SafeStream writes is JSON's own
+        listener.kill()
+        listener.wait()
+
+
+@pytest.mark.parametrize("command", [("status",), ("plan",), ("apply", "--scheduled"), ("resume",)])
+def test_a_lone_surrogate_in_a_pause_reason_never_wedges_the_machine(
+    demo: Demo, command: tuple[str, ...]
+) -> None:
+    """`paused.json` whose reason holds a `\\ud800` escape and, apart (not a pair), a `\\udc9b` (a
+    damaged file, or a reason given as `reconcile pause --reason` bytes a terminal sent): it passes the
+    shape (a string), and every run shows it. main: `status`, `plan`, the timer's `apply --scheduled`
+    and `resume` each ended in `internal error: UnicodeEncodeError ... surrogates not allowed`, for
+    good, until a person removed the file (seen on main). Now it is shown escaped; the pause holds
+    and `resume` lifts it."""
+    demo.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    body = {"reason": f"maintenance {LONE} {RAW_BYTE}", "user": "root", "pid": 1, "since": 1_000_000_000}
+    (demo.state_dir / "paused.json").write_text(json.dumps(body))
+    run = subprocess.run(
+        demo.command(*command), capture_output=True, env=demo.env(), cwd=str(demo.root), timeout=120
+    )
+    text = _utf8_without_raw(run.stdout + run.stderr)
+    assert "internal error" not in text, text[-2000:]
+    if command != ("resume",):
+        assert "maintenance \\ud800 \\udc9b" in text, text[-2000:]
+    if command == ("apply", "--scheduled"):
+        assert run.returncode == 0 and "paused" in text, text[-2000:]  # the pause holds
+    if command == ("resume",):
+        assert run.returncode == 0 and not (demo.state_dir / "paused.json").exists(), text
