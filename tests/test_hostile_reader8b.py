@@ -13,11 +13,12 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.apply_support import Demo, demo_in
-from tests.ownership_support import as_nobody
+from tests.ownership_support import as_nobody, nobodys_dir
 from tests.test_network_attacks import HOSTILE
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
@@ -95,3 +96,34 @@ def test_a_lone_surrogate_in_a_pause_reason_never_wedges_the_machine(
         assert run.returncode == 0 and "paused" in text, text[-2000:]  # the pause holds
     if command == ("resume",):
         assert run.returncode == 0 and not (demo.state_dir / "paused.json").exists(), text
+
+
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("pid", ["4294967296", "99999999999999999999"])
+def test_a_temp_name_the_key_owner_makes_up_never_wedges_apply(demo: Demo, yard: Path, pid: str) -> None:
+    """The key's `owner` may own the key's directory (docs/security.md: the write role allows it), and
+    apply sweeps that directory for the key's temp files a killed apply left (`.api.key.reconcile-
+    <pid>-XXXXXXXX.tmp`), removing those whose writer's pid is not running. `nobody`, as the key's
+    owner, names an empty file there with a pid past 2**31. main: `os.kill(pid, 0)` raised
+    OverflowError and every apply, the timer's too, ended in `internal error: OverflowError: signed
+    integer is greater than maximum` (seen on main). Now a pid no process can have (outside 1 to
+    pid_max, `shapes.is_pid`) is a writer that is gone: the file is swept and apply goes on."""
+
+    keys = nobodys_dir(yard, "keys")
+
+    def edit(doc: Any) -> None:
+        doc["api_key"]["file"] = str(keys / "api.key")
+        doc["api_key"]["owner"] = "nobody"
+
+    demo.write_spec(edit)
+    planted = keys / f".api.key.reconcile-{pid}-abcdefgh.tmp"
+    subprocess.run([*AS_NOBODY, "touch", str(planted)], check=True)
+    for command in (("apply",), ("apply", "--scheduled")):
+        run = demo.cli(*command)
+        assert "internal error" not in run.output, (command, run.output[-2000:])
+        assert run.returncode in (0, 2), (command, run.output[-2000:])
+    assert not planted.exists()
+    assert (keys / "api.key").stat().st_uid == 65534  # the key apply made, for its owner
