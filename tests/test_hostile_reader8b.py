@@ -8,9 +8,13 @@ was already refused.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo, demo_in
-from tests.ownership_support import as_nobody, nobodys_dir
+from tests.ownership_support import NOBODY, as_nobody, nobodys_dir
 from tests.test_network_attacks import HOSTILE
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
@@ -127,3 +131,84 @@ def test_a_temp_name_the_key_owner_makes_up_never_wedges_apply(demo: Demo, yard:
         assert run.returncode in (0, 2), (command, run.output[-2000:])
     assert not planted.exists()
     assert (keys / "api.key").stat().st_uid == 65534  # the key apply made, for its owner
+
+
+# --- process ownership ----------------------------------------------------------------------------
+
+PR_SET_CHILD_SUBREAPER = 36
+needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs apt's haproxy")
+
+
+def _take_pid(pid: int, strangers: list[int]) -> subprocess.Popen[bytes] | None:
+    """A process of nobody's with pid `pid`, once that pid is free (ns_last_pid, as a local user who
+    forks through the pid space would get it); None when another process took it first."""
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(pid - 1))
+    proc = subprocess.Popen(["/bin/sleep", "120"], user=NOBODY, group=NOBODY, extra_groups=[])
+    strangers.append(proc.pid)
+    return proc if proc.pid == pid else None
+
+
+@ROOT_ONLY
+@needs_haproxy
+def test_the_fronts_stop_never_signals_a_process_that_took_the_masters_pid(
+    tmp_path: Path, strangers: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HAProxy's master (the front, [front]) is stopped by `actions.haproxy.stop`. It is proven ours
+    once (`front_master`: root, haproxy's exe, our config on its command line), then signalled by bare
+    pid: SIGTERM, a wait while `/proc/PID` is a live process, then SIGKILL to PID where no cgroup of
+    ours holds it (a machine without cgroup v2 delegation). The master exits on the SIGTERM and PID 1
+    reaps it at once; `nobody`, forking through the pid space, takes its pid within the wait's 50 ms
+    sleep. main: the wait saw nobody's live process for the whole timeout, then SIGKILLed it (seen on
+    main, 3 runs of 3). Now the master is pinned by a pidfd once proven, and the signals and the wait
+    act on that process alone (`actions.supervising.Pinned`, as the deployment's members are)."""
+    from actions import haproxy
+    from reconcile.ownership import cgroups
+    from reconcile.spec.loader import load_spec
+    from tests.apply_support import free_port
+
+    monkeypatch.setattr(cgroups, "cgroup_root", lambda: (None, "forced off by the test"))
+    port, blue, green = free_port(), free_port(), free_port()
+    spec_path = tmp_path / "box.toml"
+    spec_path.write_text(
+        f'[machine]\nstate_dir = "{tmp_path / "state"}"\n\n[server]\nname = "d"\nexecutable = "/bin/true"\n'
+        f'model = "/m"\nport = {port}\nlog = "{tmp_path / "d.log"}"\n\n[front]\nports = [{blue}, {green}]\n'
+    )
+    spec = load_spec(str(spec_path)).spec
+    haproxy.write_config(spec, haproxy.render(spec, "blue"))
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _attempt in range(3):  # another process may take the freed pid first: the machine forks
+        # The daemon's parent is then this process, which reaps it at once, as systemd (PID 1) does on
+        # a real machine; a container's init may leave the zombie for a while, which hides the race.
+        assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        try:
+            master = haproxy.start(spec)
+        finally:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        taken: list[subprocess.Popen[bytes]] = []
+        reaped: list[int] = []
+
+        def take_over(master: int = master, taken: list[Any] = taken, reaped: list[int] = reaped) -> None:
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                if os.waitpid(master, os.WNOHANG)[0] == master:  # reaped, as PID 1 does
+                    reaped.append(master)
+                    got = _take_pid(master, strangers)  # and nobody's fork gets the pid
+                    if got is not None:
+                        taken.append(got)
+                    return
+                time.sleep(0.001)
+
+        thief = threading.Thread(target=take_over)
+        thief.start()
+        try:
+            haproxy.stop(spec, master, timeout=3.0)
+        finally:
+            thief.join()
+        assert reaped, f"stop() did not stop haproxy's master {master}"
+        if taken:
+            break
+    else:
+        pytest.skip("each freed pid was taken by another process first (the machine forks)")
+    with pytest.raises(subprocess.TimeoutExpired):  # a SIGKILL sent by stop() ends it within this
+        taken[0].wait(timeout=2)
