@@ -23,7 +23,7 @@ import pytest
 
 from tests.apply_support import Demo, demo_in
 from tests.ownership_support import NOBODY, as_nobody, nobodys_dir
-from tests.test_network_attacks import HOSTILE
+from tests.test_network_attacks import HOSTILE, watched
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
 
@@ -281,3 +281,97 @@ def test_a_state_file_of_any_odd_shape_never_wedges_a_run(demo: Demo, case: str,
         assert "internal error" not in out and "Traceback" not in out, (command, out[-2000:])
         assert run.returncode in (0, 2, 4), (command, run.returncode, out[-2000:])
         assert "\x00" not in out and "\u2028" not in out, out[-2000:]
+
+
+# --- 4. bounded network reads: what rounds 1-7 did not send -----------------------------------------
+
+# Answers `target` by `mode` ("*": every path), every other path as a healthy vLLM would.
+ODD_LISTENER = r"""
+import json, socket, sys, threading, zlib
+port, mode, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def bomb():  # gzip of 512 MiB of zeros: 0.5 MiB on the wire, under the 1 MiB body cap
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block, out = bytes(1 << 20), []
+    for _ in range(512):
+        out.append(z.compress(block))
+    out.append(z.flush())
+    return b"".join(out)
+BOMB = bomb() if mode == "gzip" else b""
+def normal(path):
+    if path == "/health": return b""
+    if path == "/version": return json.dumps({"version": "0.26.0"}).encode()
+    return b"{}"
+def attack(c, path):
+    if mode == "continue":  # interim answers, for ever
+        while True:
+            c.sendall(b"HTTP/1.1 100 Continue\r\n\r\n" * 1000)
+    elif mode == "headers":  # a header block that never ends, at full speed
+        c.sendall(b"HTTP/1.1 200 OK\r\n")
+        while True:
+            c.sendall(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+    elif mode == "chunk-line":  # a chunk-size line that never ends
+        c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:
+            c.sendall(b"f" * 65536)
+    elif mode == "chunk-huge":  # a chunk size of 2**4000 - 1, then data for ever
+        c.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 1000 + b"\r\n")
+        while True:
+            c.sendall(b"A" * 65536)
+    elif mode == "redirect":  # to a root-only file, and to another port
+        where = b"file:///etc/shadow" if path != "/version" else b"http://127.0.0.1:9/x"
+        c.sendall(b"HTTP/1.1 302 Found\r\nLocation: " + where + b"\r\nContent-Length: 0\r\n\r\n")
+    elif mode == "gzip":
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(BOMB) + BOMB)
+def serve(c):
+    try:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = c.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        path = data.split(b" ", 2)[1].decode()
+        if target in ("*", path):
+            attack(c, path)
+        else:
+            body = normal(path)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    except OSError:
+        pass
+    finally:
+        c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(16)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("target", ["/health", "/version"])
+@pytest.mark.parametrize("mode", ["continue", "headers", "chunk-line", "chunk-huge", "redirect", "gzip"])
+def test_a_listener_that_answers_oddly_is_cut_off_within_the_deadline_in_bounded_memory(
+    demo: Demo, strangers: list[int], mode: str, target: str
+) -> None:
+    """`nobody` on the deployment's port (the server is down) answers `/health` or `/version` with
+    interim `100 Continue` answers for ever, a header block that never ends, a chunk-size line that
+    never ends, a chunk size of 2**4000 - 1 then data for ever, a redirect (to `file:///etc/shadow`,
+    to another port), or `Content-Encoding: gzip` of 512 MiB of zeros (0.5 MiB on the wire, under the
+    body cap). Already refused on main (kept as the rule's test): `http_request` asks for `identity`
+    and inflates nothing, follows no redirect, takes a 100 as the answer's status, and holds every
+    other case to its caps (64 KiB of head, 1 MiB of body, a chunk-size line's length) within the
+    total deadline."""
+    from tests.test_network_attacks import MIB
+
+    as_nobody(["/usr/bin/python3", "-c", ODD_LISTENER, str(demo.port), mode, target], {}, strangers)
+    for command in (("status",), ("plan",)):
+        run = watched(demo, *command)
+        assert run.returncode in (1, 2), (command, run)  # ended by itself: neither killed nor crashed
+        assert run.seconds < 30, (command, run.seconds)
+        assert run.peak_rss_kib < 200 * MIB, (command, run.peak_rss_kib)
+        assert "internal error" not in run.output and "root:" not in run.output, run.output[-2000:]
