@@ -375,3 +375,71 @@ def test_a_listener_that_answers_oddly_is_cut_off_within_the_deadline_in_bounded
         assert run.seconds < 30, (command, run.seconds)
         assert run.peak_rss_kib < 200 * MIB, (command, run.peak_rss_kib)
         assert "internal error" not in run.output and "root:" not in run.output, run.output[-2000:]
+
+
+# The deployment's own server, misbehaving (docs/security.md counts "a server that misbehaves (its
+# answers, its log)" among the hostile): a process carrying the deployment's marker (as every process
+# reconcile launches does) on its port, whose engine does not answer the 1-token completion and whose
+# /metrics holds one sample line of 300,000 labels (3.5 MB, within the 16 MiB cap).
+MISBEHAVING = r"""
+import socket, sys, threading, time
+port = int(sys.argv[1])
+LINE = b"vllm:num_requests_running{" + b",".join(b'l%d="v"' % i for i in range(300000)) + b"} 1\n"
+METRICS = b"vllm:generation_tokens_total 5\n" + LINE
+def serve(c):
+    try:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = c.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        path = data.split(b" ", 2)[1]
+        if path == b"/v1/chat/completions":
+            time.sleep(600)  # the engine is hung
+        body = {b"/metrics": METRICS, b"/version": b'{"version": "0.26.0"}'}.get(path, b"{}")
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    except OSError:
+        pass
+    finally:
+        c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(16)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def test_a_metrics_answer_that_is_slow_to_parse_cannot_hold_the_plan(demo: Demo) -> None:
+    """The liveness look parses `/metrics` with prometheus_client's parser when the 1-token completion
+    did not answer (a stalled engine), twice (before and after). That parser takes time quadratic in a
+    line's labels: one line of 300,000 labels (3.5 MB, a fifth of the body cap) took 48 s here, and a
+    16 MiB line would take about 18 minutes. The HTTP exchange had its deadline; its parse had none.
+    main: `plan` (and apply, the lock held) ran past 90 s on one such answer (seen on main). Now only
+    the three figures' sample lines reach the parser, each at most `liveness.LINE_MAX` (4 KiB, where a
+    vLLM line is a few hundred bytes); a longer one makes the figures unknown."""
+    from reconcile.identity import MARKER
+
+    def edit(doc: Any) -> None:
+        doc["server"]["liveness"] = {"deadline": "2s"}
+
+    demo.write_spec(edit)
+    server = subprocess.Popen(
+        ["/usr/bin/python3", "-c", MISBEHAVING, str(demo.port)],
+        env={"PATH": "/usr/bin:/bin", MARKER: demo.marker},
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
+        run = watched(demo, "plan", wall=90)
+        assert run.returncode is not None, f"plan still parsing after 90 s: {run.output[-1000:]}"
+        assert run.seconds < 45, run.seconds  # about 5 s here: the 2 s completion, the rest of a plan
+        assert "internal error" not in run.output, run.output[-2000:]
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
