@@ -443,3 +443,51 @@ def test_a_metrics_answer_that_is_slow_to_parse_cannot_hold_the_plan(demo: Demo)
     finally:
         os.killpg(server.pid, 9)
         server.wait()
+
+
+# Unicode's format characters (category Cf) that round 1's list (names.INVISIBLE: bidi controls,
+# zero-width characters, BOM) did not name: soft hyphen, Arabic number sign, Mongolian vowel separator,
+# the deprecated U+206A-F, interlinear annotation, a musical format mark, the tag characters (text that
+# a terminal draws as nothing: "ASCII smuggling").
+FORMAT_CHARS = "\u00ad\u0600\u180e\u206a\ufff9\U0001d173\U000e0001\U000e0041"
+
+
+@ROOT_ONLY
+def test_every_invisible_format_character_in_a_listeners_answer_is_shown_escaped(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """`nobody` on the port answers `/version` with `0.26.0` followed by format characters (Unicode
+    category Cf) that round 1's list did not name, tag characters included (a terminal draws
+    `0.26.0` and nothing else). main: `status` printed each raw (seen on main). Now the rule is the
+    category, not a list: every Cf character is a control character to `shown()`, SafeStream and the
+    spec's values (names.CONTROL), and a test holds the list to Python's own unicodedata; one past
+    U+FFFF is escaped as its UTF-16 pair, as JSON writes it (`\\ue0041` would read back as two)."""
+    hidden = FORMAT_CHARS
+    argv = ["/usr/bin/python3", "-c", HOSTILE, str(demo.port), "escapes", "*", json.dumps(hidden)]
+    as_nobody(argv, {}, strangers)
+    run = subprocess.run(
+        demo.command("status"), capture_output=True, env=demo.env(), cwd=str(demo.root), timeout=120
+    )
+    text = _utf8_without_raw(run.stdout + run.stderr)
+    raw = [f"U+{ord(c):04X}" for c in hidden if c in text]
+    assert raw == [], (raw, text[-2000:])
+    # each as its escape; one past U+FFFF as its UTF-16 pair, as JSON writes it
+    escaped = "\\u00ad\\u0600\\u180e\\u206a\\ufff9\\ud834\\udd73\\udb40\\udc01\\udb40\\udc41"
+    assert "0.26.0" + escaped in text, text[-2000:]
+    assert json.loads(f'"{escaped}"') == hidden
+
+
+def test_the_control_class_holds_every_format_character_python_knows() -> None:
+    """names.CONTROL against unicodedata (the interpreter's Unicode version): every character of the
+    categories Cc (C0, DEL, C1), Cf (format: bidi, zero-width, tags, ...), Cs (surrogates), Zl and Zp
+    (U+2028/9) is matched; a newer Unicode's new format character fails this test, not the terminal."""
+    import unicodedata
+
+    from reconcile.safety.names import CONTROL
+
+    missed = [
+        f"U+{cp:04X}"
+        for cp in range(0x110000)
+        if unicodedata.category(chr(cp)) in ("Cc", "Cf", "Cs", "Zl", "Zp") and not CONTROL.fullmatch(chr(cp))
+    ]
+    assert missed == []

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Any, TextIO
 
 # A control character is shown as its escape: `\n`, `\t`, `\r`, else `\u001b` (C0, DEL, C1, U+2028 and
-# U+2029, the invisible bidi and zero-width characters of names.INVISIBLE: `\u202e`, and a lone
+# U+2029, the invisible format characters of names.INVISIBLE (Unicode Cf): `\u202e`, and a lone
 # surrogate, which no UTF-8 stream can write: `\ud800`). Visible, it says what was there, and each
 # form is also a valid JSON escape, so `--json` output that passes through SafeStream stays JSON and
 # decodes to the same string.
@@ -33,7 +33,14 @@ _STREAM = re.compile(
 
 
 def escape(char: str) -> str:
-    return _NAMED.get(char) or f"\\u{ord(char):04x}"
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    n = ord(char)
+    if n > 0xFFFF:  # a tag character: its UTF-16 pair, as JSON writes it (`\ue0041` would read as two)
+        n -= 0x10000
+        return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+    return f"\\u{n:04x}"
 
 
 # The longest a string from outside is shown, escapes included: a server answer well under the 1 MiB
