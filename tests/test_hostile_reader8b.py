@@ -491,3 +491,56 @@ def test_the_control_class_holds_every_format_character_python_knows() -> None:
         if unicodedata.category(chr(cp)) in ("Cc", "Cf", "Cs", "Zl", "Zp") and not CONTROL.fullmatch(chr(cp))
     ]
     assert missed == []
+
+
+# vllm bench serve's result, as it writes it after the server's answers (its token counts come from the
+# answers' `usage`): a count of 400 digits (JSON has no bound), or NaN (json.dumps writes it).
+_RESULT = {
+    "completed": 1,
+    "total_input_tokens": 10,
+    "total_output_tokens": 5,
+    "mean_ttft_ms": 10.0,
+    "mean_e2el_ms": 100.0,
+    "output_throughput": 50.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("total_output_tokens", "1" + "0" * 400), ("mean_e2el_ms", "NaN"), ("output_throughput", "Infinity")],
+)
+def test_a_bench_result_with_numbers_out_of_range_is_one_error_not_a_crash_or_a_damaged_record(
+    tmp_path: Path, field: str, value: str
+) -> None:
+    """`reconcile bench` reads back the result file vllm bench serve wrote, whose token counts are the
+    sums of the server's `usage` answers (the server misbehaving: docs/security.md counts it hostile).
+    main: a count of 400 digits made `float()` raise OverflowError, which `figures` did not catch (an
+    internal error), and NaN or Infinity passed into the figures, which bench/results.json then kept:
+    its reader (finite numbers only) moved the whole file aside at the next read, every run's figures
+    with it (seen on main). Now a figure that is not a finite number is a BenchError naming it."""
+    from reconcile.apply.benchmark import BenchError, _read_result, figures
+
+    text = json.dumps(_RESULT).replace(f'"{field}": {json.dumps(_RESULT[field])}', f'"{field}": {value}')
+    path = tmp_path / "result.json"
+    path.write_text(text)
+    result = _read_result(str(path))
+    with pytest.raises(BenchError, match=r"not a finite number|not a number"):
+        figures(result)
+
+
+def test_a_bench_run_its_reader_would_refuse_is_never_written_over_the_kept_runs(tmp_path: Path) -> None:
+    """The writer of bench/results.json and its reader must agree: main kept a run whose figure was
+    NaN, and the next read (finite numbers only) moved the whole file aside, every earlier run's
+    figures with it (seen on main). Now `keep` checks the run against the reader's shape first."""
+    from reconcile.apply import bench_records
+    from reconcile.errors import ReconcileError
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    figures = {"ttft_s": 0.1, "total_s": 1.0, "decode_tok_s": 5.0}
+    bench_records.keep(str(state), {"at": 1.0, "rows": [{"name": "a", "figures": figures}]}, 1)
+    bad = {"at": 2.0, "rows": [{"name": "a", "figures": {**figures, "total_s": float("nan")}}]}
+    with pytest.raises(ReconcileError, match="not kept"):
+        bench_records.keep(str(state), bad, 2)
+    assert [r["generation"] for r in bench_records.runs(str(state))] == [1]
+    assert sorted(p.name for p in (state / "bench").iterdir()) == ["chart.svg", "results.json"]
