@@ -70,7 +70,9 @@ def figures(body: bytes | None) -> dict[str, float]:
                     out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     except (ValueError, TypeError, IndexError):  # not Prometheus text: the figures are unknown
         return {}
-    return out
+    # NaN and +Inf are valid sample values; a figure that is not finite is unknown, as a missing one is
+    # (kept in a stall, it made the stall file's reader move it aside at every look: never "hung").
+    return {name: value for name, value in out.items() if value - value == 0}
 
 
 def _completion(spec: Spec, deadline: float) -> tuple[bool | None, float, str | None]:

@@ -544,3 +544,32 @@ def test_a_bench_run_its_reader_would_refuse_is_never_written_over_the_kept_runs
         bench_records.keep(str(state), bad, 2)
     assert [r["generation"] for r in bench_records.runs(str(state))] == [1]
     assert sorted(p.name for p in (state / "bench").iterdir()) == ["chart.svg", "results.json"]
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf"])
+def test_a_stall_timed_from_a_non_finite_metric_is_kept_across_applies(demo: Demo, value: str) -> None:
+    """The liveness look keeps a stall in `liveness-<name>.json` across applies, with the token counter
+    it read from `/metrics`; the engine is restarted once stalled for `window`. vLLM's exposition may
+    write `NaN` or `+Inf` (the text format allows both). main: the counter's NaN went into the kept
+    stall, its reader (finite numbers only) moved the file aside at the next look, and the stall was
+    timed afresh at every apply: a hung engine whose counter read NaN was never restarted (seen on
+    main). Now a figure that is not a finite number is unknown (None), as a missing one is."""
+    from probes.liveness import GENERATED, figures
+    from reconcile.liveness import EngineSample, judge, keep_stall, read_stall
+    from reconcile.spec.loader import load_spec
+
+    spec = load_spec(str(demo.spec_path)).spec
+    demo.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    body = f"vllm:generation_tokens_total {value}\nvllm:num_requests_running 1\n".encode()
+    first = EngineSample(
+        1_000_000.0, False, 2.0, 2.0, figures(body).get(GENERATED), figures(body).get(GENERATED)
+    )
+    verdict = judge(first, 4242, 1.0, window=10.0)
+    assert verdict.state == "stalled" and verdict.stall is not None, verdict
+    keep_stall(spec, verdict.stall, None)
+    kept = read_stall(spec)
+    assert kept is not None and kept.since == 1_000_000.0, kept  # main: None, the file moved aside
+    later = EngineSample(
+        1_000_020.0, False, 2.0, 2.0, figures(body).get(GENERATED), figures(body).get(GENERATED), prior=kept
+    )
+    assert judge(later, 4242, 1.0, window=10.0).state == "hung"
