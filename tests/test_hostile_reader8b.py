@@ -573,3 +573,23 @@ def test_a_stall_timed_from_a_non_finite_metric_is_kept_across_applies(demo: Dem
         1_000_020.0, False, 2.0, 2.0, figures(body).get(GENERATED), figures(body).get(GENERATED), prior=kept
     )
     assert judge(later, 4242, 1.0, window=10.0).state == "hung"
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("shape", ["wide", "many"])
+def test_a_listeners_process_title_of_many_arguments_stays_short_on_every_line(
+    demo: Demo, strangers: list[int], shape: str
+) -> None:
+    """Round 7 cut each argument of a process title to `SHOWN_MAX` and kept at most 64 (`shown_argv`):
+    `nobody` listens on the port from a process with 100 arguments of 2,000 characters (each after a
+    U+202E) or with 100,000 one-letter arguments. Already refused on main (kept as the rule's test): no
+    line of `plan`, `status` or their `--json` is longer than 2,000 characters, and no U+202E is raw."""
+    extra = ["\u202e" + "A" * 2000] * 100 if shape == "wide" else ["a"] * 100_000
+    argv = ["/usr/bin/python3", "-c", HOSTILE, str(demo.port), "escapes", "*", json.dumps("fine"), *extra]
+    as_nobody(argv, {}, strangers)
+    for command in (("plan", "--json"), ("status", "--json"), ("plan",), ("status",)):
+        run = watched(demo, *command)
+        assert run.returncode in (1, 2), (command, run)
+        assert "\u202e" not in run.output, command
+        longest = max((len(line) for line in run.output.splitlines()), default=0)
+        assert longest <= 2_000, (command, longest)
