@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from actions import cgroups
+from actions.supervising import Pinned
 from reconcile.errors import ActionError
 from reconcile.host import atomic_write
 from reconcile.identity import (
@@ -27,7 +28,7 @@ from reconcile.identity import (
     front_ports,
     front_state_path,
 )
-from reconcile.ownership.membership import front_master, read_bytes, read_stat
+from reconcile.ownership.membership import front_master, read_bytes
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
 from reconcile.spec.fronting import FrontMember, SharedFront, shared_front
@@ -207,20 +208,36 @@ def reload(spec: Spec, pid: int, timeout: float = 10.0) -> None:
     """A graceful reload: the master re-reads the config and starts new workers; the old ones keep
     their connections until they end (at most hard-stop-after). Waited for: the master re-executes
     itself (for a moment it is not provably ours), and a re-probe right after must find it again,
-    with a new worker forked. A master still starting ignores the signal: it is sent again."""
-    before = _children(pid)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        os.kill(pid, signal.SIGUSR2)
-        again = time.monotonic() + 1.0
-        while time.monotonic() < min(again, deadline):
-            if front_master(spec) == pid and _children(pid) - before:
-                return
-            time.sleep(0.05)
+    with a new worker forked. A master still starting ignores the signal: it is sent again, to the
+    process pinned (`_pinned`), never to its pid once that may be another's."""
+    master = _pinned(spec, pid)
     config, _pidfile, _sock = front_paths(spec)
+    if master is None:
+        raise ActionError(f"haproxy (master pid {pid}) is gone, or no longer ours; see {config[:-4]}.log")
+    try:
+        before = _children(pid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not master.send(signal.SIGUSR2):
+                break  # it exited: not reloaded
+            again = time.monotonic() + 1.0
+            while time.monotonic() < min(again, deadline):
+                if front_master(spec) == pid and _children(pid) - before:
+                    return
+                time.sleep(0.05)
+    finally:
+        master.close()
     raise ActionError(
         f"haproxy (master pid {pid}) did not finish its reload in {timeout:g}s; see {config[:-4]}.log"
     )
+
+
+def _pinned(spec: Spec, pid: int) -> Pinned | None:
+    """The master `pid` pinned by a pidfd, once `front_master` proves it ours (again, after pinning):
+    every signal and wait then acts on that process alone. A bare pid is no proof a moment later: a
+    master that exits is reaped at once (PID 1), and a local user forking through the pid space can
+    take its pid before the next look."""
+    return Pinned.pin(pid, lambda p: front_master(spec) == p)
 
 
 def _children(pid: int) -> set[int]:
@@ -243,18 +260,24 @@ def _holder(spec: Spec) -> Spec:
 
 def stop(spec: Spec, pid: int, timeout: float = 10.0) -> None:
     """SIGTERM to our master (it stops its workers), waited for; then its cgroup emptied and removed
-    (SIGKILL to whatever is left of it)."""
+    (SIGKILL to whatever is left of it). The master is pinned first (`_pinned`): the wait and a last
+    SIGKILL act on it alone, never on whatever has its pid by then."""
     from reconcile.ownership.cgroups import cgroup_path
 
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and read_stat(pid) is not None:  # None: gone, or a zombie
-        time.sleep(0.05)
-    path = cgroup_path(_holder(spec))
-    if path is not None and cgroups.ours(path):
-        cgroups.empty_and_remove(path)
-    elif read_stat(pid) is not None:
-        os.kill(pid, signal.SIGKILL)
+    master = _pinned(spec, pid)
+    try:
+        if master is not None and master.send(signal.SIGTERM):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not master.exited():
+                time.sleep(0.05)
+        path = cgroup_path(_holder(spec))
+        if path is not None and cgroups.ours(path):
+            cgroups.empty_and_remove(path)
+        elif master is not None and not master.exited():
+            master.send(signal.SIGKILL)
+    finally:
+        if master is not None:
+            master.close()
 
 
 def runtime(spec: Spec, command: str) -> str:

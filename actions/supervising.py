@@ -51,25 +51,33 @@ def marked_pids(scope: Scope | str, *, spare_pgid: int | None = None) -> list[in
     return sorted(out)
 
 
-class _Held:
-    """A marked process pinned by a pidfd: signals reach it and no other, even if its pid is reused."""
+class Pinned:
+    """A process of ours pinned by a pidfd: signals reach it and no other, even if its pid is reused.
+    Used for the deployment's members here, and for the front's HAProxy master (actions.haproxy)."""
 
     def __init__(self, pid: int, fd: int | None) -> None:
         self.pid, self.fd = pid, fd
 
     @classmethod
-    def take(cls, pid: int, scope: Scope | str) -> _Held | None:
+    def pin(cls, pid: int, proven: Callable[[int], bool]) -> Pinned | None:
+        """`pid` pinned, when `proven(pid)` holds once it is pinned (so the proof is of the process
+        the pidfd holds); None when it is gone or not proven."""
         try:
             fd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:
             return None
         except (OSError, AttributeError):  # a kernel before 5.3: fall back to the pid
             fd = None
-        if is_member(pid, scope):  # checked after pinning
+        if proven(pid):  # checked after pinning
             return cls(pid, fd)
         if fd is not None:
             os.close(fd)
         return None
+
+    @classmethod
+    def take(cls, pid: int, scope: Scope | str) -> Pinned | None:
+        """A member of the deployment `scope`, pinned (reconcile.ownership.membership.is_member)."""
+        return cls.pin(pid, lambda p: is_member(p, scope))
 
     def send(self, sig: int) -> bool:
         """`sig`; after SIGTERM a SIGCONT too, as systemd sends: a stopped process (a hung engine's
@@ -100,7 +108,7 @@ class _Held:
 
 def signal_marked(pid: int, scope: Scope | str, sig: int) -> bool:
     """Send `sig` to `pid` only if it is ours (checked after pinning it with a pidfd)."""
-    held = _Held.take(pid, scope)
+    held = Pinned.take(pid, scope)
     if held is None:
         return False
     try:
@@ -143,11 +151,11 @@ def stop_marked(
     then stops its own engine; a SIGTERM to the EngineCore at the same moment would cut them.
     """
     name = scope if isinstance(scope, str) else scope.name
-    held: dict[int, _Held] = {}
+    held: dict[int, Pinned] = {}
 
     def sweep(sig: int) -> None:  # catches children spawned while we wait, too
         for pid in marked_pids(scope, spare_pgid=spare_pgid):
-            if pid not in held and (h := _Held.take(pid, scope)) is not None:
+            if pid not in held and (h := Pinned.take(pid, scope)) is not None:
                 held[pid] = h
                 h.send(sig)
 
@@ -158,7 +166,7 @@ def stop_marked(
         deadline = time.monotonic() + timeout
         members = set(marked_pids(scope, spare_pgid=spare_pgid)) if leader is not None else set()
         if leader in members:
-            first = _Held.take(leader, scope)
+            first = Pinned.take(leader, scope)
             if first is not None:
                 held[leader] = first
                 first.send(signal.SIGTERM)

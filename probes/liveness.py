@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 GENERATED = "vllm:generation_tokens_total"
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 METRICS_LIMIT = 16 << 20  # as probes.metrics: vLLM's exposition is a few hundred KiB
+# prometheus_client's parser takes time quadratic in a line's labels (one line of 300,000 labels, 3.5 MB:
+# 48 s; a 16 MiB one about 18 minutes), so the body cap alone does not bound the parse. Only the
+# figures' sample lines reach it, at most LINES_MAX of them, each at most LINE_MAX long: vLLM writes
+# one line of about 100 bytes per engine and model for each.
+LINE_MAX, LINES_MAX = 1024, 1000
 
 
 def _metrics(host: str, port: int, timeout: float, guard: Callable[[], None]) -> bytes | None:
@@ -43,20 +48,31 @@ def _metrics(host: str, port: int, timeout: float, guard: Callable[[], None]) ->
 def figures(body: bytes | None) -> dict[str, float]:
     """{sample name: sum over its label sets} of the three liveness figures, by prometheus_client's own
     parser; {} when there is no body or it is not the Prometheus text format. Matched by sample name:
-    prometheus_client writes a counter's HELP/TYPE as `..._total`, some exporters without the suffix."""
+    prometheus_client writes a counter's HELP/TYPE as `..._total`, some exporters without the suffix.
+    Only the lines of those samples are parsed (their HELP/TYPE comments say nothing the sum needs),
+    at most LINES_MAX of at most LINE_MAX: the parse is bounded, as the read is."""
     if body is None:
         return {}
+    lines = [
+        line
+        for line in body.decode("utf-8", errors="replace").split("\n")
+        if line.startswith((GENERATED, RUNNING, WAITING))
+    ]
+    if len(lines) > LINES_MAX or any(len(line) > LINE_MAX for line in lines):
+        return {}  # no vLLM writes that: the figures are unknown
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(body.decode("utf-8", errors="replace")):
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
             for sample in family.samples:
                 if sample.name in (GENERATED, RUNNING, WAITING):
                     out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     except (ValueError, TypeError, IndexError):  # not Prometheus text: the figures are unknown
         return {}
-    return out
+    # NaN and +Inf are valid sample values; a figure that is not finite is unknown, as a missing one is
+    # (kept in a stall, it made the stall file's reader move it aside at every look: never "hung").
+    return {name: value for name, value in out.items() if value - value == 0}
 
 
 def _completion(spec: Spec, deadline: float) -> tuple[bool | None, float, str | None]:

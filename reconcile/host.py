@@ -821,8 +821,14 @@ def remove_stale_temps(directory: str, names: Collection[str] | None) -> list[st
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # a pid reused by this very process: that writer is gone
+    """Whether the writer whose pid a temp file's name holds still runs. The name is data: the key's
+    `owner` may own its directory and name a file there `.api.key.reconcile-4294967296-...tmp`; a pid
+    no process can have (0, past pid_max: os.kill raised OverflowError, an internal error on every
+    apply) is a writer that is gone."""
+    from reconcile.safety.shapes import is_pid
+
+    if not is_pid(pid) or pid == os.getpid():  # or a pid reused by this very process
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

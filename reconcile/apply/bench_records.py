@@ -37,6 +37,11 @@ def keep(state_dir: str, run_data: dict[str, Any], generation: int | None) -> di
     statefiles.clear_non_dir(directory, then=statefiles.NEW_DIR)  # a FIFO, file, link there: aside
     ensure_dir(directory, PRIVATE_DIR)
     entry = {**run_data, "generation": generation}
+    problem = statefiles.BENCH_RUN.problem(entry, "run")
+    if problem is not None:  # written, its reader would move every kept run aside at the next read
+        from reconcile.errors import ReconcileError
+
+        raise ReconcileError(f"bench: this run's figures are not kept: {problem}")
     kept = [*runs(state_dir), entry][-KEEP_RUNS:]
     body = {"format": statefiles.BENCH_FORMAT, "runs": kept}
     atomic_write(os.path.join(directory, RESULTS), (json.dumps(body, indent=1) + "\n").encode(), mode=0o600)

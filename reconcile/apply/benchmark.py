@@ -80,7 +80,7 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
             raise BenchError(f"vllm bench serve completed no request ({result.get('failed', '?')} failed)")
         gen = float(result["total_output_tokens"]) / done
         total = float(result["mean_e2el_ms"]) / 1000
-        return {
+        out = {
             "prompt": float(result["total_input_tokens"]) / done,
             "gen": gen,
             "ttft_s": float(result["mean_ttft_ms"]) / 1000,
@@ -90,8 +90,14 @@ def figures(result: dict[str, Any]) -> dict[str, float]:
         }
     except KeyError as exc:
         raise BenchError(f"vllm bench serve's result has no {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise BenchError(f"vllm bench serve's result has a value that is not a number: {exc}") from None
+    # Its counts are sums of the server's `usage` answers: data. NaN or an infinity kept in
+    # bench/results.json would make its reader (finite numbers only) move every run aside.
+    bad = [k for k, v in out.items() if v - v != 0]
+    if bad:
+        raise BenchError(f"vllm bench serve's result gives {', '.join(bad)} that is not a finite number")
+    return out
 
 
 def _command(spec: Spec, row: Row, url: str, out_dir: str) -> list[str]:

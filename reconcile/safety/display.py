@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import re
 
-from reconcile.safety.names import CONTROL, INVISIBLE
+from reconcile.safety.names import CONTROL, INVISIBLE, SURROGATES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
 # A control character is shown as its escape: `\n`, `\t`, `\r`, else `\u001b` (C0, DEL, C1, U+2028 and
-# U+2029, and the invisible bidi and zero-width characters of names.INVISIBLE: `\u202e`). Visible, it
-# says what was there, and each form is also a valid JSON escape, so `--json` output that passes
-# through SafeStream stays JSON and decodes to the same string.
+# U+2029, the invisible format characters of names.INVISIBLE (Unicode Cf): `\u202e`, and a lone
+# surrogate, which no UTF-8 stream can write: `\ud800`). Visible, it says what was there, and each
+# form is also a valid JSON escape, so `--json` output that passes through SafeStream stays JSON and
+# decodes to the same string.
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 # What reconcile itself writes: the colours of reconcile.plan.render (reset, bold, dim, red, green,
@@ -26,11 +27,20 @@ _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # (reconcile.apply.progress). Only these pass SafeStream; no title, screen, cursor or clipboard
 # sequence does, and no colour that hides text (SGR 8, black on black).
 OWN_SEQUENCE = re.compile(r"\x1b\[(?:0|1|2|3[1235]|1;3[12])m|\r\x1b\[K")
-_STREAM = re.compile(rf"({OWN_SEQUENCE.pattern})|[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}]")
+_STREAM = re.compile(
+    rf"({OWN_SEQUENCE.pattern})|[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}{SURROGATES}]"
+)
 
 
 def escape(char: str) -> str:
-    return _NAMED.get(char) or f"\\u{ord(char):04x}"
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    n = ord(char)
+    if n > 0xFFFF:  # a tag character: its UTF-16 pair, as JSON writes it (`\ue0041` would read as two)
+        n -= 0x10000
+        return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+    return f"\\u{n:04x}"
 
 
 # The longest a string from outside is shown, escapes included: a server answer well under the 1 MiB

@@ -13,12 +13,26 @@ LOCKED = (
     r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9.+!_-]+)((?: --hash=sha256:[0-9a-f]{64})+)"
 )
 # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader (a unit, an
-# EnvironmentFile, cron, apt, a terminal). And the invisible format characters that change what a
-# terminal or a reviewer sees without showing themselves: the bidi marks, embeddings, overrides and
-# isolates (U+061C, U+200E/F, U+202A-E, U+2066-9: Trojan Source's reversed text), the zero-width
-# space, joiners, word joiner, invisible operators and BOM (U+200B-D, U+2060-4, U+FEFF).
-INVISIBLE = "\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
-CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}]")
+# EnvironmentFile, cron, apt, a terminal). And every invisible format character (Unicode's category Cf,
+# as of Unicode 14: tests/test_hostile_reader8b.py holds this list to the interpreter's unicodedata),
+# each of which changes what a terminal or a reviewer sees without showing itself: the bidi marks,
+# embeddings, overrides and isolates (U+061C, U+200E/F, U+202A-E, U+2066-9: Trojan Source's reversed
+# text), the zero-width space, joiners, word joiner, invisible operators and BOM (U+200B-D, U+2060-4,
+# U+FEFF), and (round 8: a list of instances had left them out) the soft hyphen, the Arabic and Syriac
+# number signs, the Mongolian vowel separator, the deprecated U+206A-F, interlinear annotation, Kaithi,
+# Egyptian, shorthand and musical format marks, and the tag characters (U+E0001, U+E0020-7F: text a
+# terminal draws as nothing).
+INVISIBLE = (
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+)
+# And the surrogates, which no UTF-8 stream or file can hold alone: a JSON `\ud800` escape (a listener's
+# answer, a damaged state file) decodes to one, and writing it raised UnicodeEncodeError (an internal
+# error on every run that showed it); a `\udc9b` (as surrogateescape decodes a raw byte) was written as
+# the raw byte 0x9b, an 8-bit terminal's CSI. A valid pair is one character, never matched here.
+SURROGATES = "\ud800-\udfff"
+CONTROL = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029{INVISIBLE}{SURROGATES}]")
 
 
 def control_char(text: str) -> str | None:

@@ -155,5 +155,14 @@ COUNT = Scalar("integer", minimum=0)
 TIME_MAX = 253402300799  # 9999-12-31T23:59:59Z
 TIME = Scalar("number", minimum=0, maximum=TIME_MAX)
 OPT_TIME = Scalar("number", nullable=True, minimum=0, maximum=TIME_MAX)
-# A process id os.kill and /proc can take (the kernel's pid_max is at most 2**22).
-PID = Scalar("integer", minimum=1, maximum=1 << 22)
+# A process id os.kill and /proc can take (the kernel's pid_max is at most 2**22). Any pid read from
+# text reconcile did not just get from the kernel (a state file, a temp file's name) is held to it: 0 and
+# -1 mean a process group or every process to kill(2), and one past 2**31 makes os.kill raise
+# OverflowError.
+PID_MAX = 1 << 22
+PID = Scalar("integer", minimum=1, maximum=PID_MAX)
+
+
+def is_pid(n: int) -> bool:
+    """Whether `n` can be a process's id at all (1 to PID_MAX): the same range as PID."""
+    return 1 <= n <= PID_MAX
