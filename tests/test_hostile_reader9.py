@@ -1,0 +1,118 @@
+"""Issue 24's hostile reader, ninth round, classes 1-3 (the path-trust layer, untrusted trees and
+files, the spec's own provenance): attacks on what the eighth round added (every environment variable
+that names a path, the decoded forms, walk()'s `..`, the index role, the `.pth` import lines, the copy
+hashed before its rename, flag names), found by reading docs/security.md and the code alone, each run
+for real (`nobody` through setpriv, real files, real compiled modules, a real wheel, the real CLI and
+pip), each seen succeeding on main before its fix.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apply_support import Demo
+from tests.test_hostile_reader8 import _wheel
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def _as_nobody(*argv: str) -> None:
+    subprocess.run([*AS_NOBODY, *argv], check=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture
+def unclaimed() -> Iterator[Path]:
+    """A name nobody has made yet directly under the sticky, world-writable /var/tmp: whoever makes it
+    first owns it. Removed after the test, whoever made it."""
+    path = Path("/var/tmp") / f"reconcile-unclaimed-{secrets.token_hex(4)}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# --- class 1: the path-trust layer (what is read before, or after, the environment's check) ---------
+
+
+def test_a_path_that_does_not_exist_yet_under_a_sticky_directory_is_not_taken_as_ours(
+    demo: Demo, outside: Path, unclaimed: Path
+) -> None:
+    """The environment's check (and the value role) takes a path that does not exist yet as one the tool
+    will make, so only the directory above it is judged, and a sticky one (/tmp, /var/tmp) passes, as it
+    does for a directory reconcile makes itself (ensure_dir checks the name again at its mkdir). A tool
+    never does: whoever makes the name first, after the check, owns what the tool then reads.
+    `sudo -E reconcile apply` with `PIP_FIND_LINKS=/var/tmp/<a name nobody made yet>`; nobody makes it
+    (with their wheel) once the check has run, here while apply waits for the lock. main: root's venv got
+    nobody's ninja 99.0, whose `.pth` ran as uid 0."""
+    marker = outside / "ran-as"
+    wheel = _wheel(outside, marker)
+    demo.state_dir.mkdir(mode=0o700, parents=True)
+    lock = os.open(demo.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    proc = subprocess.Popen(
+        demo.command("apply", "--lock-timeout", "120"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**demo.env(), "PIP_FIND_LINKS": str(unclaimed)},
+        cwd=str(demo.root),
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # the check ran at start; apply now waits for our lock
+            seen.append(line)
+            if "for the apply lock" in line:
+                break
+        _as_nobody("sh", "-c", 'mkdir "$1" && cp "$2" "$1"/', "-", str(unclaimed), str(wheel))
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
+    out, err = proc.communicate(timeout=300)
+    output = "".join(seen) + err + out
+    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
+    ran = marker.read_text() if marker.exists() else ""
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {output}"
+    assert f"reconcile: environment PIP_FIND_LINKS left out: {unclaimed}" in output, output
+    assert "Traceback" not in output, output
+
+
+def test_a_server_env_path_no_one_has_made_yet_under_a_sticky_directory_fails_the_plan(
+    demo: Demo, unclaimed: Path
+) -> None:
+    """The same for the value role: `[server] env VLLM_CACHE_ROOT = "/var/tmp/<a name not made yet>"`
+    passed the plan (and apply's preflight), and the server makes that directory only when it first
+    compiles: whoever makes it between the check and then owns root's server's compile cache (round 6:
+    a planted artifact is loaded as root). main: the plan said nothing."""
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["VLLM_CACHE_ROOT"] = str(unclaimed / "cache")
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert f"[server].env.VLLM_CACHE_ROOT {unclaimed / 'cache'}" in run.output, run.output
+    assert "/var/tmp is world-writable" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_a_config_file_no_one_has_made_yet_in_a_missing_directory_under_a_sticky_one_is_left_out(
+    demo: Demo, unclaimed: Path
+) -> None:
+    """The read role already refused a missing file right under a sticky directory (its own directory
+    is judged), but not one two levels down: `PIP_CONFIG_FILE=/var/tmp/<not made yet>/pip.conf` passed
+    (the walk judged /var/tmp as a directory on the way, where a sticky one passes), and nobody makes
+    both after the check. main: the plan kept the variable (no line)."""
+    conf = unclaimed / "pip.conf"
+    run = demo.cli("plan", env={"PIP_CONFIG_FILE": str(conf)})
+    assert f"reconcile: environment PIP_CONFIG_FILE left out: {conf}" in run.output, run.output
+    assert run.returncode == 2 and "Traceback" not in run.output, run.output
