@@ -14,6 +14,7 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo
+from tests.ownership_support import nobodys_dir
 from tests.test_hostile_reader8 import _wheel
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
@@ -43,6 +45,54 @@ def unclaimed() -> Iterator[Path]:
 
 
 # --- class 1: the path-trust layer (what is read before, or after, the environment's check) ---------
+
+
+# What nobody writes: a compiled module for a source file of root's, valid for that source (its
+# mtime and size in the header, as Python's own timestamp pyc), whose code does what it did and, first,
+# records who ran it. Python takes it from PYTHONPYCACHEPREFIX instead of the __pycache__ beside the
+# source: it checks the header against the source, never who wrote the file.
+_PLANT_PYC = r"""
+import importlib._bootstrap_external as be, importlib.util, os, sys
+source, prefix, marker = sys.argv[1:4]
+text = open(source).read()
+text += f"\nimport os as _o\nopen({marker!r}, 'a').write('uid=%d\\n' % _o.getuid())\n"
+st = os.stat(source)
+data = be._code_to_timestamp_pyc(compile(text, source, "exec"), st.st_mtime, st.st_size)
+sys.pycache_prefix = prefix
+out = importlib.util.cache_from_source(source)
+os.makedirs(os.path.dirname(out), exist_ok=True)
+open(out, "wb").write(data)
+"""
+
+
+def _plant(module: str, prefix: Path, marker: Path) -> None:
+    """nobody compiles a module of root's, with a line of their own, into `prefix` (theirs)."""
+    source = subprocess.run(
+        [sys.executable, "-c", f"import {module} as m; print(m.__file__)"], capture_output=True, text=True
+    ).stdout.strip()
+    _as_nobody(sys.executable, "-c", _PLANT_PYC, source, str(prefix), str(marker))
+
+
+def test_a_pycache_prefix_of_nobodys_is_not_where_reconcile_loads_its_commands_from(
+    demo: Demo, outside: Path
+) -> None:
+    """Python loads a module's compiled form from $PYTHONPYCACHEPREFIX when it is there and its header
+    matches the source (mtime, size): anyone can write such a file for a source they can stat. sudo -E
+    keeps the variable (its env_delete strips PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, PYTHONINSPECT,
+    not this one), and an operator's PYTHONPYCACHEPREFIX under /tmp or /var/tmp is a directory anyone
+    may have made first. The environment's check then leaves the variable out for the tools reconcile
+    runs, but the interpreter read it at start (sys.pycache_prefix): every module reconcile imports
+    after the check (the command, json, the spec loader, pydantic...) was still looked up there.
+    main: nobody's `reconcile.commands.plan` ran as uid 0 in `sudo -E reconcile plan`."""
+    theirs = nobodys_dir(outside, "pycache")
+    marker = outside / "ran-as"
+    _plant("reconcile.commands.plan", theirs, marker)
+
+    run = demo.cli("plan", env={"PYTHONPYCACHEPREFIX": str(theirs)})
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's compiled module ran ({ran!r}): {run.output}"
+    assert f"reconcile: environment PYTHONPYCACHEPREFIX left out: {theirs}" in run.output, run.output
+    assert run.returncode == 2 and "Traceback" not in run.output, run.output
 
 
 def test_a_path_that_does_not_exist_yet_under_a_sticky_directory_is_not_taken_as_ours(
