@@ -166,3 +166,24 @@ def test_a_config_file_no_one_has_made_yet_in_a_missing_directory_under_a_sticky
     run = demo.cli("plan", env={"PIP_CONFIG_FILE": str(conf)})
     assert f"reconcile: environment PIP_CONFIG_FILE left out: {conf}" in run.output, run.output
     assert run.returncode == 2 and "Traceback" not in run.output, run.output
+
+
+# --- class 3: the spec's own values (names that become an environment's) ---------------------------
+
+
+@pytest.mark.parametrize("name", ["A=B", "LD_PRELOAD=x", "1X", "A B"])
+def test_a_secret_files_name_is_an_environment_variables_name(demo: Demo, name: str) -> None:
+    """`[server] env` names are checked (letters, digits, _), but `secret_files` names become the same
+    server environment's and were any string: `"A=B"` (the variable `A` holding `B=<secret>` in an
+    EnvironmentFile, an illegal name to Popen). Refused at load, naming the key, as env's are."""
+    secret = demo.root / "token"
+    secret.write_text("hf_x\n")
+    secret.chmod(0o600)
+
+    def edit(doc: Any) -> None:
+        doc["server"]["secret_files"] = {name: str(secret)}
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert "is not an environment variable name" in run.output, run.output
+    assert "Plan:" not in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
