@@ -168,6 +168,55 @@ def test_a_config_file_no_one_has_made_yet_in_a_missing_directory_under_a_sticky
     assert run.returncode == 2 and "Traceback" not in run.output, run.output
 
 
+def test_a_pyvenv_cfg_of_nobodys_in_roots_venv_never_chooses_the_python_root_runs(
+    seeded: Demo, outside: Path
+) -> None:
+    """Round 6 held what a venv's site-packages holds to the read role (a venv copied in with its owners
+    kept), but not the rest of the venv: its `pyvenv.cfg` is read by every start of the venv's python,
+    and its `home` chooses where that python finds its standard library (getpath searches up from it
+    for lib/python3.X/os.py). nobody, owning that one file in root's venv, points `home` at a tree of
+    theirs: the real standard library linked entry by entry, and a `sitecustomize.py` of their own.
+    main: the plan said nothing, and apply's `python -m pip` (installing a package the spec added)
+    ran nobody's sitecustomize as uid 0."""
+    venv_python = str(seeded.venv / "bin" / "python")
+    stdlib = Path(
+        subprocess.run(
+            [venv_python, "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    theirs = nobodys_dir(outside, "python")
+    marker = outside / "ran-as"
+    lib = theirs / "lib" / stdlib.name
+    (theirs / "bin").mkdir()
+    lib.mkdir(parents=True)
+    for entry in os.listdir(stdlib):  # the real standard library, linked entry by entry
+        if entry != "sitecustomize.py":
+            (lib / entry).symlink_to(stdlib / entry)
+    (lib / "sitecustomize.py").write_text(
+        f"import os\nopen({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n"
+    )
+    cfg = seeded.venv / "pyvenv.cfg"
+    lines = cfg.read_text().splitlines()
+    cfg.write_text("".join(f"home = {theirs / 'bin'}\n" if x.startswith("home") else x + "\n" for x in lines))
+    for path in [cfg, *theirs.rglob("*")]:  # nobody's: the venv's copy kept that file's owner
+        os.lchown(path, NOBODY, pwd.getpwnam("nobody").pw_gid)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["packages"]["six"] = "*"
+
+    spec = seeded.write_spec(edit)
+    plan = seeded.cli("plan", spec=spec)
+    run = seeded.cli("apply", spec=spec, timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's sitecustomize ran ({ran!r}): {plan.output}{run.output}"
+    for result in (plan, run):
+        assert f"{seeded.venv / 'pyvenv.cfg'} is owned by nobody" in result.output, result.output
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output
+
+
 # --- class 3: the spec's own values (names that become an environment's) ---------------------------
 
 

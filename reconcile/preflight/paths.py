@@ -157,30 +157,30 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
 
 
 def _venv_tree_problem(spec: Spec) -> Finding | None:
-    """What the venv's site-packages holds, python imports as root: a venv copied in with its owners
-    kept (`cp -a`, a tarball of a build user's) is held to the read role, whole tree, as a toolkit is.
-    A realization reconcile made and sealed in the spec's store (a directory of the delete role,
-    walked above) is root's by construction: not walked again on every plan."""
+    """What the venv holds, python runs as root: a venv copied in with its owners kept (`cp -a`, a
+    tarball of a build user's) is held to the read role, whole tree, as a toolkit is. The whole venv,
+    not its site-packages only: every start of its python reads `pyvenv.cfg`, whose `home` chooses
+    where the standard library is found (ninth round), and pip reads the venv's `pip.conf`. A
+    realization reconcile made and sealed in the spec's store (a directory of the delete role, walked
+    above) is root's by construction: not walked again on every plan."""
     if spec.venv is None:
         return None
-    import glob
-
     from reconcile.apply.store import is_realization, read_manifest, spec_store
 
     real = os.path.realpath(spec.venv.path)
     store = spec_store(spec)
     if store is not None and is_realization(real, os.path.realpath(store)) and read_manifest(real):
         return None
-    for site in sorted(glob.glob(os.path.join(glob.escape(real), "lib", "python3*", "site-packages"))):
-        if (problem := read_problem(site, entries=-1)) is not None:
-            return Finding(
-                "paths.owner",
-                "error",
-                f"[venv].path {spec.venv.path}: {problem} (root's python imports from {site})",
-                "chown -R root: the venv (a copy keeps its owners), or let reconcile make it",
-                {"path": site, "key": "[venv].path"},
-            )
-    return None
+    if not os.path.isdir(real) or (problem := read_problem(real, entries=-1)) is None:
+        return None
+    return Finding(
+        "paths.owner",
+        "error",
+        f"[venv].path {spec.venv.path}: {problem} (root's python runs from this venv: its pyvenv.cfg, "
+        "bin and site-packages)",
+        "chown -R root: the venv (a copy keeps its owners), or let reconcile make it",
+        {"path": real, "key": "[venv].path"},
+    )
 
 
 def _pth_problem(spec: Spec) -> Finding | None:
