@@ -286,6 +286,44 @@ def test_a_pyvenv_cfg_of_nobodys_in_roots_venv_never_chooses_the_python_root_run
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
 
 
+def test_a_pth_of_nobodys_beside_the_specs_interpreter_never_runs_when_root_makes_the_venv(
+    demo: Demo, outside: Path
+) -> None:
+    """`[venv] python` is held to the exec role (the file, its directories, a script's interpreter),
+    but the interpreter runs what its own site-packages holds at every start: each `.pth` there, and
+    `sitecustomize`. An interpreter unpacked with its archive's owners kept (as round 3's toolkit was)
+    has root's program and a file of nobody's beside it. Here: the spec's interpreter is a root-made
+    Python environment with one `.pth` of nobody's in its site-packages. main: apply's `python -m
+    venv` ran nobody's line as uid 0."""
+    script = "import sys, sysconfig; print(sys._base_executable); print(sysconfig.get_paths()['stdlib'])"
+    real_python, stdlib = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
+    # A standalone install (a tarball's, as /opt/python3.11): root's interpreter and standard library
+    # (linked entry by entry from the real one), its own site-packages, one file of nobody's in it.
+    base = outside / "python"
+    (base / "bin").mkdir(parents=True)
+    shutil.copy2(os.path.realpath(real_python), base / "bin" / "python3")
+    lib = base / "lib" / Path(stdlib).name
+    lib.mkdir(parents=True)
+    for entry in os.listdir(stdlib):
+        if entry not in ("site-packages", "sitecustomize.py"):
+            (lib / entry).symlink_to(Path(stdlib) / entry)
+    (lib / "site-packages").mkdir()
+    marker = outside / "ran-as"
+    pth = lib / "site-packages" / "zz_theirs.pth"
+    pth.write_text(f"import os; open({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n")
+    os.chown(pth, NOBODY, pwd.getpwnam("nobody").pw_gid)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(base / "bin" / "python3")
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's .pth ran ({ran!r}): {run.output}"
+    assert "Traceback" not in run.output, run.output
+
+
 # --- class 3: the spec's own values (names that become an environment's) ---------------------------
 
 
