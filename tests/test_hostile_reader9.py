@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import Demo
+from tests.apply_support import DEMO_MODEL, Demo
 from tests.ownership_support import nobodys_dir
 from tests.test_hostile_reader8 import _wheel
 
@@ -343,3 +343,38 @@ def test_a_secret_files_name_is_an_environment_variables_name(demo: Demo, name: 
     assert "is not an environment variable name" in run.output, run.output
     assert "Plan:" not in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+# --- class 2: untrusted trees and files ------------------------------------------------------------
+
+
+def test_a_source_of_nobodys_with_more_files_than_a_model_has_is_refused_before_it_is_walked_whole(
+    demo: Demo, outside: Path
+) -> None:
+    """A `[model] source` is nobody's tree (the data role): every plan walks, stats and (for a stamp
+    that moved) hashes it, the realization's address is computed from it at every spec load, and apply
+    copies it file by file, each fsynced, under the apply lock. Nothing bounded how many files: 20,000
+    empty files made each plan 2.5-4 s and the apply 54 s here; a million is minutes a plan, every tick
+    of the timer. main: planned and applied (10,001 empty files: a slow plan, a slow apply)."""
+    from reconcile.safety.untrusted import SOURCE_ENTRIES
+
+    source = nobodys_dir(outside, "model")
+    for name in os.listdir(DEMO_MODEL):
+        shutil.copy(DEMO_MODEL / name, source / name)
+    bulk = source / "bulk"
+    bulk.mkdir()
+    for i in range(SOURCE_ENTRIES):
+        (bulk / f"f{i}").write_bytes(b"")
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(source)], check=True)
+
+    def edit(doc: Any) -> None:
+        doc["model"]["source"] = str(source)
+
+    spec = demo.write_spec(edit)
+    plan = demo.cli("plan", spec=spec)
+    run = demo.cli("apply", spec=spec, timeout=300)
+    for result in (plan, run):
+        assert "holds more than 10,000 files and directories: refused" in result.output, result.output
+        assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+    assert plan.returncode != 0 and run.returncode != 0, plan.output + run.output
+    assert not list(demo.root.glob("state/store/*-model")), run.output
