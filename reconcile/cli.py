@@ -413,10 +413,10 @@ def _trusted_search_path() -> None:
     # looks there for its compiled form, taking any file whose header matches the source, whoever wrote
     # it: leaving the variable out of the environment changes nothing for this process. What was
     # imported before this line is out of reach (docs/security.md, ninth round: run sudo without -E).
-    if sys.pycache_prefix is not None and (why := env_dir_problem(sys.pycache_prefix)) is not None:
+    if sys.pycache_prefix is not None and (loose := env_dir_problem(sys.pycache_prefix)) is not None:
         sys.pycache_prefix = None
         if "PYTHONPYCACHEPREFIX" not in changes:  # -X pycache_prefix=: not said above
-            print(f"reconcile: pycache prefix left out: {why}", file=sys.stderr)
+            print(f"reconcile: pycache prefix left out: {loose}", file=sys.stderr)
 
     check_programs(resolve_exec)  # and each program found there: the exec role, file and interpreter
     kept, dropped = search_path(os.environ.get("PATH", os.defpath))

@@ -133,7 +133,7 @@ def _refused(source: str, exc: OSError) -> Change:
         if isinstance(exc, TooMany)
         else "a model's files are regular files: remove it from the source (apply copies nothing while it is)"
     )
-    what = what.removesuffix(": refused")
+    what = (what or "").removesuffix(": refused")
     return change(Action.CHANGE, f"[model].source {source}: {what}: refused", why, actionable=False)
 
 
