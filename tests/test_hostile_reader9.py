@@ -286,21 +286,14 @@ def test_a_pyvenv_cfg_of_nobodys_in_roots_venv_never_chooses_the_python_root_run
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
 
 
-def test_a_pth_of_nobodys_beside_the_specs_interpreter_never_runs_when_root_makes_the_venv(
-    demo: Demo, outside: Path
-) -> None:
-    """`[venv] python` is held to the exec role (the file, its directories, a script's interpreter),
-    but the interpreter runs what its own site-packages holds at every start: each `.pth` there, and
-    `sitecustomize`. An interpreter unpacked with its archive's owners kept (as round 3's toolkit was)
-    has root's program and a file of nobody's beside it. Here: the spec's interpreter is a root-made
-    Python environment with one `.pth` of nobody's in its site-packages. main: apply's `python -m
-    venv` ran nobody's line as uid 0."""
+def _standalone_python(outside: Path, marker: Path) -> Path:
+    """A standalone install (a tarball's, as /opt/python3.11): root's interpreter (a copy of this one)
+    and standard library (the real one linked entry by entry), its own site-packages, and in it one
+    `.pth` of nobody's (the archive's owners kept) that records who ran it. Returns its bin/python3."""
     script = "import sys, sysconfig; print(sys._base_executable); print(sysconfig.get_paths()['stdlib'])"
     real_python, stdlib = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     ).stdout.split()
-    # A standalone install (a tarball's, as /opt/python3.11): root's interpreter and standard library
-    # (linked entry by entry from the real one), its own site-packages, one file of nobody's in it.
     base = outside / "python"
     (base / "bin").mkdir(parents=True)
     shutil.copy2(os.path.realpath(real_python), base / "bin" / "python3")
@@ -310,18 +303,54 @@ def test_a_pth_of_nobodys_beside_the_specs_interpreter_never_runs_when_root_make
         if entry not in ("site-packages", "sitecustomize.py"):
             (lib / entry).symlink_to(Path(stdlib) / entry)
     (lib / "site-packages").mkdir()
-    marker = outside / "ran-as"
     pth = lib / "site-packages" / "zz_theirs.pth"
     pth.write_text(f"import os; open({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n")
     os.chown(pth, NOBODY, pwd.getpwnam("nobody").pw_gid)
+    return base / "bin" / "python3"
+
+
+def test_a_pth_of_nobodys_beside_the_specs_interpreter_never_runs_when_root_makes_the_venv(
+    demo: Demo, outside: Path
+) -> None:
+    """`[venv] python` is held to the exec role (the file, its directories, a script's interpreter),
+    but the interpreter runs what its own site-packages holds at every start: each `.pth` there, and
+    `sitecustomize`. An interpreter unpacked with its archive's owners kept (as round 3's toolkit was)
+    has root's program and a file of nobody's beside it. main: apply's `python -m venv` ran nobody's
+    line as uid 0."""
+    marker = outside / "ran-as"
+    python = _standalone_python(outside, marker)
 
     def edit(doc: Any) -> None:
-        doc["venv"]["python"] = str(base / "bin" / "python3")
+        doc["venv"]["python"] = str(python)
 
     run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's .pth ran ({ran!r}): {run.output}"
     assert "Traceback" not in run.output, run.output
+
+
+def test_a_pth_of_nobodys_in_the_base_site_packages_a_venv_shares_fails_the_plan(
+    demo: Demo, outside: Path
+) -> None:
+    """With `system_site_packages = true` the venv's python puts its base interpreter's site-packages
+    on its path, and runs each `.pth` there at every start: pip's in apply, and the server's. The venv
+    is walked whole (this round), its base's site-packages never was. main: planned clean, and apply's
+    `python -m pip` ran nobody's line as uid 0."""
+    marker = outside / "ran-as"
+    python = _standalone_python(outside, marker)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(python)
+        doc["venv"]["system_site_packages"] = True
+
+    spec = demo.write_spec(edit)
+    run = demo.cli("apply", spec=spec, timeout=300)
+    plan = demo.cli("plan", spec=spec)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's .pth ran ({ran!r}): {run.output}"
+    for result in (run, plan):
+        assert "zz_theirs.pth is owned by nobody" in result.output, result.output
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output
 
 
 # --- class 3: the spec's own values (names that become an environment's) ---------------------------
