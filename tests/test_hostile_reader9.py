@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import DEMO_MODEL, Demo
+from tests.apply_support import DEMO_MODEL, FAKE_VLLM, Demo
 from tests.ownership_support import nobodys_dir
 from tests.test_hostile_reader8 import _wheel
 
@@ -350,6 +350,38 @@ def test_a_pth_of_nobodys_in_the_base_site_packages_a_venv_shares_fails_the_plan
     assert not ran, f"nobody's .pth ran ({ran!r}): {run.output}"
     for result in (run, plan):
         assert "zz_theirs.pth is owned by nobody" in result.output, result.output
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output
+
+
+def test_the_program_an_env_shebang_names_is_held_to_the_exec_role_too(demo: Demo, outside: Path) -> None:
+    """The exec role follows a script's `#!` to its interpreter, and for `#!/usr/bin/env python3` that
+    is `/usr/bin/env`, root's: the program env then finds on PATH was never judged. PATH's directories
+    pass the read role (round 3), but a file of nobody's in one of root's (a tarball's owners kept, as
+    round 3's `git`) is theirs to rewrite. Here `[server] executable` is a script of root's whose
+    `#!/usr/bin/env` names a program nobody owns, in a root directory on PATH. main: root's server
+    ran nobody's program (it records uid 0, then runs the real fake server)."""
+    tools = outside / "bin"
+    tools.mkdir()
+    marker = outside / "ran-as"
+    theirs = tools / "theirpython"
+    theirs.write_text(f'#!/bin/sh\necho uid=$(id -u) >> {marker}\nexec {sys.executable} "$@"\n')
+    theirs.chmod(0o755)
+    os.chown(theirs, NOBODY, pwd.getpwnam("nobody").pw_gid)
+    server = outside / "serve"
+    server.write_text(f"#!/usr/bin/env theirpython\nexec(open({str(FAKE_VLLM)!r}).read())\n")
+    server.chmod(0o755)
+
+    def edit(doc: Any) -> None:
+        doc["server"]["executable"] = str(server)
+
+    spec = demo.write_spec(edit)
+    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    plan = demo.cli("plan", spec=spec, env=env)
+    run = demo.cli("apply", spec=spec, env=env, timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
+    for result in (plan, run):
+        assert f"{theirs} is owned by nobody" in result.output, result.output
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
 
 

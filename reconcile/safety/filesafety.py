@@ -831,11 +831,33 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
     finally:
         os.close(fd)
     if head.startswith(b"#!") and depth < 2:
-        words = head[2:].split(b"\n", 1)[0].split()
+        words = [w.decode("utf-8", "replace") for w in head[2:].split(b"\n", 1)[0].split()]
         if words:
-            interp = words[0].decode("utf-8", "replace")
+            interp = words[0]
             _resolve_exec(interp, ok, f"interpreter {interp} of {what} {path}", depth + 1)
+            # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
+            # on PATH when the script runs. Judged where our PATH has it now (a server's PATH puts its
+            # venv's bin first, whose whole tree the venv's read role walks).
+            if os.path.basename(interp) == "env" and (name := _env_program(words[1:])) is not None:
+                import shutil
+
+                found = name if name.startswith("/") else shutil.which(name)
+                if found is not None:
+                    runs = f"program {name} that {interp} runs for {what} {path}"
+                    _resolve_exec(found, ok, runs, depth + 1)
     return real
+
+
+def _env_program(args: list[str]) -> str | None:
+    """The program `env ARGS...` runs: past its options (-S splits the rest; -u NAME and -C DIR take
+    a word) and NAME=VALUE assignments."""
+    words = iter(args)
+    for word in words:
+        if word in ("-u", "-C", "--unset", "--chdir"):
+            next(words, None)
+        elif not word.startswith("-") and "=" not in word:
+            return word
+    return None
 
 
 def open_append(path: str, mode: int = 0o640) -> int:
