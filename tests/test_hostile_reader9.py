@@ -269,6 +269,7 @@ def test_a_pyvenv_cfg_of_nobodys_in_roots_venv_never_chooses_the_python_root_run
     )
     cfg = seeded.venv / "pyvenv.cfg"
     lines = cfg.read_text().splitlines()
+    cfg.unlink()  # the seeded venv's files are hard links to the session's seed: a new file, not theirs
     cfg.write_text("".join(f"home = {theirs / 'bin'}\n" if x.startswith("home") else x + "\n" for x in lines))
     for path in [cfg, *theirs.rglob("*")]:  # nobody's: the venv's copy kept that file's owner
         os.lchown(path, NOBODY, pwd.getpwnam("nobody").pw_gid)
