@@ -19,6 +19,7 @@ from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.names import is_inside, name_problem
 from reconcile.safety.source_content import entry, same_stamp
 from reconcile.safety.untrusted import (
+    SOURCE_ENTRIES,
     NotRegular,
     copy_fd,
     not_regular,
@@ -36,7 +37,7 @@ def source_files(source: str) -> list[str]:
     device, a socket: each would hang or feed the copy), each named."""
     roots = _allowed_roots(source)
     names = []
-    for root, dirs, files in walk_tree(source):
+    for root, dirs, files in walk_tree(source, SOURCE_ENTRIES):
         rel_root = os.path.relpath(root, source)
         if rel_root.split(os.sep)[0] == ".cache":  # huggingface_hub's bookkeeping
             continue

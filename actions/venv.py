@@ -75,6 +75,14 @@ def trusted_python(venv: Venv, *, missing_ok: bool = False) -> str | None:
         raise ActionError(f"[venv].python {found}: {exc}; {FIX}") from None
 
 
+# How root runs the spec's interpreter (the venv's creation, its release check, `reconcile lock`'s
+# probe): -S, so no `.pth` of its site-packages runs and no `sitecustomize` is imported (the exec role
+# judged the program, not what it loads at start from a tree that may keep another user's files: a
+# standalone install unpacked with its archive's owners); -I, so no PYTHON* variable and no user site.
+# `-m venv` needs neither: the new venv's own python (ensurepip's) reads only the new venv.
+ISOLATED = ("-I", "-S")
+
+
 def _python(venv: Venv) -> str:
     return os.path.join(venv.path, "bin", "python")
 
@@ -162,7 +170,7 @@ def _check_interpreter(venv: Venv) -> None:
     if python is None:
         return  # the venv still works; only re-creating it would need that interpreter
     try:
-        out = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=30)
+        out = run([python, *ISOLATED, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=30)
     except ToolMissing:
         return  # the venv still works; only re-creating it would need that interpreter
     want = out.stdout.strip()
@@ -246,6 +254,7 @@ def create(venv: Venv) -> ActionResult:
         assert python is not None
         argv = [
             python,
+            *ISOLATED,
             "-m",
             "venv",
             *(["--system-site-packages"] if venv.system_site_packages else []),

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 
 from reconcile.safety.source_content import content_changed, reserved, selected
-from reconcile.safety.untrusted import NotRegular, tree_stat, walk_tree
+from reconcile.safety.untrusted import SOURCE_ENTRIES, NotRegular, tree_stat, walk_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def _top(source: str) -> str:
 
 
 def _entries(source: str, patterns: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
-    for root, dirs, files in walk_tree(source):
+    for root, dirs, files in walk_tree(source, SOURCE_ENTRIES):
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for f in sorted(files):
             path = os.path.join(root, f)

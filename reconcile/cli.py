@@ -399,7 +399,7 @@ def _trusted_search_path() -> None:
     a directory another user can change (HOME, XDG_*, uv's and pip's: filesafety.trusted_environment,
     as `sudo -E` hands them over); what is left out is said once on stderr."""
     from reconcile.host import check_programs
-    from reconcile.safety.filesafety import resolve_exec, search_path, trusted_environment
+    from reconcile.safety.filesafety import env_dir_problem, resolve_exec, search_path, trusted_environment
 
     changes, notes = trusted_environment(os.environ)
     for name, value in changes.items():
@@ -409,6 +409,14 @@ def _trusted_search_path() -> None:
             os.environ[name] = value
     for why in notes:
         print(f"reconcile: environment {why}", file=sys.stderr)
+    # The interpreter read PYTHONPYCACHEPREFIX at start (sys.pycache_prefix), and every later import
+    # looks there for its compiled form, taking any file whose header matches the source, whoever wrote
+    # it: leaving the variable out of the environment changes nothing for this process. What was
+    # imported before this line is out of reach (docs/security.md, ninth round: run sudo without -E).
+    if sys.pycache_prefix is not None and (loose := env_dir_problem(sys.pycache_prefix)) is not None:
+        sys.pycache_prefix = None
+        if "PYTHONPYCACHEPREFIX" not in changes:  # -X pycache_prefix=: not said above
+            print(f"reconcile: pycache prefix left out: {loose}", file=sys.stderr)
 
     check_programs(resolve_exec)  # and each program found there: the exec role, file and interpreter
     kept, dropped = search_path(os.environ.get("PATH", os.defpath))

@@ -19,7 +19,15 @@ import re
 import stat
 
 from reconcile.safety.filesafety import TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
-from reconcile.safety.untrusted import JSON_LIMIT, load_json, open_regular, read_regular, sha256_fd, walk_tree
+from reconcile.safety.untrusted import (
+    JSON_LIMIT,
+    SOURCE_ENTRIES,
+    load_json,
+    open_regular,
+    read_regular,
+    sha256_fd,
+    walk_tree,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,7 +77,7 @@ def source_content(
     from reconcile.safety.untrusted import past_free_space, tree_stat
 
     entries = []
-    for root, dirs, names in walk_tree(source):  # as probes.model_source walks it
+    for root, dirs, names in walk_tree(source, SOURCE_ENTRIES):  # as probes.model_source walks it
         dirs[:] = sorted(d for d in dirs if d != ".cache")
         for name in sorted(names):
             path = os.path.join(root, name)

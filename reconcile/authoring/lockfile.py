@@ -79,14 +79,14 @@ def _sources(venv: Venv) -> list[str]:
 def target_interpreter(venv: Venv) -> tuple[str, str, str]:
     """(path, major.minor, platform) of the interpreter the venv is made from: the closure is resolved
     for it (its markers and wheel tags), not for reconcile's own."""
-    from actions.venv import trusted_python
+    from actions.venv import ISOLATED, trusted_python
 
     # root runs it (and uv does, with --python): held to the exec role, as apply holds it (an
     # ActionError, a ReconcileError, naming the directory and the fix)
     found = trusted_python(venv, missing_ok=True)
     probe = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2], sysconfig.get_platform())"
     try:
-        done = run([found, "-c", probe], timeout=30) if found else None
+        done = run([found, *ISOLATED, "-c", probe], timeout=30) if found else None
     except (ToolMissing, CommandTimeout):
         done = None
     words = done.stdout.split() if done is not None and done.ok else []

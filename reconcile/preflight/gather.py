@@ -183,20 +183,23 @@ def _data_root(source: str) -> str | None:
 def _sizes(root: str, within: str | None = None, tree: str | None = None) -> dict[str, int]:
     """Each file's size; `within` (validate): a file that links out of that repository is left out;
     `tree` (a `[model] source`): a link out of it, a FIFO or device, is left out, never stat'ed there."""
-    from reconcile.safety.untrusted import tree_stat
+    from reconcile.safety.untrusted import SOURCE_ENTRIES, TooMany, tree_stat
 
     out: dict[str, int] = {}
-    for dirpath, dirs, names in walk_tree(root):
-        dirs[:] = [d for d in dirs if d != ".cache"]
-        for n in names:
-            full = os.path.join(dirpath, n)
-            if within is not None and outside(full, within):
-                continue
-            try:
-                size = tree_stat(full, tree).st_size if tree is not None else os.path.getsize(full)
-                out[os.path.relpath(full, root)] = size
-            except OSError:
-                continue
+    try:
+        for dirpath, dirs, names in walk_tree(root, SOURCE_ENTRIES):
+            dirs[:] = [d for d in dirs if d != ".cache"]
+            for n in names:
+                full = os.path.join(dirpath, n)
+                if within is not None and outside(full, within):
+                    continue
+                try:
+                    size = tree_stat(full, tree).st_size if tree is not None else os.path.getsize(full)
+                    out[os.path.relpath(full, root)] = size
+                except OSError:
+                    continue
+    except TooMany:
+        return {}  # the model.files row refuses the source, naming the bound
     return out
 
 

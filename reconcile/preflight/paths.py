@@ -157,30 +157,77 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
 
 
 def _venv_tree_problem(spec: Spec) -> Finding | None:
-    """What the venv's site-packages holds, python imports as root: a venv copied in with its owners
-    kept (`cp -a`, a tarball of a build user's) is held to the read role, whole tree, as a toolkit is.
-    A realization reconcile made and sealed in the spec's store (a directory of the delete role,
-    walked above) is root's by construction: not walked again on every plan."""
+    """What the venv holds, python runs as root: a venv copied in with its owners kept (`cp -a`, a
+    tarball of a build user's) is held to the read role, whole tree, as a toolkit is. The whole venv,
+    not its site-packages only: every start of its python reads `pyvenv.cfg`, whose `home` chooses
+    where the standard library is found (ninth round), and pip reads the venv's `pip.conf`. A
+    realization reconcile made and sealed in the spec's store (a directory of the delete role, walked
+    above) is root's by construction: not walked again on every plan."""
     if spec.venv is None:
         return None
-    import glob
-
     from reconcile.apply.store import is_realization, read_manifest, spec_store
 
     real = os.path.realpath(spec.venv.path)
     store = spec_store(spec)
     if store is not None and is_realization(real, os.path.realpath(store)) and read_manifest(real):
         return None
-    for site in sorted(glob.glob(os.path.join(glob.escape(real), "lib", "python3*", "site-packages"))):
+    if os.path.isdir(real) and (problem := read_problem(real, entries=-1)) is not None:
+        return Finding(
+            "paths.owner",
+            "error",
+            f"[venv].path {spec.venv.path}: {problem} (root's python runs from this venv: its pyvenv.cfg, "
+            "bin and site-packages)",
+            "chown -R root: the venv (a copy keeps its owners), or let reconcile make it",
+            {"path": real, "key": "[venv].path"},
+        )
+    if not spec.venv.system_site_packages:
+        return None
+    for site in _base_site_dirs(spec.venv.python, real):
         if (problem := read_problem(site, entries=-1)) is not None:
             return Finding(
                 "paths.owner",
                 "error",
-                f"[venv].path {spec.venv.path}: {problem} (root's python imports from {site})",
-                "chown -R root: the venv (a copy keeps its owners), or let reconcile make it",
-                {"path": site, "key": "[venv].path"},
+                f"[venv].system_site_packages: {problem} (the venv's python imports from {site}, its base "
+                "interpreter's, and runs each .pth there)",
+                "chown -R root: that interpreter's install (a copy keeps its owners), or set "
+                "system_site_packages = false",
+                {"path": site, "key": "[venv].system_site_packages"},
             )
     return None
+
+
+def _base_site_dirs(python: str, venv: str) -> list[str]:
+    """The site directories a venv made with --system-site-packages shares with its base interpreter,
+    found without running it: below the prefix of `[venv] python` (its real path's bin/..) and of the
+    venv's pyvenv.cfg `home`, CPython's lib/python3.X/site-packages and Debian's dist-packages (as its
+    site.py lists them)."""
+    import glob
+    import shutil
+
+    from reconcile.safety.untrusted import read_regular
+
+    bins = []
+    found = python if python.startswith("/") else shutil.which(python)
+    if found is not None:
+        bins.append(os.path.dirname(os.path.realpath(found)))
+    try:
+        cfg = read_regular(os.path.join(venv, "pyvenv.cfg"), 1 << 16).decode("utf-8", "replace")
+    except OSError:
+        cfg = ""
+    for line in cfg.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home" and value.strip().startswith("/"):
+            bins.append(os.path.realpath(value.strip()))
+    out: list[str] = []
+    for prefix in dict.fromkeys(os.path.dirname(b) for b in bins):
+        for pattern in (
+            "lib/python3*/site-packages",
+            "lib/python3*/dist-packages",
+            "lib/python3/dist-packages",
+            "local/lib/python3*/dist-packages",
+        ):
+            out += sorted(glob.glob(os.path.join(glob.escape(prefix), pattern)))
+    return list(dict.fromkeys(out))
 
 
 def _pth_problem(spec: Spec) -> Finding | None:

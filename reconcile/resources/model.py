@@ -124,14 +124,17 @@ def _source_refusal(source: str, patterns: list[str], model_dir: str, have: Mapp
 
 
 def _refused(source: str, exc: OSError) -> Change:
+    from reconcile.safety.untrusted import TooMany
+
     name = os.path.relpath(exc.filename, source) if os.path.isabs(exc.filename or "") else exc.filename
     what = exc.strerror if name in (".", None) else f"{name} is {exc.strerror}"
-    return change(
-        Action.CHANGE,
-        f"[model].source {source}: {what}: refused",
-        "a model's files are regular files: remove it from the source (apply copies nothing while it is)",
-        actionable=False,
+    why = (
+        "point [model].source at the model's own files (apply copies nothing while it holds more)"
+        if isinstance(exc, TooMany)
+        else "a model's files are regular files: remove it from the source (apply copies nothing while it is)"
     )
+    what = (what or "").removesuffix(": refused")
+    return change(Action.CHANGE, f"[model].source {source}: {what}: refused", why, actionable=False)
 
 
 def _same_revision(record: Any, revision: str) -> bool:

@@ -118,6 +118,7 @@ def walk(
     follow_last: bool = False,
     is_dir: bool = False,
     data: bool = False,
+    made_later: bool = False,
 ) -> Walked:
     """The one path walk: from / one component at a time, each opened O_PATH|O_NOFOLLOW relative to
     the last, never by name from the top again. Every directory it passes is held to _dir_problem,
@@ -131,7 +132,11 @@ def walk(
     naming the first directory another user could change, or a component that is not a directory.
     With `data` (a tree from outside, copied as data: a `[model] source`), directories may be anyone's,
     but a link is still followed only from a directory of root or ours that nobody else may write: the
-    tree's owner chooses what the tree holds, never which of root's directories root reads as theirs."""
+    tree's owner chooses what the tree holds, never which of root's directories root reads as theirs.
+    With `made_later` (a path a tool or the server makes or reads later, long after this check, with
+    no check of its own: a value, the environment, a path root reads), a missing path is judged by its
+    deepest existing directory as its own directory: no sticky or system-group exception, since
+    whoever makes the missing name first (anyone, in /tmp) owns what the tool then reads or writes."""
     ok = owners() if allowed is None else frozenset(allowed)
     # As the kernel resolves it: `..` from where a link led, never lexically (os.path.abspath would
     # make `<sticky>/L/../x` <sticky>/x, and pass by nobody's link L to their directory).
@@ -163,7 +168,9 @@ def walk(
                         f"{os.path.join(where, name)} does not exist, yet the path goes on through '..'"
                     ) from None
                 # What we will create is ours; the directory is its own only when `name` is the last.
-                problem = None if data else _dir_problem(where, dst, None, ok, own=not rest and not is_dir)
+                # What a tool makes later, unchecked, is whoever's makes it first: always its own.
+                own = made_later or (not rest and not is_dir)
+                problem = None if data else _dir_problem(where, dst, None, ok, own=own)
                 if problem is not None:
                     raise UnsafePath(problem) from None
                 return Walked(os.dup(fd), where, name, None, rest)
@@ -206,21 +213,26 @@ def walk(
 
 
 def parent_problem(
-    path: str, allowed: Collection[int] | None = None, *, follow: bool = False, is_dir: bool = False
+    path: str,
+    allowed: Collection[int] | None = None,
+    *,
+    follow: bool = False,
+    is_dir: bool = False,
+    made_later: bool = False,
 ) -> str | None:
     """Why another user could swap, plant or re-point `path` (None when nobody else can): walk()'s
     StrictModes rule on every directory on the way, links' own directories included, and an
     existing `path` owned by root or us (when it is a link: the link, and with `follow` its target
-    walked the same way)."""
+    walked the same way). `made_later`: as walk()'s (a missing path is not one reconcile makes)."""
     ok = owners() if allowed is None else frozenset(allowed)
     try:
-        w = walk(path, ok, is_dir=is_dir)
+        w = walk(path, ok, is_dir=is_dir, made_later=made_later)
         if follow and w.st is not None and stat.S_ISLNK(w.st.st_mode):
             if w.st.st_uid not in ok:
                 w.close()
                 return f"{w.real} is owned by {_who(w.st.st_uid)}, not by root or the user reconcile runs as"
             w.close()
-            w = walk(path, ok, follow_last=True)
+            w = walk(path, ok, follow_last=True, made_later=made_later)
     except UnsafePath as exc:
         return str(exc)
     except OSError as exc:
@@ -286,7 +298,8 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     whole tree), each entry below it too: root's or ours, not writable by group or others, and a
     link judged as the path itself (not descended into)."""
     ok = owners() if allowed is None else frozenset(allowed)
-    problem = parent_problem(path, ok, follow=True)
+    # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
+    problem = parent_problem(path, ok, follow=True, made_later=True)
     if problem is not None:
         return problem
     try:
@@ -486,11 +499,12 @@ def index_problem(value: str, allowed: Collection[int] | None = None) -> str | N
 def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """Why a directory a tool keeps its config or cache in is not root's or ours alone: the write-dir
     role (StrictModes on the way, links only from directories of root or ours, the directory itself
-    root's or ours and writable by nobody else). A missing one is made by the tool, under a parent
-    that passed."""
+    root's or ours and writable by nobody else). A missing one is made by the tool later, unchecked:
+    the deepest directory that exists must be root's or ours alone (not /tmp: whoever makes the name
+    there first would own it)."""
     if not path.startswith("/"):
         return f"{path or '(empty)'}: not an absolute path"
-    problem = parent_problem(path, allowed, follow=True, is_dir=True)
+    problem = parent_problem(path, allowed, follow=True, is_dir=True, made_later=True)
     if problem is not None:
         return problem
     try:
@@ -817,11 +831,33 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
     finally:
         os.close(fd)
     if head.startswith(b"#!") and depth < 2:
-        words = head[2:].split(b"\n", 1)[0].split()
+        words = [w.decode("utf-8", "replace") for w in head[2:].split(b"\n", 1)[0].split()]
         if words:
-            interp = words[0].decode("utf-8", "replace")
+            interp = words[0]
             _resolve_exec(interp, ok, f"interpreter {interp} of {what} {path}", depth + 1)
+            # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
+            # on PATH when the script runs. Judged where our PATH has it now (a server's PATH puts its
+            # venv's bin first, whose whole tree the venv's read role walks).
+            if os.path.basename(interp) == "env" and (name := _env_program(words[1:])) is not None:
+                import shutil
+
+                found = name if name.startswith("/") else shutil.which(name)
+                if found is not None:
+                    runs = f"program {name} that {interp} runs for {what} {path}"
+                    _resolve_exec(found, ok, runs, depth + 1)
     return real
+
+
+def _env_program(args: list[str]) -> str | None:
+    """The program `env ARGS...` runs: past its options (-S splits the rest; -u NAME and -C DIR take
+    a word) and NAME=VALUE assignments."""
+    words = iter(args)
+    for word in words:
+        if word in ("-u", "-C", "--unset", "--chdir"):
+            next(words, None)
+        elif not word.startswith("-") and "=" not in word:
+            return word
+    return None
 
 
 def open_append(path: str, mode: int = 0o640) -> int:

@@ -417,7 +417,7 @@ class Server(_Model):
         default_factory=list,
         description="Names in env whose values are sensitive although their names do not say so.",
     )
-    secret_files: dict[str, ReadPath] = Field(
+    secret_files: dict[EnvName, ReadPath] = Field(
         default_factory=dict,
         description="Environment variables read from a file at each launch, e.g. "
         '{ HF_TOKEN = "/root/hf.token" }: the value never enters the spec, a record or a command line; '
