@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.apply_support import Demo, demo_in
+from tests.apply_support import DEMO_MODEL, Demo, demo_in, seed_venv
 from tests.ownership_support import as_nobody
 from tests.test_network_attacks import HOSTILE
 
@@ -96,3 +99,185 @@ def test_marks_private_use_and_unassigned_characters_stay_within_one_shown_line(
 
     out = shown("0.26.0" + text)
     assert len(out) <= SHOWN_MAX and "\n" not in out and for_stream(out) == out
+
+
+# --- class 6: a state writer whose own reader moves its file aside -------------------------------
+
+
+def _big_source(tmp_path: Path) -> Path:
+    """A copy of the demo model whose config.json holds a 17 MiB string (valid JSON, under the model
+    dir's 64 MiB bound on config.json; a source tree's or a hub repo's writer chooses it)."""
+    source = tmp_path / "big-model-src"
+    source.mkdir()
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        (source / name).write_bytes((DEMO_MODEL / name).read_bytes())
+    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    config["_name_or_path"] = "x" * (17 << 20)
+    (source / "config.json").write_text(json.dumps(config))
+    return source
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+
+
+def test_a_config_json_reconcile_keeps_for_a_generation_is_never_moved_aside_by_its_reader(
+    seeded: Demo, tmp_path: Path
+) -> None:
+    """Each generation keeps the model's config.json bytes (profile/config-<sha256>.json) so that
+    `diff` and a rollback can put them back. The model dir's config.json is read up to 64 MiB, the
+    kept copy by the state records' reader up to 16 MiB. main: a 17 MiB config.json (a source tree's
+    or a hub repo's) was kept, then its own reader moved it aside at the first `diff` ("was larger than
+    the 16.0 MiB it can be: moved aside"; seen on main), and `diff 1 2` showed "(kept bytes): missing"
+    instead of the key that changed: that generation's config was lost. Now every profile file is
+    written only when its reader reads it back (statefiles.unreadable), and the kept config's bound is
+    the model dir's own (64 MiB)."""
+    demo = seeded
+    source = _big_source(tmp_path)
+
+    def edit(factor: float):  # type: ignore[no-untyped-def]
+        def change(doc):  # type: ignore[no-untyped-def]
+            doc["model"]["source"] = str(source)
+            doc["model"]["config"]["rope_parameters"]["factor"] = factor
+
+        return change
+
+    demo.write_spec(edit(2.0))
+    first = demo.cli("apply", timeout=300)
+    assert first.returncode == 2, first.output
+    demo.write_spec(edit(4.0))
+    second = demo.cli("apply", timeout=300)
+    assert second.returncode == 2, second.output
+    diff = demo.cli("diff", "1", "2")
+    profile = demo.state_dir / "profile"
+    aside = sorted(p.name for p in profile.iterdir() if ".corrupt-" in p.name)
+    assert aside == [], (aside, diff.output)
+    assert "missing" not in diff.stdout and "factor" in diff.stdout, diff.output
+    assert "internal error" not in diff.output, diff.output
+
+
+class _Hub(BaseHTTPRequestHandler):
+    """A hub (or mirror at HF_ENDPOINT) whose model listing gives a file the size `SIZE` (raw JSON)."""
+
+    SIZE = "0"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        siblings = f'[{{"rfilename": "model.safetensors", "size": {self.SIZE}}}]'
+        body = f'{{"id": "o/m", "sha": "{"a" * 40}", "siblings": {siblings}}}'.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+LISTING = r"""
+import sys
+from probes.hub import listing
+for _ in range(2):
+    found = listing("o/m", "main", sys.argv[1], offline=False)
+    print("listing:", type(found).__name__, getattr(found, "cached", ""), getattr(found, "reason", ""))
+"""
+
+
+@pytest.mark.parametrize("size", ["-5", '"x"', "1e400", "[1]"])
+def test_a_hub_listing_of_odd_sizes_is_refused_and_never_cached_for_its_reader_to_discard(
+    tmp_path: Path, size: str
+) -> None:
+    """The plan's hub listing (probes.hub: the weights' size before a download) is cached under
+    <state_dir>/cache/hub/ from the hub's answer. main (seen): a size of -5 was cached as it came, and
+    the cache's reader (sizes are counts, >= 0) moved it aside at the next plan and asked the hub
+    again, every plan; a size of "x", 1e400 or [1] ended the listing in ValueError, OverflowError or
+    TypeError (an internal error wherever it is asked). Now a size that is not a count is the hub's
+    bad answer (Unavailable, named), and a listing is cached only when its reader takes it back."""
+    _Hub.SIZE = size
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    cache = tmp_path / "state" / "cache" / "hub"
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}", "HF_HUB_OFFLINE": ""}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", LISTING, str(cache)], capture_output=True, text=True, timeout=120, env=env
+        )
+    finally:
+        hub.shutdown()
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines and all(line.startswith("listing: Unavailable") for line in lines), run.stdout
+    assert "not a size" in lines[0], lines
+    left = [p.name for p in cache.rglob("*") if ".corrupt-" in p.name or p.name.endswith(".json")]
+    assert left == [], left
+
+
+# --- class 4: vllm bench serve's result ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "deep", "huge", "strings"])
+def test_a_bench_result_of_any_odd_kind_is_one_bench_error(tmp_path: Path, kind: str) -> None:
+    """Tried and already refused (seen on main): the result file vllm bench serve writes is read by
+    untrusted.read_regular (16 MiB, regular files only, never followed) from a 0700 mkdtemp of root's
+    (nobody cannot write there); a FIFO or a symlink there, nesting 100,000 deep, an array of 20
+    million per-request figures (past the cap), or strings where numbers belong ("nan", "1e999") is
+    one BenchError, never a hang, a crash or a figure kept."""
+    from reconcile.apply.benchmark import BenchError, _read_result, figures
+
+    path = tmp_path / "result.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.json").write_text('{"completed": 1}')
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "huge":
+        path.write_text('{"completed": 1, "ttfts": [' + "1," * (10 << 20) + "1]}")
+    else:
+        path.write_text(
+            json.dumps(
+                {
+                    "completed": "1",
+                    "total_input_tokens": "10",
+                    "total_output_tokens": "nan",
+                    "mean_ttft_ms": "1e999",
+                    "mean_e2el_ms": "100",
+                    "output_throughput": "50",
+                }
+            )
+        )
+    with pytest.raises(BenchError):
+        figures(_read_result(str(path)))
+
+
+# --- class 4: the liveness parse's figures ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "want"),
+    [
+        # a figure repeated with conflicting values: summed, as vLLM's per-engine lines are
+        (b"vllm:num_requests_running 1\nvllm:num_requests_running 5\n", {"vllm:num_requests_running": 6.0}),
+        # another deployment's model_name: a label set like any other (the port's listeners are ours)
+        (
+            b'vllm:generation_tokens_total{model_name="other"} 7\nvllm:generation_tokens_total 1\n',
+            {"vllm:generation_tokens_total": 8.0},
+        ),
+        # the figures hidden past 1,000 other lines: only the figures' lines count, and they are found
+        (b"x 1\n" * 5000 + b"vllm:num_requests_waiting 3\n", {"vllm:num_requests_waiting": 3.0}),
+        # a look-alike name (a prefix of the figure): not the figure
+        (b"vllm:num_requests_running_fake 9\n", {}),
+    ],
+)
+def test_the_liveness_figures_are_read_by_name_from_the_deployments_own_listener(
+    body: bytes, want: dict[str, float]
+) -> None:
+    """Tried and already refused (seen on main): /metrics is read only when every listener on the port
+    is the deployment's own (probes.health._guard, round 5), so another deployment's server or
+    nobody's cannot answer it; what the own server writes is summed by sample name over label sets
+    (vLLM writes one line per engine), and lines before the figures do not count toward LINES_MAX."""
+    from probes.liveness import figures
+
+    assert figures(body) == want
