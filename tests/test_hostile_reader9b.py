@@ -281,3 +281,61 @@ def test_the_liveness_figures_are_read_by_name_from_the_deployments_own_listener
     from probes.liveness import figures
 
     assert figures(body) == want
+
+
+# --- ownership: the adoption's one unguarded /health (rounds 3 and 8 left it open) -------------------
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@ROOT_ONLY
+def test_a_server_still_loading_is_never_reported_healthy_on_a_strangers_answers(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """An apply starts the server, and is killed while the server loads its model (a timer's apply
+    stopped by systemd; the server lives on in its own session and cgroup). The fake binds its port
+    only once the model is in memory, as vLLM 0.26 does (uvicorn binds after the engine is up), so the
+    port is free all that while, not for a moment. nobody binds it and answers /health and /version.
+    main (seen): the plan's server row read nobody's answers as the server's: "✓ server ... pid N
+    healthy on 127.0.0.1:P, vLLM 0.26.0" (the version nobody's), although docs/security.md says the row
+    names a foreign holder (only the preflight's host.port did, which kept apply from reaching the
+    adoption's own unguarded /health: not reproduced, see the docs). Now a /health or /version answered
+    while the port holds a listener that is not the deployment's is the port's, never the server's:
+    the row names the holder instead of "healthy" and a version (`status` already named it)."""
+    import signal
+    import time
+
+    def slow(doc):  # type: ignore[no-untyped-def]
+        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "60"
+        doc["server"]["startup_timeout"] = "120s"
+
+    demo.write_spec(slow)
+    first = demo.start("apply")
+    try:
+        deadline = time.monotonic() + 60
+        while not demo.server_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert demo.server_pids(), "the server never started"
+        time.sleep(1)  # the launch recorded; the model still loading
+        assert not _listening(demo.port)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+    argv = ["/usr/bin/python3", "-c", HOSTILE, str(demo.port), "normal", "/none"]
+    as_nobody(argv, {}, strangers)
+    plan = demo.cli("plan")
+    rows = [
+        line
+        for line in plan.stdout.splitlines()
+        if line.lstrip().startswith(("✓ server", "~ server", "! server"))
+    ]
+    assert rows and "healthy" not in rows[0] and "vLLM 0.26.0" not in rows[0], plan.output
+    assert "held by" in rows[0] and "nobody" in rows[0], plan.output
+    run = demo.cli("apply", timeout=300)
+    assert "with the same launch identity" not in run.stdout, run.output
+    assert "internal error" not in run.output and "internal error" not in plan.output, run.output
