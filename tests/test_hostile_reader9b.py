@@ -339,3 +339,39 @@ def test_a_server_still_loading_is_never_reported_healthy_on_a_strangers_answers
     run = demo.cli("apply", timeout=300)
     assert "with the same launch identity" not in run.stdout, run.output
     assert "internal error" not in run.output and "internal error" not in plan.output, run.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--reason", "a" * 70_000], "give a shorter --reason"),
+        (["--reason", "maintenance", "--for", "99999999999999h"], "give a shorter one"),
+    ],
+)
+def test_a_pause_its_reader_would_refuse_is_one_clear_error_and_the_old_pause_stays(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    """`reconcile pause` writes paused.json, which every scheduled apply reads (64 KiB, "until" a time
+    up to 9999-12-31). main (seen): a reason of 70,000 characters was written, then moved aside by the
+    next read ("larger than the 64 KiB it can be"), the pause's reason, user and end replaced by
+    "paused.json was damaged"; `--for 99999999999999h` wrote an "until" of 3.6e17 s and ended the pause
+    command in `internal error: OSError: [Errno 75] Value too large`, then the same move aside. Now the
+    writer checks the pause against its reader's bound and shape first: one line naming the fix, exit
+    1, and the pause in force before stays as it was."""
+    spec = tmp_path / "spec.toml"
+    state = tmp_path / "state"
+    spec.write_text(f'[machine]\nstate_dir = "{state}"\n')
+    base = [sys.executable, "-m", "reconcile", "pause", "--spec", str(spec)]
+    first = subprocess.run([*base, "--reason", "disk swap"], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    kept = (state / "paused.json").read_bytes()
+    run = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stdout[-500:] + run.stderr[-500:]
+    assert "internal error" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-500:]
+    assert says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr[-500:]
+    assert (state / "paused.json").read_bytes() == kept
+    status = subprocess.run(
+        [sys.executable, "-m", "reconcile", "status", "--spec", str(spec)], capture_output=True, text=True
+    )
+    assert "disk swap" in status.stdout and "damaged" not in status.stdout + status.stderr, status.stdout
+    assert not [p.name for p in state.iterdir() if ".corrupt-" in p.name]

@@ -399,6 +399,7 @@ REALIZATION = Obj({"format": STR, "packages": MapOf(STR)}, required=("format",))
 
 # How large each can be: generous for what reconcile writes, small against a disk error's garbage.
 SMALL, RECORD = 1 * MiB, 16 * MiB
+PAUSE_MAX = 64 * KiB  # paused.json
 # A generation's kept config.json (profile/config-<sha256>.json): as large as the model dir's config.json
 # is read (untrusted.JSON_LIMIT), so every config a generation launched with can be kept and read back.
 KEPT_CONFIG = 64 * MiB
@@ -418,7 +419,7 @@ def read_conditions(path: str) -> dict[str, dict[str, Any]]:
 
 def read_pause(path: str) -> tuple[dict[str, Any] | None, str | None]:
     """paused.json: (the pause, None), (None, None) when absent, (None, where it went) when damaged."""
-    data, aside = read_json(path, PAUSE, max_bytes=64 * KiB, then="scheduled applies stay paused")
+    data, aside = read_json(path, PAUSE, max_bytes=PAUSE_MAX, then="scheduled applies stay paused")
     if data is None and aside is None and os.path.lexists(path):  # damaged, and could not be moved
         return None, path
     return data, aside
