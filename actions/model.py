@@ -166,6 +166,8 @@ def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[
     from huggingface_hub import HfApi
 
     from reconcile.host import hub_api_call
+    from reconcile.safety.display import shown
+    from reconcile.safety.shapes import listed_size
 
     def call() -> tuple[str, dict[str, RemoteFile]]:
         api = HfApi(endpoint=endpoint)
@@ -175,14 +177,18 @@ def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[
         )
         if not info.sha or not _COMMIT.match(info.sha):
             raise ActionError(f"{repo}@{revision}: the hub answered without a commit sha ({info.sha!r})")
-        files = {
-            s.rfilename: RemoteFile(
-                size=int(s.lfs.size if s.lfs is not None else (s.size or 0)),
-                blob_id=s.blob_id,
-                sha256=s.lfs.sha256 if s.lfs is not None else None,
+        files = {}
+        for s in info.siblings or []:
+            raw = s.lfs.size if s.lfs is not None else s.size
+            size = listed_size(raw)
+            if size is None:  # the hub's bad answer: said once, not retried, never int()'s crash
+                raise ActionError(
+                    f"{repo}@{revision}: the hub's listing gives {shown(str(s.rfilename), 200)} a size "
+                    f"that is not a size ({shown(repr(raw), 100)}); check HF_ENDPOINT"
+                )
+            files[s.rfilename] = RemoteFile(
+                size=size, blob_id=s.blob_id, sha256=s.lfs.sha256 if s.lfs is not None else None
             )
-            for s in info.siblings or []
-        }
         return info.sha, files
 
     return _retrying(call, repo, revision, endpoint)

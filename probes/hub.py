@@ -79,8 +79,14 @@ def _write_private(path: str, text: str) -> None:
 
 
 def _write_cache(path: str, found: HubListing) -> None:
+    """Cached only when its reader (statefiles.read_hub_listing) takes it back as written."""
     data = {"repo": found.repo, "revision": found.revision, "commit": found.commit, "sizes": found.sizes}
-    _write_private(path, json.dumps(data))
+    raw = json.dumps(data)
+    if statefiles.unreadable(
+        raw.encode(), max_bytes=statefiles.HUB_LISTING_MAX, shape=statefiles.HUB_LISTING
+    ):
+        return  # not cached: asked again next time, never written to be moved aside
+    _write_private(path, raw)
     with contextlib.suppress(OSError):
         os.unlink(path + ".failed")
 
@@ -123,9 +129,18 @@ def listing(
         return Unavailable(reason)
     if not info.sha or not _COMMIT.match(info.sha):
         return Unavailable(f"the hub answered without a commit for {repo}@{revision}")
-    sizes = {
-        s.rfilename: int(s.lfs.size if s.lfs is not None else (s.size or 0)) for s in info.siblings or []
-    }
+    from reconcile.safety.shapes import listed_size
+
+    sizes: dict[str, int] = {}
+    for s in info.siblings or []:
+        raw = s.lfs.size if s.lfs is not None else s.size
+        size = listed_size(raw)
+        if size is None:
+            return Unavailable(
+                f"the hub's listing of {repo}@{revision} gives {shown(str(s.rfilename), 200)} "
+                f"a size that is not a size ({shown(repr(raw), 100)}): not used"
+            )
+        sizes[s.rfilename] = size
     found = HubListing(repo, revision, info.sha, sizes, cached=False)
     _write_cache(path, found)
     if revision != info.sha:

@@ -25,6 +25,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from reconcile.safety.shapes import Shape
+
 PROFILE = "profile"
 INDEX = "index.json"
 _RECORD = r"^(\d+)\.json$"  # compiled on first use (by re's cache), not on import
@@ -54,7 +56,12 @@ def _ensure_dir(state_dir: str) -> str:
     return path
 
 
-def _write(path: str, data: bytes) -> None:
+def _write(path: str, data: bytes, shape: Shape | None = None, max_bytes: int = statefiles.RECORD) -> None:
+    """Written only when its reader (statefiles.read_record, read_profile_index) reads it back: a
+    record or config holding values from outside is refused here, named, not kept to be moved aside."""
+    why = statefiles.unreadable(data, max_bytes=max_bytes, shape=shape)
+    if why is not None:
+        raise ReconcileError(f"{path}: not written: it {why}")
     atomic_write(path, data, mode=0o600)
 
 
@@ -69,7 +76,7 @@ def read_index(state_dir: str) -> dict[str, Any]:
 
 
 def _write_index(state_dir: str, index: Mapping[str, Any]) -> None:
-    _write(os.path.join(_ensure_dir(state_dir), INDEX), _dump(index))
+    _write(os.path.join(_ensure_dir(state_dir), INDEX), _dump(index), statefiles.PROFILE_INDEX)
 
 
 def numbers(state_dir: str) -> list[int]:
@@ -132,7 +139,8 @@ def read_all(state_dir: str) -> list[dict[str, Any]]:
 def _store(state_dir: str, record: dict[str, Any]) -> None:
     index = read_index(state_dir)
     raw = _dump(record)
-    _write(os.path.join(_ensure_dir(state_dir), f"{record['generation']}.json"), raw)
+    path = os.path.join(_ensure_dir(state_dir), f"{record['generation']}.json")
+    _write(path, raw, statefiles.PROFILE_RECORD)
     index["records"][str(record["generation"])] = hashlib.sha256(raw).hexdigest()
     _write_index(state_dir, index)
 
@@ -184,13 +192,14 @@ def keep_config(state_dir: str, data: bytes) -> str:
     digest = hashlib.sha256(data).hexdigest()
     path = os.path.join(_ensure_dir(state_dir), f"config-{digest}.json")
     if not os.path.exists(path):
-        _write(path, data)
+        _write(path, data, max_bytes=statefiles.KEPT_CONFIG)
     return digest
 
 
 def kept_config(state_dir: str, digest: str) -> bytes | None:
     try:
-        got = statefiles.read_record(os.path.join(profile_dir(state_dir), f"config-{digest}.json"))
+        path = os.path.join(profile_dir(state_dir), f"config-{digest}.json")
+        got = statefiles.read_record(path, statefiles.KEPT_CONFIG)
     except OSError:
         return None
     return got[0] if got is not None and hashlib.sha256(got[0]).hexdigest() == digest else None

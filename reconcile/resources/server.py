@@ -111,6 +111,15 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         )
     health = obs.health
     state = getattr(health, "state", None)
+    holder = getattr(health, "foreign_listener", None)
+    if holder:  # its /health and /version are another process's answers, never the server's
+        return change(
+            Action.CHANGE,
+            f"{want.name} (pid {running.pid}) cannot answer on {where}: the port is held by {holder}",
+            "a process that is not the deployment's listens on its port",
+            stray_diffs,
+            actionable=False,
+        )
     if state == "not_listening":
         return change(
             Action.CHANGE,

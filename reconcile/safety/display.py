@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from typing import Any, TextIO
 
 # A control character is shown as its escape: `\n`, `\t`, `\r`, else `\u001b` (C0, DEL, C1, U+2028 and
-# U+2029, the invisible format characters of names.INVISIBLE (Unicode Cf): `\u202e`, and a lone
-# surrogate, which no UTF-8 stream can write: `\ud800`). Visible, it says what was there, and each
-# form is also a valid JSON escape, so `--json` output that passes through SafeStream stays JSON and
-# decodes to the same string.
+# U+2029, the characters drawn as nothing of names.INVISIBLE (Unicode Cf and Default_Ignorable_Code_Point):
+# `\u202e`, `\ufe0f`, and a lone surrogate, which no UTF-8 stream can write: `\ud800`). Visible, it says
+# what was there, and each form is also a valid JSON escape, so `--json` output that passes through
+# SafeStream stays JSON and decodes to the same string.
 _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 # What reconcile itself writes: the colours of reconcile.plan.render (reset, bold, dim, red, green,

@@ -13,19 +13,25 @@ LOCKED = (
     r"([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9.+!_-]+)((?: --hash=sha256:[0-9a-f]{64})+)"
 )
 # C0, DEL, C1 and the Unicode line separators: each ends a line for some reader (a unit, an
-# EnvironmentFile, cron, apt, a terminal). And every invisible format character (Unicode's category Cf,
-# as of Unicode 14: tests/test_hostile_reader8b.py holds this list to the interpreter's unicodedata),
-# each of which changes what a terminal or a reviewer sees without showing itself: the bidi marks,
-# embeddings, overrides and isolates (U+061C, U+200E/F, U+202A-E, U+2066-9: Trojan Source's reversed
-# text), the zero-width space, joiners, word joiner, invisible operators and BOM (U+200B-D, U+2060-4,
-# U+FEFF), and (round 8: a list of instances had left them out) the soft hyphen, the Arabic and Syriac
-# number signs, the Mongolian vowel separator, the deprecated U+206A-F, interlinear annotation, Kaithi,
-# Egyptian, shorthand and musical format marks, and the tag characters (U+E0001, U+E0020-7F: text a
-# terminal draws as nothing).
+# EnvironmentFile, cron, apt, a terminal). And every character a terminal draws as nothing: Unicode's
+# Default_Ignorable_Code_Point (DerivedCoreProperties.txt, Unicode 15.1: tests/test_hostile_reader9b.py
+# holds this class to that list) and every format character (category Cf, as of Unicode 14:
+# tests/test_hostile_reader8b.py holds it to the interpreter's unicodedata), each of which changes what a
+# terminal or a reviewer sees without showing itself: the bidi marks, embeddings, overrides and isolates
+# (U+061C, U+200E/F, U+202A-E, U+2066-9: Trojan Source's reversed text), the zero-width space, joiners,
+# word joiner, invisible operators and BOM (U+200B-D, U+2060-4, U+FEFF), (round 8: a list of instances
+# had left them out) the soft hyphen, the Arabic and Syriac number signs, the Mongolian vowel separator,
+# the deprecated U+206A-F, interlinear annotation, Kaithi, Egyptian, shorthand and musical format marks,
+# the tag characters (U+E0001, U+E0020-7F), and (round 9: Cf is not the whole of "drawn as nothing")
+# the combining grapheme joiner U+034F, the Hangul fillers U+115F, U+1160, U+3164, U+FFA0, the Khmer
+# inherent vowels U+17B4/5, the Mongolian free variation selectors U+180B-F, every variation selector
+# (U+FE00-F, U+E0100-E01EF) and the code points Unicode reserves as ignorable (U+2065, U+FFF0-8,
+# U+E0000-E0FFF).
 INVISIBLE = (
-    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e"
-    "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
-    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+    "\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
+    "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff"
 )
 # And the surrogates, which no UTF-8 stream or file can hold alone: a JSON `\ud800` escape (a listener's
 # answer, a damaged state file) decodes to one, and writing it raised UnicodeEncodeError (an internal

@@ -166,3 +166,15 @@ PID = Scalar("integer", minimum=1, maximum=PID_MAX)
 def is_pid(n: int) -> bool:
     """Whether `n` can be a process's id at all (1 to PID_MAX): the same range as PID."""
     return 1 <= n <= PID_MAX
+
+
+def listed_size(value: object) -> int | None:
+    """A file's size as a hub's listing gives it (huggingface_hub passes the answer's value through
+    unchecked): a count of bytes (an int >= 0; no size at all is 0), else None. A string, a float
+    (1e400 is infinity), a list or a negative number is the hub's bad answer, never int()'s crash, and
+    never a count the listing's cache reader (COUNT) then refuses."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None

@@ -399,6 +399,10 @@ REALIZATION = Obj({"format": STR, "packages": MapOf(STR)}, required=("format",))
 
 # How large each can be: generous for what reconcile writes, small against a disk error's garbage.
 SMALL, RECORD = 1 * MiB, 16 * MiB
+PAUSE_MAX = 64 * KiB  # paused.json
+# A generation's kept config.json (profile/config-<sha256>.json): as large as the model dir's config.json
+# is read (untrusted.JSON_LIMIT), so every config a generation launched with can be kept and read back.
+KEPT_CONFIG = 64 * MiB
 
 
 def read_last_run(path: str) -> dict[str, Any] | None:
@@ -415,7 +419,7 @@ def read_conditions(path: str) -> dict[str, dict[str, Any]]:
 
 def read_pause(path: str) -> tuple[dict[str, Any] | None, str | None]:
     """paused.json: (the pause, None), (None, None) when absent, (None, where it went) when damaged."""
-    data, aside = read_json(path, PAUSE, max_bytes=64 * KiB, then="scheduled applies stay paused")
+    data, aside = read_json(path, PAUSE, max_bytes=PAUSE_MAX, then="scheduled applies stay paused")
     if data is None and aside is None and os.path.lexists(path):  # damaged, and could not be moved
         return None, path
     return data, aside
@@ -449,14 +453,31 @@ def read_generations_index(path: str) -> dict[int, str] | None:
         return {}
 
 
-def read_record(path: str) -> tuple[bytes, os.stat_result] | None:
-    """A generation record's (or a kept config's) bytes and fstat, for the caller to verify against
-    its index; None when absent, or when something else is there (moved aside)."""
+def read_record(path: str, max_bytes: int = RECORD) -> tuple[bytes, os.stat_result] | None:
+    """A generation record's (or, up to KEPT_CONFIG, a kept config's) bytes and fstat, for the caller
+    to verify against its index; None when absent, or when something else is there (moved aside)."""
     try:
-        return read_state_stat(path, max_bytes=RECORD)
+        return read_state_stat(path, max_bytes=max_bytes)
     except NotAFile as exc:
         move_aside_corrupt(path, exc.why, then="it is not used")
         return None
+
+
+def unreadable(raw: bytes, *, max_bytes: int, shape: Shape | None = None) -> str | None:
+    """Why the reader of a state file would move `raw` aside (None: it reads it back as written). A
+    writer whose document holds a value from outside (a model's config.json, a hub's answer, a server's
+    figure) checks with it first: reconcile never writes a file its own reader then discards (a kept
+    config.json of 17 MiB was written, then moved aside by its 16 MiB reader: that generation's config
+    lost)."""
+    if len(raw) > max_bytes:
+        return f"would be {_size(len(raw))}, larger than the {_size(max_bytes)} its reader takes"
+    if shape is None:
+        return None
+    try:
+        data = load_json(raw)
+    except ValueError as exc:
+        return f"would not be JSON its reader takes ({exc})"
+    return shape.problem(data, "")
 
 
 def record_problem(data: object, shape: Shape) -> str | None:
@@ -556,12 +577,13 @@ HUB_LISTING = Obj(
     {"repo": STR, "revision": STR, "commit": STR, "sizes": MapOf(COUNT)}, required=("commit", "sizes")
 )
 HUB_NOTE_MAX = 4 * KiB
+HUB_LISTING_MAX = 16 * MiB
 
 
 def read_hub_listing(path: str) -> tuple[dict[str, Any], float] | None:
     """A cached hub listing and its mtime; None when absent or damaged (a FIFO, a directory, a link,
     too large, not its shape: moved aside, and the hub is asked again)."""
-    got = read_json_stat(path, HUB_LISTING, max_bytes=16 * MiB, then="the hub is asked again")
+    got = read_json_stat(path, HUB_LISTING, max_bytes=HUB_LISTING_MAX, then="the hub is asked again")
     return None if got is None else (got[0], got[1].st_mtime)
 
 

@@ -17,6 +17,7 @@ from reconcile.host import atomic_write
 from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, PRIVATE_FILE, ensure_dir
+from reconcile.safety.shapes import TIME_MAX
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -97,13 +98,23 @@ def pause(
     user, tty, ssh = who_am_i(env)
     now = time.time()
     new = Pause(reason.strip(), user, os.getpid(), now, now + duration if duration else None, tty, ssh)
+    if new.until is not None and new.until > TIME_MAX:
+        raise ReconcileError(
+            f"--for: a pause of {duration:g} s would end after 9999-12-31: give a shorter one"
+        )
     ensure_dir(state_dir, PRIVATE_DIR)
     _write(pause_path(state_dir), new)
     return new, previous
 
 
 def _write(path: str, pause: Pause) -> None:
-    atomic_write(path, (json.dumps(pause.as_data(), indent=2) + "\n").encode(), mode=PRIVATE_FILE)
+    """Written only when its reader (statefiles.read_pause) reads it back: a pause whose reason is past
+    its bound would otherwise be moved aside at the next read, its reason and end lost."""
+    raw = (json.dumps(pause.as_data(), indent=2) + "\n").encode()
+    why = statefiles.unreadable(raw, max_bytes=statefiles.PAUSE_MAX, shape=statefiles.PAUSE)
+    if why is not None:
+        raise ReconcileError(f"{path}: not written: it {why}; give a shorter --reason")
+    atomic_write(path, raw, mode=PRIVATE_FILE)
 
 
 def resume(state_dir: str) -> Pause | None:
