@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -137,6 +139,44 @@ def test_port_refuses_until_the_model_is_loaded(deployment: Deployment) -> None:
     assert "GPU KV cache size: 4,194,304 tokens" in log
     assert f"Starting vLLM API server 0 on http://127.0.0.1:{d.port}" in log
     assert log.index("Starting vLLM API server") < log.index("Application startup complete.")
+
+
+def _binds(port: int, reuse: bool) -> bool:
+    with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            assert exc.errno == errno.EADDRINUSE
+            return False
+        return True
+
+
+def test_the_port_is_bound_before_the_load_and_listened_on_after_it(deployment: Deployment) -> None:
+    """vLLM 0.26.0's api_server.setup_server binds the port (SO_REUSEADDR) before it builds the engine,
+    and uvicorn listens once the engine is up. While the model loads a connection is refused and a plain
+    bind fails, but a bind with SO_REUSEADDR succeeds: the port is another user's to listen on first
+    (round 9's attack, tests/test_hostile_reader9b.py). A port someone listens on fails the start at once."""
+    d = deployment
+    proc = d.run_fake(
+        ["serve", str(d.model_dir), "--host", "127.0.0.1", "--port", str(d.port)],
+        {"FAKE_VLLM_STARTUP_DELAY": "3.0"},
+    )
+    wait_for(lambda: not _binds(d.port, reuse=False), 10, "the port bound")
+    assert status(d, "/health") is None and _binds(d.port, reuse=True)
+    wait_for(lambda: status(d, "/health") == 200, 15, "/health")
+    assert not _binds(d.port, reuse=True)  # listened on: no one else's now
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", d.port))
+        holder.listen()
+        done = run_cli("serve", str(d.model_dir), "--host", "127.0.0.1", "--port", str(d.port),
+                       FAKE_VLLM_STARTUP_DELAY="5")  # fmt: skip
+    assert done.returncode == 1 and "OSError: [Errno 98] Address already in use" in done.stdout
+    assert "Initializing a V1 LLM engine" not in done.stdout  # at once: before the engine, not after the load
 
 
 def test_models_needs_the_key_from_the_environment_and_reports_max_model_len(deployment: Deployment) -> None:

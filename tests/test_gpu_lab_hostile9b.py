@@ -1,13 +1,14 @@
 """Issue 24's ninth hostile round (classes 4-6) on the lab with real vLLM 0.26.0: the premise of the
-server-row attack in tests/test_hostile_reader9b.py (the fake binds its port only once the model is in
-memory, as it models vLLM 0.26) checked against the real server, and the plan's row of a real healthy
-server unchanged by the fix (still `healthy on ..., vLLM 0.26.0`, no foreign holder named).
+server-row attack in tests/test_hostile_reader9b.py (while the model loads, the port is bound with
+SO_REUSEADDR but not listened on, so another user can listen there first) checked against the real
+server (tests/test_fake_vllm.py holds the fake to it), and the plan's row of a real healthy server
+unchanged by the fix (still `healthy on ..., vLLM 0.26.0`, no foreign holder named).
 
 Skipped unless RECONCILE_GPU_LAB=1. Run alone on the lab machine by
 `GPU_LAB_TESTS=tests/test_gpu_lab_hostile9b.py tools/gpu_lab.sh` (about 2-3 minutes: one start of the
 tiny model, watched). Figures are printed and written to $OUT/gpu-lab-hostile9b.json when $OUT is set:
 seconds from the launch to the port's first accepted connection and to /health's first 200, and
-whether a bind of the port succeeded while the engine loaded (the port free for another user).
+whether a bind of the port, plain and with SO_REUSEADDR, succeeded while the engine loaded.
 """
 
 from __future__ import annotations
@@ -43,9 +44,12 @@ def _accepts() -> bool:
         return s.connect_ex(("127.0.0.1", PORT)) == 0
 
 
-def _bindable() -> bool:
-    """Whether another socket could bind the port now (closed at once): True means the port is free."""
+def _bindable(reuse: bool) -> bool:
+    """Whether another socket could bind the port now (closed at once), with SO_REUSEADDR (as Python's
+    http.server and most servers set it) or without."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", PORT))
         except OSError as exc:
@@ -85,7 +89,8 @@ def test_real_vllm_leaves_its_port_free_while_the_model_loads() -> None:
             if first_accept is None and free_while_loading is None:
                 text = log.read_text(errors="replace")[size:] if log.exists() else ""
                 if "Loading weights took" in text or "Model loading took" in text:
-                    free_while_loading = _bindable()  # once, mid-start: the engine is up, the API not yet
+                    # once, mid-start: the engine is up, the API not yet
+                    free_while_loading = {"plain": _bindable(False), "reuseaddr": _bindable(True)}
             if first_accept is not None:
                 try:
                     if get("/health", with_key=False)[0] == 200:
@@ -103,9 +108,11 @@ def test_real_vllm_leaves_its_port_free_while_the_model_loads() -> None:
     )
     assert apply.returncode in (0, 2), out[-4000:]
     assert first_accept is not None and first_health is not None
-    # The premise: the real server leaves its port free while it loads (as the fake does): another user
-    # could bind it then, and the plan's row must not take that user's answers as the server's.
-    assert free_while_loading is not False, "vLLM 0.26.0 held its port while loading: the fake must too"
+    # The premise, from vLLM 0.26.0's api_server.setup_server (and the fake since round 9): the port is
+    # bound with SO_REUSEADDR before the engine is built and listened on only after it, so while the model
+    # loads a plain bind fails but one with SO_REUSEADDR succeeds: another user can listen there first,
+    # and the plan's row must not take that user's answers as the server's.
+    assert free_while_loading == {"plain": False, "reuseaddr": True}, free_while_loading
     data = plan_json(str(SPEC))
     rows = [r for r in data.get("resources") or [] if r.get("resource") == "server"]
     FIGURES["server_row"] = rows[0].get("summary") if rows else None

@@ -298,9 +298,10 @@ def test_a_server_still_loading_is_never_reported_healthy_on_a_strangers_answers
     demo: Demo, strangers: list[int]
 ) -> None:
     """An apply starts the server, and is killed while the server loads its model (a timer's apply
-    stopped by systemd; the server lives on in its own session and cgroup). The fake binds its port
-    only once the model is in memory, as vLLM 0.26 does (uvicorn binds after the engine is up), so the
-    port is free all that while, not for a moment. nobody binds it and answers /health and /version.
+    stopped by systemd; the server lives on in its own session and cgroup). The fake, as vLLM 0.26.0's
+    api_server.setup_server, binds its port with SO_REUSEADDR before the load and listens only once the
+    engine is up, so while it loads another socket with SO_REUSEADDR (Python's http.server sets it) can
+    bind the port and listen first. nobody binds it and answers /health and /version.
     main (seen): the plan's server row read nobody's answers as the server's: "✓ server ... pid N
     healthy on 127.0.0.1:P, vLLM 0.26.0" (the version nobody's), although docs/security.md says the row
     names a foreign holder (only the preflight's host.port did, which kept apply from reaching the

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 CHILD_CODE = (
@@ -273,6 +273,18 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     if "api_key" in shown:
         shown["api_key"] = "(secret)"
     log("INFO", "utils.py:253", f"non-default args: {shown}")
+    # vLLM 0.26.0 binds its port before it builds the engine (api_server.setup_server: SO_REUSEADDR, no
+    # listen) and listens only once the engine is up (uvicorn's startup): while the model loads, a
+    # connection is refused, a bind without SO_REUSEADDR fails, and one with it succeeds (Linux lets two
+    # such sockets share a port until one listens). A port already listened on fails here, at once.
+    httpd = UvicornServer((host, port), BaseHTTPRequestHandler, bind_and_activate=False)
+    try:
+        httpd.server_bind()
+    except OSError as exc:
+        httpd.server_close()
+        print("Traceback (most recent call last):", flush=True)
+        print(f"OSError: [Errno {exc.errno}] {exc.strerror or exc}", flush=True)
+        return 1
     log("INFO", "model.py:1510", f"Using max model len {max_model_len}")
     util = getattr(args, "gpu_memory_utilization", None) or 0.9
     engine, ready, state.engine_core = spawn_engine(tp, port, util)  # type: ignore[attr-defined]
@@ -327,17 +339,7 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
         )
         stop_children([engine])
         return 1
-    bound = type("Handler", (handler,), {"state": state})
-    try:
-        httpd = UvicornServer((host, port), bound)
-    except OSError as exc:
-        uvicorn(
-            f"[Errno {exc.errno}] error while attempting to bind on address ('{host}', {port}): "
-            f"{exc.strerror.lower() if exc.strerror else exc}",
-            "ERROR",
-        )
-        stop_children([engine])
-        return 1
+    httpd.RequestHandlerClass = type("Handler", (handler,), {"state": state})
     print(
         f"(EngineCore_DP0 pid={engine.pid}) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): "
         "100%|██████████| 67/67 [00:00<00:00, 95.31it/s]",
@@ -353,6 +355,13 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on http://{host}:{port}")
     uvicorn(f"Started server process [{os.getpid()}]")
     uvicorn("Waiting for application startup.")
+    try:
+        httpd.server_activate()  # uvicorn's listen(): another socket of the port listened meanwhile
+    except OSError as exc:
+        uvicorn(f"[Errno {exc.errno}] {exc.strerror or exc}", "ERROR")
+        httpd.server_close()
+        stop_children([engine])
+        return 1
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     uvicorn("Application startup complete.")
     watch_engine(engine, state, stop, exit_on_engine_death)
