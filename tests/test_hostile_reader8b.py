@@ -23,7 +23,7 @@ import pytest
 
 from tests.apply_support import Demo, demo_in
 from tests.ownership_support import NOBODY, as_nobody, nobodys_dir
-from tests.test_network_attacks import HOSTILE, watched
+from tests.test_network_attacks import ACCEPT_LOOP, HOSTILE, watched
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a listener of another user)")
 
@@ -286,7 +286,8 @@ def test_a_state_file_of_any_odd_shape_never_wedges_a_run(demo: Demo, case: str,
 # --- 4. bounded network reads: what rounds 1-7 did not send -----------------------------------------
 
 # Answers `target` by `mode` ("*": every path), every other path as a healthy vLLM would.
-ODD_LISTENER = r"""
+ODD_LISTENER = (
+    r"""
 import json, socket, sys, threading, zlib
 port, mode, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 def bomb():  # gzip of 512 MiB of zeros: 0.5 MiB on the wire, under the 1 MiB body cap
@@ -341,15 +342,9 @@ def serve(c):
         pass
     finally:
         c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", port))
-s.listen(16)
-print("ready", flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
+    + ACCEPT_LOOP
+)
 
 
 @ROOT_ONLY
@@ -381,7 +376,8 @@ def test_a_listener_that_answers_oddly_is_cut_off_within_the_deadline_in_bounded
 # answers, its log)" among the hostile): a process carrying the deployment's marker (as every process
 # reconcile launches does) on its port, whose engine does not answer the 1-token completion and whose
 # /metrics holds one sample line of 300,000 labels (3.5 MB, within the 16 MiB cap).
-MISBEHAVING = r"""
+MISBEHAVING = (
+    r"""
 import socket, sys, threading, time
 port = int(sys.argv[1])
 LINE = b"vllm:num_requests_running{" + b",".join(b'l%d="v"' % i for i in range(300000)) + b"} 1\n"
@@ -403,15 +399,9 @@ def serve(c):
         pass
     finally:
         c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", port))
-s.listen(16)
-print("ready", flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
+    + ACCEPT_LOOP
+)
 
 
 def test_a_metrics_answer_that_is_slow_to_parse_cannot_hold_the_plan(demo: Demo) -> None:

@@ -26,8 +26,20 @@ from tests.ownership_support import as_nobody, root_only
 
 pytestmark = root_only
 
+# A listener script's accept loop, one thread per connection (`serve(c)` and `port` are the script's).
+ACCEPT_LOOP = """s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.listen(16)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
 # The attacker: answers `target` ("*": every path) by `mode`, every other path as a healthy vLLM would.
-HOSTILE = r"""
+HOSTILE = (
+    r"""
 import json, socket, sys, threading, time
 port, mode, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 ESC = json.loads(sys.argv[4]) if len(sys.argv) > 4 else ""
@@ -82,15 +94,9 @@ def serve(c):
         pass
     finally:
         c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", port))
-s.listen(16)
-print("ready", flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
+    + ACCEPT_LOOP
+)
 
 # An OSC window title (with BEL), clear screen, a cursor move, a C1 CSI, a line separator, and a newline
 # that would start a line of its own in the plan.
