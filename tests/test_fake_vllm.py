@@ -141,7 +141,8 @@ def test_port_refuses_until_the_model_is_loaded(deployment: Deployment) -> None:
     assert log.index("Starting vLLM API server") < log.index("Application startup complete.")
 
 
-def _binds(port: int, reuse: bool) -> bool:
+def binds(port: int, reuse: bool) -> bool:
+    """Whether a socket can bind the port on loopback now (closed at once), with SO_REUSEADDR or without."""
     with socket.socket() as s:
         if reuse:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -163,10 +164,10 @@ def test_the_port_is_bound_before_the_load_and_listened_on_after_it(deployment: 
         ["serve", str(d.model_dir), "--host", "127.0.0.1", "--port", str(d.port)],
         {"FAKE_VLLM_STARTUP_DELAY": "3.0"},
     )
-    wait_for(lambda: not _binds(d.port, reuse=False), 10, "the port bound")
-    assert status(d, "/health") is None and _binds(d.port, reuse=True)
+    wait_for(lambda: not binds(d.port, reuse=False), 10, "the port bound")
+    assert status(d, "/health") is None and binds(d.port, reuse=True)
     wait_for(lambda: status(d, "/health") == 200, 15, "/health")
-    assert not _binds(d.port, reuse=True)  # listened on: no one else's now
+    assert not binds(d.port, reuse=True)  # listened on: no one else's now
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
     with socket.socket() as holder:

@@ -13,7 +13,6 @@ whether a bind of the port, plain and with SO_REUSEADDR, succeeded while the eng
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.test_fake_vllm import binds
 from tests.test_gpu_lab import GPU_LAB_MARKS, LAB, ROOT, SPEC, cli, dump_figures, get, plan_json, variant
 
 pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (tests/test_gpu_lab.py)
@@ -42,21 +42,6 @@ def _accepts() -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", PORT)) == 0
-
-
-def _bindable(reuse: bool) -> bool:
-    """Whether another socket could bind the port now (closed at once), with SO_REUSEADDR (as Python's
-    http.server and most servers set it) or without."""
-    with socket.socket() as s:
-        if reuse:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", PORT))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return False
-            raise
-        return True
 
 
 def test_real_vllm_leaves_its_port_free_while_the_model_loads() -> None:
@@ -90,7 +75,10 @@ def test_real_vllm_leaves_its_port_free_while_the_model_loads() -> None:
                 text = log.read_text(errors="replace")[size:] if log.exists() else ""
                 if "Loading weights took" in text or "Model loading took" in text:
                     # once, mid-start: the engine is up, the API not yet
-                    free_while_loading = {"plain": _bindable(False), "reuseaddr": _bindable(True)}
+                    free_while_loading = {
+                        "plain": binds(PORT, reuse=False),
+                        "reuseaddr": binds(PORT, reuse=True),
+                    }
             if first_accept is not None:
                 try:
                     if get("/health", with_key=False)[0] == 200:
