@@ -830,34 +830,76 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
         head = os.read(fd, 256)
     finally:
         os.close(fd)
-    if head.startswith(b"#!") and depth < 2:
-        words = [w.decode("utf-8", "replace") for w in head[2:].split(b"\n", 1)[0].split()]
-        if words:
-            interp = words[0]
-            _resolve_exec(interp, ok, f"interpreter {interp} of {what} {path}", depth + 1)
+    if head.startswith(b"#!"):
+        if depth >= SHEBANG_DEPTH:
+            raise UnsafePath(
+                f"{what} {path}: more than {SHEBANG_DEPTH} `#!` interpreters deep: cannot check what it runs"
+            )
+        # The kernel splits the line at its first blank: the interpreter, then one argument.
+        interp, _, rest = head[2:].split(b"\n", 1)[0].strip(b" \t").partition(b" ")
+        if b"\t" in interp:
+            interp, _, more = interp.partition(b"\t")
+            rest = more + b" " + rest
+        if interp:
+            name = interp.decode("utf-8", "replace")
+            _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1)
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on PATH when the script runs. Judged where our PATH has it now (a server's PATH puts its
             # venv's bin first, whose whole tree the venv's read role walks).
-            if os.path.basename(interp) == "env" and (name := _env_program(words[1:])) is not None:
-                import shutil
-
-                found = name if name.startswith("/") else shutil.which(name)
-                if found is not None:
-                    runs = f"program {name} that {interp} runs for {what} {path}"
-                    _resolve_exec(found, ok, runs, depth + 1)
+            if os.path.basename(name) == "env":
+                program = _env_program(rest.strip(b" \t").decode("utf-8", "replace"), name, what, path)
+                if program is not None:
+                    runs = f"program {program} that {name} runs for {what} {path}"
+                    _resolve_exec(program, ok, runs, depth + 1)
     return real
 
 
-def _env_program(args: list[str]) -> str | None:
-    """The program `env ARGS...` runs: past its options (-S splits the rest; -u NAME and -C DIR take
-    a word) and NAME=VALUE assignments."""
-    words = iter(args)
-    for word in words:
-        if word in ("-u", "-C", "--unset", "--chdir"):
-            next(words, None)
-        elif not word.startswith("-") and "=" not in word:
-            return word
-    return None
+# How many `#!` lines the exec role follows (a script's interpreter, that one's, ...; `env` runs its
+# program with a fresh execve, so a chain through env has no kernel bound): past it, refused.
+SHEBANG_DEPTH = 8
+
+# What GNU env's -S reads as quoting, escapes, variables or a comment: a line using them is refused,
+# not parsed a second way (env's reading, not ours, decides what runs).
+_ENV_SPECIAL = frozenset("'\"\\$#")
+
+
+def _env_program(arg: str, env: str, what: str, path: str) -> str | None:
+    """The program `#!ENV ARG` runs (ARG is the one argument the kernel hands env: the rest of the
+    line), as a path to judge; None when env finds none on our PATH (nothing to judge: it fails, or
+    the server's PATH has it first in its venv's bin, which the venv's walk covers). Only the plain
+    forms are read: `NAME ...` (one word unless -S), `-S [NAME=VALUE...] NAME ARGS...`; anything else
+    env might read another way (options, -S attached or spelled long, quotes, `${...}`, a PATH set on
+    the line) is refused, naming the line, rather than guessed at."""
+
+    def refuse(why: str) -> UnsafePath:
+        return UnsafePath(
+            f"cannot tell which program {env} runs for {what} {path} ({why}): write the line as "
+            f"`#!{env} NAME` or `#!{env} -S NAME ARGS`, or name the interpreter by its path"
+        )
+
+    words = arg.split()
+    if words and words[0] == "-S":
+        if _ENV_SPECIAL & set(arg):
+            raise refuse("-S with quotes, escapes, ${...} or #")
+        words = words[1:]
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            if words[0].partition("=")[0] == "PATH":
+                raise refuse("PATH set on the line")
+            words = words[1:]
+    elif len(words) > 1:
+        return None  # env looks for one program named by the whole argument, blanks and all: none
+    if not words:
+        return None
+    name = words[0]
+    if name.startswith("-") or "=" in name:
+        raise refuse(f"option or assignment {name}")
+    if "/" in name:
+        if not name.startswith("/"):
+            raise refuse(f"relative path {name}")
+        return name
+    import shutil
+
+    return shutil.which(name)
 
 
 def open_append(path: str, mode: int = 0o640) -> int:
