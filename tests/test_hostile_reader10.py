@@ -107,3 +107,30 @@ def test_a_chain_of_env_scripts_is_judged_to_its_end(demo: Demo, outside: Path) 
     for result in (plan, run):
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
         assert f"{tools / 'theirpython'} is owned by nobody" in result.output, result.output
+
+
+def test_the_program_env_runs_is_judged_on_the_servers_path_not_ours(demo: Demo, outside: Path) -> None:
+    """The server runs with the PATH the launcher builds: the venv's bin, then `[server] env PATH`
+    where the spec sets one (toolchain.path only asks that it start with the venv's bin), then ours.
+    The exec role looked the env program up on our PATH alone and judged nothing when it was not
+    there. Here the spec's PATH adds a root directory holding a program of nobody's (a tarball's owners
+    kept) that root's server script names with `#!/usr/bin/env`. main: planned clean; root's server
+    ran nobody's program."""
+    tools = outside / "bin"
+    tools.mkdir()
+    marker = outside / "ran-as"
+    theirs = _theirs(tools, marker)
+    server = _script(outside / "serve", "theirpython", f"exec(open({str(FAKE_VLLM)!r}).read())\n")
+
+    def edit(doc: Any) -> None:
+        doc["server"]["executable"] = str(server)
+        doc["server"].setdefault("env", {})["PATH"] = f"{demo.venv}/bin:{tools}:$PATH"
+
+    spec = demo.write_spec(edit)
+    plan = demo.cli("plan", spec=spec)
+    run = demo.cli("apply", spec=spec, timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
+    for result in (plan, run):
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output
+        assert f"{theirs} is owned by nobody" in result.output, result.output

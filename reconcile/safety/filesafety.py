@@ -788,19 +788,22 @@ def open_regular(
         os.close(fd)
 
 
-def resolve_exec(path: str, allowed: Collection[int] | None = None, *, what: str = "program") -> str:
+def resolve_exec(
+    path: str, allowed: Collection[int] | None = None, *, what: str = "program", search: str | None = None
+) -> str:
     """The real path of a program root will run, after walk() (links followed only from directories
     only root or us can write): a regular, executable file of root or us that nobody else may write,
     and, for a `#!` script, its interpreter held to the same rule. Raises UnsafePath naming the
     problem. Why the caller then execs this name and not the fd (fexecve): a script run from
     /proc/self/fd/N hands its interpreter that name, and vLLM's spawned workers re-import their main
     module from it after the fd is gone; and systemd execs by name. Every directory on this real path
-    is one only root or us can change, so the name cannot be re-pointed by anyone else."""
+    is one only root or us can change, so the name cannot be re-pointed by anyone else. `search`: the
+    PATH the program runs with (a `#!/usr/bin/env NAME` script's NAME is found there; default ours)."""
     ok = owners() if allowed is None else frozenset(allowed)
-    return _resolve_exec(path, ok, what, depth=0)
+    return _resolve_exec(path, ok, what, 0, os.environ.get("PATH", os.defpath) if search is None else search)
 
 
-def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
+def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: str) -> str:
     try:
         w = walk(path, ok, follow_last=True)
     except UnsafePath as exc:
@@ -842,15 +845,16 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
             rest = more + b" " + rest
         if interp:
             name = interp.decode("utf-8", "replace")
-            _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1)
+            _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
-            # on PATH when the script runs. Judged where our PATH has it now (a server's PATH puts its
-            # venv's bin first, whose whole tree the venv's read role walks).
+            # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
+            # first, then [server] env PATH's directories where the spec sets it, then ours).
             if os.path.basename(name) == "env":
-                program = _env_program(rest.strip(b" \t").decode("utf-8", "replace"), name, what, path)
+                arg = rest.strip(b" \t").decode("utf-8", "replace")
+                program = _env_program(arg, name, what, path, search)
                 if program is not None:
                     runs = f"program {program} that {name} runs for {what} {path}"
-                    _resolve_exec(program, ok, runs, depth + 1)
+                    _resolve_exec(program, ok, runs, depth + 1, search)
     return real
 
 
@@ -863,10 +867,9 @@ SHEBANG_DEPTH = 8
 _ENV_SPECIAL = frozenset("'\"\\$#")
 
 
-def _env_program(arg: str, env: str, what: str, path: str) -> str | None:
+def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str | None:
     """The program `#!ENV ARG` runs (ARG is the one argument the kernel hands env: the rest of the
-    line), as a path to judge; None when env finds none on our PATH (nothing to judge: it fails, or
-    the server's PATH has it first in its venv's bin, which the venv's walk covers). Only the plain
+    line), as a path to judge; None when env finds none on `search` (nothing runs: env fails). Only the plain
     forms are read: `NAME ...` (one word unless -S), `-S [NAME=VALUE...] NAME ARGS...`; anything else
     env might read another way (options, -S attached or spelled long, quotes, `${...}`, a PATH set on
     the line) is refused, naming the line, rather than guessed at."""
@@ -899,7 +902,7 @@ def _env_program(arg: str, env: str, what: str, path: str) -> str | None:
         return name
     import shutil
 
-    return shutil.which(name)
+    return shutil.which(name, path=search)
 
 
 def open_append(path: str, mode: int = 0o640) -> int:
