@@ -53,6 +53,9 @@ SHEBANGS = {
     "--split-string=": "--split-string={theirs}",
     "quoted in -S": "-S '{theirs}'",
     "PATH assigned in -S": "-S PATH={tools}:/usr/bin:/bin theirpython",
+    # Refused on main (its reader took the second word), kept: env reads -v then -S, whose argument
+    # is the rest of the line.
+    "-S after another option": "-vS {theirs}",
 }
 
 
@@ -83,17 +86,31 @@ def test_the_program_env_runs_is_judged_however_the_shebang_spells_it(
         assert "/usr/bin/env" in result.output and str(server) in result.output, result.output
 
 
-def test_a_chain_of_env_scripts_is_judged_to_its_end(demo: Demo, outside: Path) -> None:
-    """env runs its program with a fresh execve, so a chain of `#!/usr/bin/env` scripts has no kernel
-    bound; the exec role followed two `#!` lines. Here root's server script runs root's `step1`, which
-    runs root's `step2`, which runs nobody's program. main: planned clean; root's server ran it."""
+@pytest.mark.parametrize("how", ["env", "direct"])
+def test_a_chain_of_scripts_is_judged_to_its_end(demo: Demo, outside: Path, how: str) -> None:
+    """The exec role followed two `#!` lines. The kernel follows a script's interpreter that is a
+    script itself up to five deep, and env runs its program with a fresh execve, so a chain through
+    env has no bound at all. Here root's server script runs root's `step1`, which runs root's
+    `step2`, which runs nobody's program (`#!/usr/bin/env NAME` lines, or `#!/path` lines). main:
+    planned clean; root's server ran nobody's program, both ways."""
     tools = outside / "bin"
     tools.mkdir()
     marker = outside / "ran-as"
-    _theirs(tools, marker)
-    _script(tools / "step2", "theirpython", _STEP)
-    _script(tools / "step1", "step2", _STEP)
-    server = _script(outside / "serve", "step1", f"exec(open({str(FAKE_VLLM)!r}).read())\n")
+    theirs = _theirs(tools, marker)
+
+    def line(name: str) -> str:
+        return name if how == "env" else str(tools / name)
+
+    def script(path: Path, runs: str, body: str) -> Path:
+        if how == "env":
+            return _script(path, runs, body)
+        path.write_text(f"#!{runs}\n{body}")
+        path.chmod(0o755)
+        return path
+
+    script(tools / "step2", str(theirs) if how == "direct" else "theirpython", _STEP)
+    script(tools / "step1", line("step2"), _STEP)
+    server = script(outside / "serve", line("step1"), f"exec(open({str(FAKE_VLLM)!r}).read())\n")
 
     def edit(doc: Any) -> None:
         doc["server"]["executable"] = str(server)
@@ -106,7 +123,7 @@ def test_a_chain_of_env_scripts_is_judged_to_its_end(demo: Demo, outside: Path) 
     assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
     for result in (plan, run):
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
-        assert f"{tools / 'theirpython'} is owned by nobody" in result.output, result.output
+        assert f"{theirs} is owned by nobody" in result.output, result.output
 
 
 def test_the_program_env_runs_is_judged_on_the_servers_path_not_ours(demo: Demo, outside: Path) -> None:

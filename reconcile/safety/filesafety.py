@@ -869,10 +869,11 @@ _ENV_SPECIAL = frozenset("'\"\\$#")
 
 def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str | None:
     """The program `#!ENV ARG` runs (ARG is the one argument the kernel hands env: the rest of the
-    line), as a path to judge; None when env finds none on `search` (nothing runs: env fails). Only the plain
-    forms are read: `NAME ...` (one word unless -S), `-S [NAME=VALUE...] NAME ARGS...`; anything else
-    env might read another way (options, -S attached or spelled long, quotes, `${...}`, a PATH set on
-    the line) is refused, naming the line, rather than guessed at."""
+    line), as a path to judge; None when env finds none on `search` (nothing runs: env fails). Only
+    the plain forms are read: `NAME` (the whole argument, blanks and all, as env reads it) and
+    `-S [NAME=VALUE...] NAME ARGS...`, in printable ASCII; anything else env might read another way
+    (options, -S attached, after another option or spelled long, quotes, `${...}`, a PATH set on the
+    line) is refused, naming the line, rather than guessed at."""
 
     def refuse(why: str) -> UnsafePath:
         return UnsafePath(
@@ -880,6 +881,8 @@ def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str |
             f"`#!{env} NAME` or `#!{env} -S NAME ARGS`, or name the interpreter by its path"
         )
 
+    if any(not (" " <= c <= "~") and c != "\t" for c in arg):
+        raise refuse("characters env may split or read another way")
     words = arg.split()
     if words and words[0] == "-S":
         if _ENV_SPECIAL & set(arg):
@@ -889,11 +892,13 @@ def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str |
             if words[0].partition("=")[0] == "PATH":
                 raise refuse("PATH set on the line")
             words = words[1:]
-    elif len(words) > 1:
-        return None  # env looks for one program named by the whole argument, blanks and all: none
-    if not words:
+        if not words:
+            return None
+        name = words[0]
+    elif not arg:
         return None
-    name = words[0]
+    else:
+        name = arg  # without -S, env reads the whole argument as one word: blanks and all
     if name.startswith("-") or "=" in name:
         raise refuse(f"option or assignment {name}")
     if "/" in name:
