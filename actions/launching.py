@@ -245,6 +245,23 @@ def cache_env(spec: Spec) -> dict[str, str]:
     return {k: os.path.join(root, d) for k, d in CACHE_ENV_DIRS.items() if k not in declared}
 
 
+def _prefixed_path(spec: Spec) -> str:
+    prefix = []
+    if spec.venv is not None:
+        prefix.append(f"{spec.venv.path.rstrip('/')}/bin")
+    if spec.cuda is not None:
+        prefix.append(f"{spec.cuda.home.rstrip('/')}/bin")
+    return ":".join([*prefix, "$PATH"])
+
+
+def server_path(spec: Spec, base_env: Mapping[str, str] | None = None) -> str:
+    """The PATH the server runs with: its venv's bin and the CUDA toolkit's first, then ours (`$PATH`),
+    unless [server] env sets PATH (then that, its `$PATH` ours)."""
+    base = os.environ if base_env is None else base_env
+    declared = _server(spec).env.get("PATH", _prefixed_path(spec))
+    return declared.replace("$PATH", base.get("PATH") or DEFAULT_PATH)
+
+
 def launch_command(
     spec: Spec,
     inputs: LaunchInputs,
@@ -259,12 +276,7 @@ def launch_command(
     """
     server = _server(spec)
     base = os.environ if base_env is None else base_env
-    prefix = []
-    if spec.venv is not None:
-        prefix.append(f"{spec.venv.path.rstrip('/')}/bin")
-    if spec.cuda is not None:
-        prefix.append(f"{spec.cuda.home.rstrip('/')}/bin")
-    declared: dict[str, str] = {"PATH": ":".join([*prefix, "$PATH"])}
+    declared: dict[str, str] = {"PATH": _prefixed_path(spec)}
     if spec.cuda is not None:
         declared["CUDA_HOME"] = spec.cuda.home
     declared.update(server.env)
@@ -289,7 +301,7 @@ def launch_command(
     except ActionError:  # an unknown [server].user: the unit's rendering says so (a plan goes on)
         pass
     env = {"HOME": home, "LANG": base.get("LANG") or "C.UTF-8", **caches, **declared}
-    env["PATH"] = declared["PATH"].replace("$PATH", base.get("PATH") or DEFAULT_PATH)
+    env["PATH"] = server_path(spec, base)
     env[MARKER] = deployment_id(spec)
     env[IDENTITY] = identity.digest
     return LaunchCommand(tuple(argv), env, identity, secret)

@@ -237,7 +237,7 @@ def _start(
     try:
         # The program root is about to run, walked again now (the preflight's check was minutes ago):
         # a link on its way that another user could re-point is refused, and what runs is its real path.
-        program = resolve_exec(command.argv[0], what="[server].executable")
+        program = resolve_exec(command.argv[0], what="[server].executable", search=command.env.get("PATH"))
         for path in (server.log, pidfile_path(spec)):
             ensure_dir(os.path.dirname(path), 0o755)
         private_dir(os.path.dirname(state_file_path(spec)))

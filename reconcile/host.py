@@ -42,12 +42,14 @@ class Completed(Record):
         return self.returncode == 0
 
 
-_PROGRAM_CHECK: list[Callable[[str], object]] = []
+_PROGRAM_CHECK: list[Callable[..., object]] = []
 
 
-def check_programs(check: Callable[[str], object]) -> None:
+def check_programs(check: Callable[..., object]) -> None:
     """Set the check every program found on PATH must pass before it runs (the CLI sets the exec role,
-    filesafety.resolve_exec, at start: host and the trust layer are peers). It raises to refuse."""
+    filesafety.resolve_exec, at start: host and the trust layer are peers). It is called with the
+    program and `search=` the PATH it runs with (where a `#!/usr/bin/env` line's program is found),
+    and raises to refuse."""
     _PROGRAM_CHECK[:] = [check]
 
 
@@ -59,19 +61,20 @@ def _program(name: str, env: Mapping[str, str] | None) -> str | None:
     root runs skips it. None: no check installed (a library use), run as given."""
     if not _PROGRAM_CHECK:
         return None
+    search = (os.environ if env is None else env).get("PATH", os.defpath)
     if "/" in name:
         try:  # every link on the way was judged by the walk: the name runs what was checked
-            _PROGRAM_CHECK[0](name if name.startswith("/") else os.path.join("/", name))
+            _PROGRAM_CHECK[0](name if name.startswith("/") else os.path.join("/", name), search=search)
         except Exception as exc:
             raise ToolMissing(f"{name}: not run: {exc}") from None
         return name
     import shutil
 
-    found = shutil.which(name, path=(os.environ if env is None else env).get("PATH", os.defpath))
+    found = shutil.which(name, path=search)
     if found is None:
         raise ToolMissing(f"{name}: not found")
     try:
-        _PROGRAM_CHECK[0](found)
+        _PROGRAM_CHECK[0](found, search=search)
     except Exception as exc:
         raise ToolMissing(f"{name}: {found} not run: {exc}") from None
     return found

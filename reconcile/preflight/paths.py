@@ -51,9 +51,15 @@ def watched_paths(spec: Spec) -> list[tuple[str, str, frozenset[int], Role]]:
     return out
 
 
-def _exec_problem(path: str, allowed: frozenset[int]) -> str | None:
+def _server_path(spec: Spec) -> str:
+    from actions.launching import server_path
+
+    return server_path(spec)
+
+
+def _exec_problem(path: str, allowed: frozenset[int], search: str | None = None) -> str | None:
     """Why root must not run `path` (None when it may); a program not there yet (pip makes it) is
-    held to the rule for what root writes."""
+    held to the rule for what root writes. `search`: the PATH it runs with (default ours)."""
     if not path.startswith("/"):
         import shutil
 
@@ -64,7 +70,7 @@ def _exec_problem(path: str, allowed: frozenset[int]) -> str | None:
     if not os.path.lexists(path):
         return parent_problem(path, allowed)
     try:
-        resolve_exec(path, allowed)
+        resolve_exec(path, allowed, search=search)
     except UnsafePath as exc:
         return str(exc)
     return None
@@ -274,7 +280,11 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(Finding("paths.symlink", "error", why, "", {"path": spec.model.dir, "key": "[model].dir"}))
     for what, path, allowed, role in watched_paths(spec):
         if role.kind == "exec":
-            problem = _exec_problem(path, allowed)
+            # The server runs with the launcher's PATH (a `#!/usr/bin/env NAME` script's NAME is found
+            # there, [server] env PATH's directories included), every other program with ours.
+            problem = _exec_problem(
+                path, allowed, _server_path(spec) if what == "[server].executable" else None
+            )
         elif role.kind == "read":  # root trusts what it reads: the file or tree, not only the way to it
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
         elif role.kind == "value":  # a path in a value handed to the server, as in the environment

@@ -788,19 +788,22 @@ def open_regular(
         os.close(fd)
 
 
-def resolve_exec(path: str, allowed: Collection[int] | None = None, *, what: str = "program") -> str:
+def resolve_exec(
+    path: str, allowed: Collection[int] | None = None, *, what: str = "program", search: str | None = None
+) -> str:
     """The real path of a program root will run, after walk() (links followed only from directories
     only root or us can write): a regular, executable file of root or us that nobody else may write,
     and, for a `#!` script, its interpreter held to the same rule. Raises UnsafePath naming the
     problem. Why the caller then execs this name and not the fd (fexecve): a script run from
     /proc/self/fd/N hands its interpreter that name, and vLLM's spawned workers re-import their main
     module from it after the fd is gone; and systemd execs by name. Every directory on this real path
-    is one only root or us can change, so the name cannot be re-pointed by anyone else."""
+    is one only root or us can change, so the name cannot be re-pointed by anyone else. `search`: the
+    PATH the program runs with (a `#!/usr/bin/env NAME` script's NAME is found there; default ours)."""
     ok = owners() if allowed is None else frozenset(allowed)
-    return _resolve_exec(path, ok, what, depth=0)
+    return _resolve_exec(path, ok, what, 0, os.environ.get("PATH", os.defpath) if search is None else search)
 
 
-def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
+def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: str) -> str:
     try:
         w = walk(path, ok, follow_last=True)
     except UnsafePath as exc:
@@ -830,34 +833,81 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int) -> str:
         head = os.read(fd, 256)
     finally:
         os.close(fd)
-    if head.startswith(b"#!") and depth < 2:
-        words = [w.decode("utf-8", "replace") for w in head[2:].split(b"\n", 1)[0].split()]
-        if words:
-            interp = words[0]
-            _resolve_exec(interp, ok, f"interpreter {interp} of {what} {path}", depth + 1)
+    if head.startswith(b"#!"):
+        if depth >= SHEBANG_DEPTH:
+            raise UnsafePath(
+                f"{what} {path}: more than {SHEBANG_DEPTH} `#!` interpreters deep: cannot check what it runs"
+            )
+        # The kernel splits the line at its first blank: the interpreter, then one argument.
+        interp, _, rest = head[2:].split(b"\n", 1)[0].strip(b" \t").partition(b" ")
+        if b"\t" in interp:
+            interp, _, more = interp.partition(b"\t")
+            rest = more + b" " + rest
+        if interp:
+            name = interp.decode("utf-8", "replace")
+            _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
-            # on PATH when the script runs. Judged where our PATH has it now (a server's PATH puts its
-            # venv's bin first, whose whole tree the venv's read role walks).
-            if os.path.basename(interp) == "env" and (name := _env_program(words[1:])) is not None:
-                import shutil
-
-                found = name if name.startswith("/") else shutil.which(name)
-                if found is not None:
-                    runs = f"program {name} that {interp} runs for {what} {path}"
-                    _resolve_exec(found, ok, runs, depth + 1)
+            # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
+            # first, then [server] env PATH's directories where the spec sets it, then ours).
+            if os.path.basename(name) == "env":
+                arg = rest.strip(b" \t").decode("utf-8", "replace")
+                program = _env_program(arg, name, what, path, search)
+                if program is not None:
+                    runs = f"program {program} that {name} runs for {what} {path}"
+                    _resolve_exec(program, ok, runs, depth + 1, search)
     return real
 
 
-def _env_program(args: list[str]) -> str | None:
-    """The program `env ARGS...` runs: past its options (-S splits the rest; -u NAME and -C DIR take
-    a word) and NAME=VALUE assignments."""
-    words = iter(args)
-    for word in words:
-        if word in ("-u", "-C", "--unset", "--chdir"):
-            next(words, None)
-        elif not word.startswith("-") and "=" not in word:
-            return word
-    return None
+# How many `#!` lines the exec role follows (a script's interpreter, that one's, ...; `env` runs its
+# program with a fresh execve, so a chain through env has no kernel bound): past it, refused.
+SHEBANG_DEPTH = 8
+
+# What GNU env's -S reads as quoting, escapes, variables or a comment: a line using them is refused,
+# not parsed a second way (env's reading, not ours, decides what runs).
+_ENV_SPECIAL = frozenset("'\"\\$#")
+
+
+def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str | None:
+    """The program `#!ENV ARG` runs (ARG is the one argument the kernel hands env: the rest of the
+    line), as a path to judge; None when env finds none on `search` (nothing runs: env fails). Only
+    the plain forms are read: `NAME` (the whole argument, blanks and all, as env reads it) and
+    `-S [NAME=VALUE...] NAME ARGS...`, in printable ASCII; anything else env might read another way
+    (options, -S attached, after another option or spelled long, quotes, `${...}`, a PATH set on the
+    line) is refused, naming the line, rather than guessed at."""
+
+    def refuse(why: str) -> UnsafePath:
+        return UnsafePath(
+            f"cannot tell which program {env} runs for {what} {path} ({why}): write the line as "
+            f"`#!{env} NAME` or `#!{env} -S NAME ARGS`, or name the interpreter by its path"
+        )
+
+    if any(not (" " <= c <= "~") and c != "\t" for c in arg):
+        raise refuse("characters env may split or read another way")
+    words = arg.split()
+    if words and words[0] == "-S":
+        if _ENV_SPECIAL & set(arg):
+            raise refuse("-S with quotes, escapes, ${...} or #")
+        words = words[1:]
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            if words[0].partition("=")[0] == "PATH":
+                raise refuse("PATH set on the line")
+            words = words[1:]
+        if not words:
+            return None
+        name = words[0]
+    elif not arg:
+        return None
+    else:
+        name = arg  # without -S, env reads the whole argument as one word: blanks and all
+    if name.startswith("-") or "=" in name:
+        raise refuse(f"option or assignment {name}")
+    if "/" in name:
+        if not name.startswith("/"):
+            raise refuse(f"relative path {name}")
+        return name
+    import shutil
+
+    return shutil.which(name, path=search)
 
 
 def open_append(path: str, mode: int = 0o640) -> int:
