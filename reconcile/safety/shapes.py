@@ -168,13 +168,23 @@ def is_pid(n: int) -> bool:
     return 1 <= n <= PID_MAX
 
 
+# A file's size in bytes: what off_t (a signed 64-bit st_size) can hold. A larger "size" names no file
+# any filesystem has, and past a float's range it was an OverflowError wherever it was shown or summed
+# (the memory rule's table, the free-space check, the download's deadline): a hub listing a 401-digit
+# size ended every later plan, offline ones too from the cache, in an internal error (tenth round).
+SIZE_MAX = (1 << 63) - 1
+SIZE = Scalar("integer", minimum=0, maximum=SIZE_MAX)
+
+
 def listed_size(value: object) -> int | None:
     """A file's size as a hub's listing gives it (huggingface_hub passes the answer's value through
-    unchecked): a count of bytes (an int >= 0; no size at all is 0), else None. A string, a float
-    (1e400 is infinity), a list or a negative number is the hub's bad answer, never int()'s crash, and
-    never a count the listing's cache reader (COUNT) then refuses."""
+    unchecked): a count of bytes (an int from 0 to SIZE_MAX; no size at all is 0), else None. A string,
+    a float (1e400 is infinity), a list, a negative number or one past SIZE_MAX is the hub's bad answer,
+    never int()'s or float division's crash, and never a size the listing's cache reader (SIZE) then
+    refuses."""
     if value is None:
         return 0
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SIZE_MAX:
         return value
     return None
+
