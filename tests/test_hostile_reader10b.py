@@ -129,3 +129,67 @@ def test_a_cached_listing_with_a_size_no_file_can_have_is_moved_aside_and_the_pl
     assert lines[0].startswith("plan: None"), run.stdout
     assert any(".corrupt-" in p.name for p in repo_dir.iterdir()), list(repo_dir.iterdir())
 
+
+# A model's own JSON (a hub repo's config.json, or a source tree of another user's), judged by the plan's
+# preflight as `reconcile plan` runs it, before the weights are there (so the index's total counts).
+CONFIG = r"""
+import json, sys
+from pathlib import Path
+from reconcile.preflight.gather import inputs_from, run_preflight
+from tests.test_preflight import GOOD, load
+from tests.test_preflight_weights import llama_spec, observed
+
+tmp, where, value = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+d = tmp / "model"
+d.mkdir()
+config = json.dumps(load("llama-3.1-8b"))
+if where == "total_size":
+    index = '{"metadata": {"total_size": %s}, "weight_map": {}}' % value
+    (d / "model.safetensors.index.json").write_text(index)
+else:
+    config = config.replace(f'"{where}": ', f'"{where}": {value}, "was_{where}": ', 1)
+(d / "config.json").write_text(config)
+s = llama_spec(tmp, d, offline=True)
+inputs = inputs_from(s, observed(d))
+found = run_preflight(s, GOOD._replace(**{k: getattr(inputs, k) for k in (
+    "model_config", "hf_quant_config", "tokenizer_config", "model_file_sizes", "model_files", "weights",
+    "model_numbers") if hasattr(inputs, k)}))
+for f in found:
+    if f.severity == "error":
+        print(f.rule, "|", f.message, flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("hidden_size", "1e400"),
+        ("num_attention_heads", "1e400"),
+        ("hidden_size", "NaN"),
+        ("intermediate_size", "-Infinity"),
+        ("total_size", "1e400"),
+        ("total_size", HUGE),
+    ],
+)
+def test_a_number_no_model_has_in_the_models_own_files_is_one_finding_never_an_internal_error(
+    tmp_path: Path, where: str, value: str
+) -> None:
+    """A model's config.json is data from outside (a hub repo's publisher, a source tree's owner). main
+    (seen): `hidden_size: 1e400` or `num_attention_heads: 1e400` (JSON's parser makes it infinity),
+    `NaN` or `-Infinity` ended the preflight's rules in `OverflowError: cannot convert float infinity to
+    integer` or `ValueError: cannot convert float NaN to integer`, and model.safetensors.index.json's
+    `total_size` of 1e400 or a 401-digit integer did the same in index_total and the memory table: every
+    plan (and apply, whose plan it is) of that model an internal error. Now a number no model has
+    (not finite, or past shapes.SIZE_MAX either way) makes that file unused and is one finding naming
+    the file and the key; the index's total past SIZE_MAX is no total."""
+    run = subprocess.run(
+        [sys.executable, "-c", CONFIG, str(tmp_path), where, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    if where != "total_size":
+        assert f"model.numbers | {tmp_path}/model/config.json: {where} is " in run.stdout, run.stdout
+        assert "a number no model has" in run.stdout, run.stdout

@@ -188,3 +188,23 @@ def listed_size(value: object) -> int | None:
         return value
     return None
 
+
+def outlandish_number(doc: object) -> tuple[str, object] | None:
+    """The first number in a JSON document from outside (a model's config.json) that no model has:
+    not finite (NaN, Infinity, 1e400) or past SIZE_MAX either way, as (its key path, the value); None
+    when every number is within. The preflight's arithmetic takes any number a model has: these ended
+    in ValueError or OverflowError (int(inf), a float division past its range) on every plan. Walked
+    without recursion: load_json takes nesting as deep as the parser's own limit."""
+    import math
+
+    todo: list[tuple[str, object]] = [("", doc)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):  # noqa: SIM102
+            if (isinstance(value, float) and not math.isfinite(value)) or abs(value) > SIZE_MAX:
+                return where, value
+    return None
