@@ -72,6 +72,9 @@ class PreflightInputs(Record):
     venv_python: str | None = None  # "3.12.3" from pyvenv.cfg: what requirement markers are judged by
     attention_build: Build | None = None  # vLLM's MLA kernels in the venv; None: no venv (the stock wheel)
     model_config: Mapping[str, Any] | None = None  # config.json as it will be after the spec's patch
+    model_numbers: str | None = (
+        None  # why config.json (or its quant config) is not used: a number past any model's
+    )
     hf_quant_config: Mapping[str, Any] | None = None
     tokenizer_config: Mapping[str, Any] | None = None  # its model_max_length caps the derived length
     model_file_sizes: Mapping[str, int] = MappingProxyType({})  # path in model dir -> bytes

@@ -16,6 +16,7 @@ from reconcile.ownership.sockets import one_line
 from reconcile.plan.prober import Observed
 from reconcile.plan.records import Finding
 from reconcile.preflight.context import GpuFact, GpuProcess, PortHolder, PreflightInputs, WeightsFact
+from reconcile.safety.shapes import outlandish_number
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, read_regular, walk_tree
 from reconcile.spec.provenance import outside, read_confined
 
@@ -115,8 +116,20 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
         base, quant, files = known["config"], known.get("hf_quant_config"), known.get("files", {})
         out["model_files"] = frozenset(files) | frozenset(known.get("other_files", ()))
         out["model_files_from"] = "catalogue"
+    # A number no model has (NaN, 1e400, a 401-digit integer) in the model's own files (a hub repo's, a
+    # source tree's of another user) ended every rule's arithmetic in ValueError or OverflowError, on
+    # every plan: the file is not used, and one finding names the key and the file (tenth round).
+    for doc_name, got in (("config.json", base), ("hf_quant_config.json", quant)):
+        if got is not None and (bad := outlandish_number(got)) is not None:
+            out.setdefault("model_numbers", f"{root}/{doc_name}: {_shown_number(*bad)}")
+    if out.get("model_numbers"):
+        base = quant = None
     if base is not None:
-        out["model_config"] = deep_merge(base, want.config)
+        merged = deep_merge(base, want.config)
+        if (bad := outlandish_number(merged)) is not None:  # the spec's own patch (TOML has inf and nan)
+            out["model_numbers"] = f"[model] config: {_shown_number(*bad)}"
+        else:
+            out["model_config"] = merged
         out["weights"] = _weights_before_download(
             spec, root, files, within, root if out.get("model_files_from") == "source" else None
         )
@@ -126,6 +139,12 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
     return out
+
+
+def _shown_number(where: str, value: object) -> str:
+    from reconcile.safety.display import shown
+
+    return f"{shown(where, 200)} is {shown(repr(value), 40)}, a number no model has"
 
 
 def _known_model(repo: str | None) -> dict[str, Any] | None:
@@ -370,7 +389,12 @@ def rule_findings(spec: Spec, inputs: PreflightInputs) -> tuple[Finding, ...]:
     if spec.cuda is None and spec.gpu is None and not inputs.gpus:
         # A CPU-only spec (the demo) builds no kernels: the JIT toolchain rules do not apply.
         by_topic = tuple(m for m in by_topic if m is not toolchain)
-    return tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
+    found = tuple(f for module in by_topic for rule in module.RULES for f in rule(c))
+    if inputs.model_numbers:  # that file was not used: the rules judged the model as unknown
+        fix = "fix or remove that file (a hub repo's: pin another revision); the rules then judge the model"
+        bad = Finding(rule="model.numbers", severity="error", message=inputs.model_numbers, fix=fix)
+        found = (bad, *found)
+    return found
 
 
 def memory_table(spec: Spec, inputs: PreflightInputs) -> str:

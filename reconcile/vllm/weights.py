@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconcile.record import Record
+from reconcile.safety.shapes import SIZE_MAX
 from reconcile.vllm.families import resolve
 from reconcile.vllm.kvspec import MAMBA, layer_kinds
 
@@ -32,9 +33,11 @@ def index_total(index: Mapping[str, Any]) -> int | None:
     """`metadata.total_size` of a model.safetensors.index.json (the bytes of all its shards' tensors)."""
     meta = index.get("metadata")
     total = meta.get("total_size") if isinstance(meta, Mapping) else None
-    return (
-        int(total) if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0 else None
-    )
+    if not isinstance(total, (int, float)) or isinstance(total, bool):
+        return None
+    # A size a file can have (shapes.SIZE_MAX): 1e400 (infinity), NaN or a 401-digit integer was
+    # int()'s or the memory table's OverflowError on every plan (tenth round).
+    return int(total) if 0 < total <= SIZE_MAX else None
 
 
 def _n(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
