@@ -7,6 +7,7 @@ succeeding on main before its fix unless its docstring says it was already refus
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,57 @@ def test_a_tokenizer_config_number_no_model_has_is_one_finding_never_an_internal
     run = _plan(tmp_path, "tokenizer_config.json", "model_max_length", value)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert f"model.numbers | {tmp_path}/model/tokenizer_config.json: model_max_length is " in run.stdout, run.stdout
+
+
+# A hub (or a mirror at HF_ENDPOINT) listening on loopback whose answer's commit sha is SHA; the listing
+# as apply's download asks for it (actions.model._listing), through huggingface_hub's own client.
+HUB = r"""
+import json, os, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SHA = json.loads(sys.argv[1])
+
+class Hub(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({"id": "o/m", "sha": SHA, "siblings": [{"rfilename": "model.safetensors", "size": 5}]})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+hub = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+threading.Thread(target=hub.serve_forever, daemon=True).start()
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{hub.server_address[1]}"
+from actions.model import _listing
+from reconcile.errors import ActionError
+try:
+    print("listed:", json.dumps(_listing("o/m", "main", None)[0]), flush=True)
+except ActionError as exc:
+    print("refused:", exc, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("sha", "taken"), [("a" * 40, True), ("a" * 40 + "\n", False)])
+def test_the_hubs_commit_sha_is_forty_hex_digits_and_nothing_after_them(tmp_path: Path, sha: str, taken: bool) -> None:
+    """actions.model checked the hub's commit sha with `re.match(r"^[0-9a-f]{40}$")`, whose `$` also
+    matches before a final newline. main (seen): a hub answering `"sha": "<40 hex>\\n"` had it taken as
+    the commit, newline and all, for the download's revision, the store's snapshot name and the
+    listing cache's file name. Now the patterns that judge names and commits from outside end in `\\Z`:
+    that answer is refused as a hub answering without a commit sha; a plain sha is still taken."""
+    run = subprocess.run(
+        [sys.executable, "-c", HUB, json.dumps(sha)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HOME": str(tmp_path)},
+    )
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    if taken:
+        assert run.stdout == f"listed: {json.dumps(sha)}\n", run.stdout
+    else:
+        assert run.stdout.startswith("refused: o/m@main: the hub answered without a commit sha"), run.stdout
