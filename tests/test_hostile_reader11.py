@@ -84,7 +84,8 @@ def test_a_tokenizer_config_number_no_model_has_is_one_finding_never_an_internal
     it unused, and one finding names the file and the key."""
     run = _plan(tmp_path, "tokenizer_config.json", "model_max_length", value)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert f"model.numbers | {tmp_path}/model/tokenizer_config.json: model_max_length is " in run.stdout, run.stdout
+    named = f"model.numbers | {tmp_path}/model/tokenizer_config.json: model_max_length is "
+    assert named in run.stdout, run.stdout
 
 
 # A hub (or a mirror at HF_ENDPOINT) listening on loopback whose answer's commit sha is SHA; the listing
@@ -100,7 +101,8 @@ class Hub(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
-        body = json.dumps({"id": "o/m", "sha": SHA, "siblings": [{"rfilename": "model.safetensors", "size": 5}]})
+        siblings = [{"rfilename": "model.safetensors", "size": 5}]
+        body = json.dumps({"id": "o/m", "sha": SHA, "siblings": siblings})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body.encode())))
@@ -120,7 +122,9 @@ except ActionError as exc:
 
 
 @pytest.mark.parametrize(("sha", "taken"), [("a" * 40, True), ("a" * 40 + "\n", False)])
-def test_the_hubs_commit_sha_is_forty_hex_digits_and_nothing_after_them(tmp_path: Path, sha: str, taken: bool) -> None:
+def test_the_hubs_commit_sha_is_forty_hex_digits_and_nothing_after_them(
+    tmp_path: Path, sha: str, taken: bool
+) -> None:
     """actions.model checked the hub's commit sha with `re.match(r"^[0-9a-f]{40}$")`, whose `$` also
     matches before a final newline. main (seen): a hub answering `"sha": "<40 hex>\\n"` had it taken as
     the commit, newline and all, for the download's revision, the store's snapshot name and the
@@ -132,7 +136,11 @@ def test_the_hubs_commit_sha_is_forty_hex_digits_and_nothing_after_them(tmp_path
         text=True,
         timeout=120,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HOME": str(tmp_path)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            "HF_HOME": str(tmp_path),
+        },
     )
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     if taken:
