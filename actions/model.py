@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["MANIFEST", "desired_config", "download", "patch_config", "resolve_revision"]
 
 MANIFEST = ".reconcile-model.json"
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_REALIZATION = re.compile(r"^[0-9a-f]{32}-model$")  # reconcile.apply.store's name for a model realization
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")  # \Z: $ lets a trailing newline through (eleventh round)
+_REALIZATION = re.compile(r"^[0-9a-f]{32}-model\Z")  # reconcile.apply.store's name for a model realization
 _ATTEMPTS = 3
 T = TypeVar("T")
 

@@ -43,7 +43,7 @@ SEAL = ".reconcile-realization.json"  # as in a venv realization: written once, 
 RECORD = ".reconcile-model.json"  # the model action's download record (probes.model reads it)
 BACKUP = "config.json.bak"
 FORMAT = "reconcile-model-realization/1"
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")  # \Z: $ lets a trailing newline through (eleventh round)
 
 
 def content_id(files: Mapping[str, str]) -> str:

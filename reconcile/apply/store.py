@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from reconcile.spec.models import Venv
 
 MANIFEST = ".reconcile-realization.json"  # inside each realization: what it holds, written once complete
-_NAME = re.compile(r"^[0-9a-f]{32}-(venv|model)$")
+_NAME = re.compile(r"^[0-9a-f]{32}-(venv|model)\Z")
 
 
 def store_of(venv: Venv | None, state_dir: str | None = None) -> str | None:

@@ -135,7 +135,13 @@ def _model_facts(spec: Spec, obs: Observed, within: str | None = None) -> dict[s
         )
     out["hf_quant_config"] = quant
     tree = root if out.get("model_files_from") == "source" else None  # nobody's data: links only inside
-    out["tokenizer_config"] = _read_json(os.path.join(root, "tokenizer_config.json"), within, tree)
+    tokenizer = _read_json(os.path.join(root, "tokenizer_config.json"), within, tree)
+    # Its model_max_length caps the derived length: -1e400 there won min() and ended int() in an
+    # OverflowError on every plan (eleventh round). Walked as config.json is; a bad one is not used.
+    if tokenizer is not None and (bad := outlandish_number(tokenizer)) is not None:
+        out.setdefault("model_numbers", f"{root}/tokenizer_config.json: {_shown_number(*bad)}")
+        tokenizer = None
+    out["tokenizer_config"] = tokenizer
     out["model_file_sizes"] = dict(files)
     out.setdefault("model_files", frozenset(files))
     return out

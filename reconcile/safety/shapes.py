@@ -191,7 +191,8 @@ def listed_size(value: object) -> int | None:
 
 def outlandish_number(doc: object) -> tuple[str, object] | None:
     """The first number in a JSON document from outside (a model's config.json) that no model has:
-    not finite (NaN, Infinity, 1e400) or past SIZE_MAX either way, as (its key path, the value); None
+    not finite (NaN, Infinity, 1e400) or past SIZE_MAX either way (also written as a string that
+    float() reads so: "1e400", "nan"), as (its key path, the value); None
     when every number is within. The preflight's arithmetic takes any number a model has: these ended
     in ValueError or OverflowError (int(inf), a float division past its range) on every plan. Walked
     without recursion (load_json takes nesting as deep as the parser's own limit), and a scalar costs
@@ -210,11 +211,35 @@ def outlandish_number(doc: object) -> tuple[str, object] | None:
             kind = type(item)
             if kind is dict or kind is list:
                 todo.append((item, (at, key)))
-            elif (kind is float and not (isfinite(item) and -SIZE_MAX <= item <= SIZE_MAX)) or (
-                kind is int and not -SIZE_MAX <= item <= SIZE_MAX
+            elif (
+                (kind is float and not (isfinite(item) and -SIZE_MAX <= item <= SIZE_MAX))
+                or (kind is int and not -SIZE_MAX <= item <= SIZE_MAX)
+                or (kind is str and _outlandish_text(item))
             ):
                 return _spelled((at, key)), item
     return None
+
+
+# The first characters of a string float() may read as a number: its signs, digits, point, the i and n
+# of inf and nan, and (tested apart) any Unicode decimal digit or space, which float() takes too.
+_NUMERIC_HEAD = frozenset("0123456789+-.iInN")
+
+
+def _outlandish_text(text: str) -> bool:
+    """Whether a string is a number float() reads as one no model has: the preflight's arithmetic calls
+    float() on some values (a rope factor, Mamba's expand), so "1e400", "nan" or "-inf" written as a
+    string reached int() as infinity or NaN (eleventh round). Only a string that can start a number is
+    parsed, so the walk stays as cheap for a config of names."""
+    head = text[:1]
+    if not head or not (head in _NUMERIC_HEAD or head.isdecimal() or head.isspace()):
+        return False
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return not (math.isfinite(value) and -SIZE_MAX <= value <= SIZE_MAX)
 
 
 def _spelled(chain: tuple[object, ...] | None) -> str:
