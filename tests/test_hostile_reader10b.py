@@ -193,3 +193,21 @@ def test_a_number_no_model_has_in_the_models_own_files_is_one_finding_never_an_i
     if where != "total_size":
         assert f"model.numbers | {tmp_path}/model/config.json: {where} is " in run.stdout, run.stdout
         assert "a number no model has" in run.stdout, run.stdout
+
+
+def test_the_configs_transformers_writes_for_the_served_hybrids_are_a_models_numbers() -> None:
+    """transformers writes Mamba-2's `time_step_limit` as [0.0, Infinity] (its default for Mamba2, Bamba,
+    Falcon-H1, Granite-4.0-H and NemotronH), and the lab served those configs: the check above must not
+    take a real model's open bound for a number no model has (it refused every one of them as
+    `model.numbers` before OPEN_BOUNDS). Infinity anywhere the rules read is still refused."""
+    from reconcile.safety.shapes import outlandish_number
+
+    rows = sorted((Path(__file__).resolve().parent / "data" / "served_issue28").glob("*.json"))
+    with_bound = 0
+    for row in rows:
+        config = json.loads(row.read_text())["config"]
+        with_bound += "Infinity" in json.dumps(config.get("time_step_limit"))
+        assert outlandish_number(config) is None, row.name
+    assert with_bound >= 4  # nemotronh-pad, granite-h, falcon-h1, mamba-kvbytes-graphs
+    nemotron = json.loads((rows[0].parent / "nemotronh-pad.json").read_text())["config"]
+    assert outlandish_number({**nemotron, "hidden_size": float("inf")}) == ("hidden_size", float("inf"))

@@ -189,6 +189,12 @@ def listed_size(value: object) -> int | None:
     return None
 
 
+# Keys whose value a model's config holds as an open bound: transformers writes Mamba-2's time_step_limit
+# as [0.0, Infinity] by default (Mamba2, Bamba, Falcon-H1, Granite-4.0-H, NemotronH), so a real config
+# has it. No rule of the preflight reads them, so they are not walked.
+OPEN_BOUNDS = frozenset({"time_step_limit", "mamba_dt_limit"})
+
+
 def outlandish_number(doc: object) -> tuple[str, object] | None:
     """The first number in a JSON document from outside (a model's config.json) that no model has:
     not finite (NaN, Infinity, 1e400) or past SIZE_MAX either way (also written as a string that
@@ -210,7 +216,8 @@ def outlandish_number(doc: object) -> tuple[str, object] | None:
         for key, item in items:
             kind = type(item)
             if kind is dict or kind is list:
-                todo.append((item, (at, key)))
+                if key not in OPEN_BOUNDS:
+                    todo.append((item, (at, key)))
             elif (
                 (kind is float and not (isfinite(item) and -SIZE_MAX <= item <= SIZE_MAX))
                 or (kind is int and not -SIZE_MAX <= item <= SIZE_MAX)
