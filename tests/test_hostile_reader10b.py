@@ -13,31 +13,15 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from tests.test_hostile_reader9b import _Hub  # a hub whose listing gives a file the size _Hub.SIZE
+
 COMMIT = "a" * 40
 HUGE = "1" + "0" * 400  # a JSON integer: valid, a count >= 0, and past every float
-
-
-class _Hub(BaseHTTPRequestHandler):
-    """A hub (or a mirror at HF_ENDPOINT) whose listing gives the one weight file the size SIZE."""
-
-    SIZE = "0"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        siblings = f'[{{"rfilename": "model.safetensors", "size": {self.SIZE}}}]'
-        body = f'{{"id": "o/m", "sha": "{COMMIT}", "siblings": {siblings}}}'.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
 
 # The plan's preflight as `reconcile plan` runs it (gather.inputs_from, then run_preflight with two
@@ -130,9 +114,22 @@ def test_a_cached_listing_with_a_size_no_file_can_have_is_moved_aside_and_the_pl
     assert any(".corrupt-" in p.name for p in repo_dir.iterdir()), list(repo_dir.iterdir())
 
 
+# The end of a script that judges the model dir `d` (under `tmp`) by the plan's preflight, as `reconcile
+# plan` runs it (gather.inputs_from, then run_preflight), and prints its errors.
+PREFLIGHT_ERRORS = """s = llama_spec(tmp, d, offline=True)
+inputs = inputs_from(s, observed(d))
+found = run_preflight(s, GOOD._replace(**{k: getattr(inputs, k) for k in (
+    "model_config", "hf_quant_config", "tokenizer_config", "model_file_sizes", "model_files", "weights",
+    "model_numbers") if hasattr(inputs, k)}))
+for f in found:
+    if f.severity == "error":
+        print(f.rule, "|", f.message, flush=True)
+"""
+
 # A model's own JSON (a hub repo's config.json, or a source tree of another user's), judged by the plan's
 # preflight as `reconcile plan` runs it, before the weights are there (so the index's total counts).
-CONFIG = r"""
+CONFIG = (
+    r"""
 import json, sys
 from pathlib import Path
 from reconcile.preflight.gather import inputs_from, run_preflight
@@ -149,15 +146,9 @@ if where == "total_size":
 else:
     config = config.replace(f'"{where}": ', f'"{where}": {value}, "was_{where}": ', 1)
 (d / "config.json").write_text(config)
-s = llama_spec(tmp, d, offline=True)
-inputs = inputs_from(s, observed(d))
-found = run_preflight(s, GOOD._replace(**{k: getattr(inputs, k) for k in (
-    "model_config", "hf_quant_config", "tokenizer_config", "model_file_sizes", "model_files", "weights",
-    "model_numbers") if hasattr(inputs, k)}))
-for f in found:
-    if f.severity == "error":
-        print(f.rule, "|", f.message, flush=True)
 """
+    + PREFLIGHT_ERRORS
+)
 
 
 @pytest.mark.parametrize(

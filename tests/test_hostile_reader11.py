@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_hostile_reader10b import PREFLIGHT_ERRORS
+
 # A model's own files (a hub repo's, or a source tree of another user's), judged by the plan's
 # preflight as `reconcile plan` runs it (gather.inputs_from, then run_preflight); prints the errors.
-PLAN = r"""
+PLAN = (
+    r"""
 import json, sys
 from pathlib import Path
 from reconcile.preflight.gather import inputs_from, run_preflight
@@ -35,15 +38,9 @@ elif doc == "config.json":
 else:
     (d / doc).write_text('{"%s": %s}' % (key, value))
 (d / "config.json").write_text(json.dumps(config))
-s = llama_spec(tmp, d, offline=True)
-inputs = inputs_from(s, observed(d))
-found = run_preflight(s, GOOD._replace(**{k: getattr(inputs, k) for k in (
-    "model_config", "hf_quant_config", "tokenizer_config", "model_file_sizes", "model_files", "weights",
-    "model_numbers") if hasattr(inputs, k)}))
-for f in found:
-    if f.severity == "error":
-        print(f.rule, "|", f.message, flush=True)
 """
+    + PREFLIGHT_ERRORS
+)
 
 
 def _plan(tmp_path: Path, doc: str, key: str, value: str) -> subprocess.CompletedProcess[str]:
