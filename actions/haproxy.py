@@ -215,8 +215,14 @@ def reload(spec: Spec, pid: int, timeout: float = 10.0) -> None:
     if master is None:
         raise ActionError(f"haproxy (master pid {pid}) is gone, or no longer ours; see {config[:-4]}.log")
     try:
-        before = _children(pid)
         deadline = time.monotonic() + timeout
+        # A master still starting has not forked its worker yet: that worker, appearing after `before`,
+        # would be taken for the reload's, while the signal went unheeded and the master re-executes
+        # later, under the next probe's feet (seen once in a full run: a reload right after the start).
+        before = _children(pid)
+        while not before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            before = _children(pid)
         while time.monotonic() < deadline:
             if not master.send(signal.SIGUSR2):
                 break  # it exited: not reloaded
