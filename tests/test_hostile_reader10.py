@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import FAKE_VLLM, Demo
+from tests.test_hostile_reader9 import refused_as_server
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
@@ -72,18 +73,7 @@ def test_the_program_env_runs_is_judged_however_the_shebang_spells_it(
     theirs = _theirs(tools, marker)
     shebang = SHEBANGS[form].format(theirs=theirs, tools=tools)
     server = _script(outside / "serve", shebang, f"exec(open({str(FAKE_VLLM)!r}).read())\n")
-
-    def edit(doc: Any) -> None:
-        doc["server"]["executable"] = str(server)
-
-    spec = demo.write_spec(edit)
-    plan = demo.cli("plan", spec=spec)
-    run = demo.cli("apply", spec=spec, timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
-    for result in (plan, run):
-        assert result.returncode == 1 and "Traceback" not in result.output, result.output
-        assert "/usr/bin/env" in result.output and str(server) in result.output, result.output
+    refused_as_server(demo, server, marker, "/usr/bin/env", str(server))
 
 
 @pytest.mark.parametrize("how", ["env", "direct"])
@@ -111,19 +101,9 @@ def test_a_chain_of_scripts_is_judged_to_its_end(demo: Demo, outside: Path, how:
     script(tools / "step2", str(theirs) if how == "direct" else "theirpython", _STEP)
     script(tools / "step1", line("step2"), _STEP)
     server = script(outside / "serve", line("step1"), f"exec(open({str(FAKE_VLLM)!r}).read())\n")
-
-    def edit(doc: Any) -> None:
-        doc["server"]["executable"] = str(server)
-
-    spec = demo.write_spec(edit)
-    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
-    plan = demo.cli("plan", spec=spec, env=env)
-    run = demo.cli("apply", spec=spec, env=env, timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
-    for result in (plan, run):
-        assert result.returncode == 1 and "Traceback" not in result.output, result.output
-        assert f"{theirs} is owned by nobody" in result.output, result.output
+    refused_as_server(
+        demo, server, marker, f"{theirs} is owned by nobody", env={"PATH": f"{tools}:{os.environ['PATH']}"}
+    )
 
 
 def test_the_program_env_runs_is_judged_on_the_servers_path_not_ours(demo: Demo, outside: Path) -> None:
@@ -139,15 +119,7 @@ def test_the_program_env_runs_is_judged_on_the_servers_path_not_ours(demo: Demo,
     theirs = _theirs(tools, marker)
     server = _script(outside / "serve", "theirpython", f"exec(open({str(FAKE_VLLM)!r}).read())\n")
 
-    def edit(doc: Any) -> None:
-        doc["server"]["executable"] = str(server)
+    def spec_path(doc: Any) -> None:
         doc["server"].setdefault("env", {})["PATH"] = f"{demo.venv}/bin:{tools}:$PATH"
 
-    spec = demo.write_spec(edit)
-    plan = demo.cli("plan", spec=spec)
-    run = demo.cli("apply", spec=spec, timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
-    for result in (plan, run):
-        assert result.returncode == 1 and "Traceback" not in result.output, result.output
-        assert f"{theirs} is owned by nobody" in result.output, result.output
+    refused_as_server(demo, server, marker, f"{theirs} is owned by nobody", edit_more=spec_path)

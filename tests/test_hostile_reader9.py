@@ -15,7 +15,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -371,19 +371,37 @@ def test_the_program_an_env_shebang_names_is_held_to_the_exec_role_too(demo: Dem
     server = outside / "serve"
     server.write_text(f"#!/usr/bin/env theirpython\nexec(open({str(FAKE_VLLM)!r}).read())\n")
     server.chmod(0o755)
+    refused_as_server(
+        demo, server, marker, f"{theirs} is owned by nobody", env={"PATH": f"{tools}:{os.environ['PATH']}"}
+    )
+
+
+def refused_as_server(
+    demo: Demo,
+    server: Path,
+    marker: Path,
+    *named: str,
+    env: dict[str, str] | None = None,
+    edit_more: Callable[[Any], None] | None = None,
+) -> None:
+    """Root's `[server] executable` is `server` (the CLI run with `env` added, the spec changed by
+    `edit_more` too): plan and apply both exit 1 without a traceback, naming every string of `named`,
+    and nobody's program never ran (its `marker` was never written)."""
 
     def edit(doc: Any) -> None:
         doc["server"]["executable"] = str(server)
+        if edit_more is not None:
+            edit_more(doc)
 
     spec = demo.write_spec(edit)
-    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
     plan = demo.cli("plan", spec=spec, env=env)
     run = demo.cli("apply", spec=spec, env=env, timeout=300)
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's program ran ({ran!r}): {plan.output}{run.output}"
     for result in (plan, run):
-        assert f"{theirs} is owned by nobody" in result.output, result.output
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
+        for text in named:
+            assert text in result.output, result.output
 
 
 # --- class 3: the spec's own values (names that become an environment's) ---------------------------
