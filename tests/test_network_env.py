@@ -50,17 +50,28 @@ def _ran(demo: Demo, marker: Path) -> tuple[list[Path], str]:
     return installed, marker.read_text() if marker.exists() else ""
 
 
-@pytest.mark.parametrize("name", ["PIP_INDEX_URL", "UV_INDEX_URL"])
+@pytest.mark.parametrize(
+    ("name", "host"),
+    [
+        ("PIP_INDEX_URL", "127.0.0.1"),
+        ("UV_INDEX_URL", "127.0.0.1"),
+        ("UV_INDEX_URL", "\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54"),  # fullwidth "localhost"
+        ("UV_INDEX_URL", "\uff11\uff12\uff17\u3002\uff10\u3002\uff10\u3002\uff11"),  # fullwidth 127.0.0.1
+    ],
+    ids=["pip", "uv", "uv-fullwidth-name", "uv-fullwidth-address"],
+)
 def test_an_index_nobody_listens_on_never_hands_root_their_wheel(
-    demo: Demo, outside: Path, strangers: list[int], name: str
+    demo: Demo, outside: Path, strangers: list[int], name: str, host: str
 ) -> None:
     """`sudo -E reconcile apply` with PIP_INDEX_URL (pip) or UV_INDEX_URL (uv, reconcile's own
     dependency, found on PATH) naming a loopback port: the environment rule looked for paths, and a
     URL of http://127.0.0.1:PORT names none. nobody bound the port first and serves a PEP 503 index.
     main: root's venv got nobody's ninja 99.0, whose `.pth` ran as uid 0 at the venv python's next
-    start (pip and uv alike)."""
+    start (pip and uv alike). uv maps a host as IDNA's UTS 46 does (fullwidth letters and digits, the
+    ideographic full stop U+3002): the listener rule's first cut compared the host as written, and uv
+    reached nobody's index through `http://ｌｏｃａｌｈｏｓｔ:PORT` and `http://１２７。０。０。１:PORT`."""
     port, marker = _nobodys_index(outside, strangers)
-    url = f"http://127.0.0.1:{port}/simple"
+    url = f"http://{host}:{port}/simple"
     env = {name: url}
     if name.startswith("UV_"):  # uv from reconcile's own venv: the "auto" installer then takes it
         env["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
@@ -68,7 +79,7 @@ def test_an_index_nobody_listens_on_never_hands_root_their_wheel(
     run = demo.cli("apply", env=env, timeout=300)
     installed, ran = _ran(demo, marker)
     assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
-    assert f"reconcile: environment {name} left out: {url}: port {port} on 127.0.0.1 is" in run.output
+    assert f"reconcile: environment {name} left out: {url}: port {port} on " in run.output, run.output
     assert "listened on by nobody (uid 65534)" in run.output, run.output
     assert "Traceback" not in run.output, run.output
 

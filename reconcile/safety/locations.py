@@ -57,8 +57,10 @@ def _default_port(scheme: str) -> int | None:
 def _is_this_machine(host: str) -> bool:
     """A loopback or wildcard address (in any form inet_aton reads: `127.1`, `2130706433`), an address
     of one of this machine's interfaces, `localhost` or a `.localhost` name, this machine's hostname,
-    or a name /etc/hosts gives one of those addresses (what the resolver answers without asking DNS)."""
-    name = host.lower().rstrip(".")
+    or a name /etc/hosts gives one of those addresses (what the resolver answers without asking DNS).
+    Judged as a resolver gets it: uv's URL parser (UTS 46) and Python's socket (the idna codec) map
+    fullwidth letters and digits and the ideographic full stop to ASCII, `ｌｏｃａｌｈｏｓｔ` to localhost."""
+    name = _ascii(host).lower().rstrip(".")
     address = _address(name)
     if address is not None:
         return _local_address(address)
@@ -68,6 +70,17 @@ def _is_this_machine(host: str) -> bool:
     if name in (hostname, hostname.split(".")[0]):
         return True
     return any(_local_address(a) for a in _hosts_file().get(name, ()))
+
+
+def _ascii(host: str) -> str:
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:  # a label the codec refuses: its compatibility form, as UTS 46 maps it first
+        import unicodedata
+
+        return unicodedata.normalize("NFKC", host)
 
 
 def _address(text: str) -> IPv4Address | IPv6Address | None:
