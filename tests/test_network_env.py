@@ -143,6 +143,7 @@ FORMS = [
     ("HTTPS_PROXY", "127.0.0.1:PORT", "127.0.0.1"),
     ("ALL_PROXY", "socks5h://LOCALHOST.:PORT", "127.0.0.1"),
     ("VLLM_SOMETHING_URL", "http://vm.localhost:PORT", "127.0.0.1"),
+    ("UV_INDEX_URL", "http://%6Cocalhost:PORT/simple", "127.0.0.1"),
     ("https_proxy", "http://0.0.0.0:PORT", "0.0.0.0"),
 ]
 
@@ -151,10 +152,11 @@ FORMS = [
 def test_every_form_of_a_local_network_location_is_held_to_the_listener_rule(
     demo: Demo, strangers: list[int], name: str, value: str, host: str
 ) -> None:
-    """New members of the class, each a way a tool reaches this machine: a name (`localhost`, the
-    hostname, a trailing dot, any case, a `.localhost` name), inet_aton's short form `127.1`, IPv6 `[::1]`,
-    the wildcard address, credentials in the URL, a proxy's bare host:port, one URL of a list, a
-    variable no tool's namespace holds. nobody listens on each. main: all kept (no line)."""
+    """New members of the class, each a way to write this machine: a name (`localhost`, the hostname,
+    a trailing dot, any case, a `.localhost` name, percent-escaped: uv decodes it, seen), inet_aton's
+    short form `127.1`, IPv6 `[::1]`, the wildcard address, credentials in the URL, a proxy's bare
+    host:port, one URL of a list, a variable no tool's namespace holds. nobody listens on each.
+    main: all kept (no line)."""
     port = listening_as_nobody(strangers, host)
     value = value.replace("PORT", str(port))
     run = demo.cli("plan", env={name: value})
