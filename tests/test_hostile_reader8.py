@@ -92,6 +92,19 @@ def _wheel(directory: Path, marker: Path) -> Path:
     return wheel
 
 
+def nobodys_index(outside: Path) -> tuple[Path, Path]:
+    """A PEP 503 index of nobody's (`<dir>/simple/ninja/`) offering `_wheel`'s ninja 99.0; returns (the
+    directory, the marker its `.pth` writes)."""
+    theirs = nobodys_dir(outside, "index")
+    project = theirs / "simple" / "ninja"
+    project.mkdir(parents=True)
+    marker = outside / "ran-as"
+    wheel = _wheel(project, marker)
+    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    return theirs, marker
+
+
 def test_a_percent_encoded_file_url_in_pip_find_links_never_hands_root_nobodys_wheel(
     demo: Demo, outside: Path
 ) -> None:
@@ -186,13 +199,7 @@ def test_a_local_index_of_nobodys_in_the_spec_never_hands_root_their_wheel(demo:
     from it as readily. With one of nobody's (a PEP 503 directory), an unlocked apply installs the
     highest version it offers, and `reconcile lock` would pin nobody's wheels' hashes. main: root's
     venv got nobody's ninja 99.0, whose `.pth` ran as uid 0."""
-    theirs = nobodys_dir(outside, "index")
-    project = theirs / "simple" / "ninja"
-    project.mkdir(parents=True)
-    marker = outside / "ran-as"
-    wheel = _wheel(project, marker)
-    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
-    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    theirs, marker = nobodys_index(outside)
     url = f"file://{theirs}/simple"
 
     def edit(doc: Any) -> None:
