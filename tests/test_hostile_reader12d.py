@@ -157,8 +157,14 @@ def hand_started(tmp_path: Path) -> Iterator[int]:
     venv = make_vllm_venv(tmp_path)
     argv = [str(venv / "bin" / "vllm"), "serve", str(DEMO_MODEL), "--port", str(free_port())]
     argv += ["--hf-token", SECRET, "--otlp-traces-endpoint", f"http://tracer:{SECRET}@127.0.0.1:4317"]
-    env = {"PATH": os.environ["PATH"], "FAKE_VLLM_HOLD": str(tmp_path / "gpus"), "FAKE_VLLM_MAX_LIFETIME": "60"}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "FAKE_VLLM_HOLD": str(tmp_path / "gpus"),
+        "FAKE_VLLM_MAX_LIFETIME": "60",
+    }
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         wait_for(lambda: SECRET in "".join(cmdlines()), 20, "the server in /proc")
         yield proc.pid
@@ -194,9 +200,7 @@ def unclaimed() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_cron_line_never_opens_a_state_path_another_user_chose(
-    tmp_path: Path, unclaimed: Path
-) -> None:
+def test_the_cron_line_never_opens_a_state_path_another_user_chose(tmp_path: Path, unclaimed: Path) -> None:
     """The cron line's shell makes the state dir (`mkdir -p`), opens `timer.lock` (`flock`) and appends
     to `timer.log` by name, as root, before `reconcile apply` walks the state dir: with a state_dir
     under a directory nobody made (here a name under /var/tmp nobody took first, its `state` a link to a
@@ -218,6 +222,10 @@ def test_the_cron_line_never_opens_a_state_path_another_user_chose(
     line = next((ln for ln in made.stdout.splitlines() if ln.startswith("*/5 ")), None)
     if line is not None:  # as cron runs it: root's /bin/sh, cron's PATH, in /
         command = line.split(" root ", 1)[1].replace("\\%", "%")
-        subprocess.run(["sh", "-c", command], cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=120)
+        subprocess.run(
+            ["sh", "-c", command], cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, timeout=120
+        )
     assert sorted(os.listdir(private)) == [], made.stdout + made.stderr
-    assert made.returncode == 1 and f"{unclaimed} is owned by nobody" in made.stderr, made.stdout + made.stderr
+    assert made.returncode == 1 and f"{unclaimed} is owned by nobody" in made.stderr, (
+        made.stdout + made.stderr
+    )
