@@ -27,7 +27,8 @@ def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
 UNSEEN = "a process reconcile cannot see (another namespace?)"
 # The descriptors of processes other than the deployment's read to name a socket's holder: another user
 # holds as many as the hard limit allows (524,288 by systemd's default) in as many processes as they
-# like, a few MB of their memory, and a scan that reads them all took minutes a look. ~0.3 s of reading.
+# like, a few MB of their memory, and a scan that read them all took minutes a look. This bound is
+# read in ~1 s (measured on the 2-core CI machine, busy).
 OTHERS_FDS_MAX = 100_000
 LOOKED = f"reconcile reads at most {OTHERS_FDS_MAX:,} descriptors of other processes to find one"
 ARGV_MAX = 1 << 16  # of a holder's command line (it may be ~6 MB): shown_argv shows less
