@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from reconcile.ownership.sockets import OTHERS_FDS_MAX
+from reconcile.ownership.sockets import OTHERS_FDS_MAX, listeners
 from tests.apply_support import DEMO_MODEL, Demo, cmdlines
-from tests.ownership_support import as_nobody, root_only
+from tests.ownership_support import NOBODY, as_nobody, root_only
 from tests.test_init import make_vllm_venv
 from tests.test_server_support import free_port, wait_for
 
@@ -97,17 +97,27 @@ def test_the_holder_of_another_users_listener_is_looked_up_within_a_bound(
 ) -> None:
     """Who holds a socket on the port was found by reading every descriptor of every process until the
     holder turned up: nobody listens on the spec's port (on 127.0.0.2, beside a server on 127.0.0.1, or
-    while it is down) from its newest process, after 12 processes holding 19,000 descriptors each
-    (a few MB of nobody's memory). Main read all 228,000 before naming it, on each of the plan's
-    looks; 50 such processes took 4.7 s a look, a machine's default hard limit (524,288) makes it
-    minutes a look, every plan, status, check and apply. Now the descriptors of processes that are not
-    the deployment's are read up to a bound, past which the listener is named by its socket's user."""
+    while it is down) from its newest process, after processes holding 19,000 descriptors each (its
+    hard limit here; a few MB of nobody's memory). Main read them all before naming it, on each of the
+    plan's looks: 50 such processes took 4.7 s a look, and systemd's default hard limit (524,288) makes
+    it minutes a look, every plan, status, check and apply. Now other users' descriptors are read up to
+    a bound, past which the listener is named by its socket's user; root's processes (here a root
+    listener started after nobody's, as our own HAProxy or server would be) are still read whole."""
     per = min(19_000, resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 16)  # nobody's hard limit is ours
     nobodys_tree(strangers, OTHERS_FDS_MAX // per + 2, fds=per, port=demo.port)
     plan = demo.cli("plan")
     assert "internal error" not in plan.output, plan.output
     [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
     assert "user nobody" in row and "not looked up" in row, plan.output
+    listen = f"import socket, time; s = socket.create_server(('127.0.0.3', {demo.port})); print('ready')"
+    listen += "; import sys; sys.stdout.flush(); time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", listen], stdout=subprocess.PIPE) as roots:
+        try:
+            assert roots.stdout is not None and roots.stdout.readline().strip() == b"ready"
+            held = {x.uid: x for x in listeners(demo.port)}
+            assert held[0].pid == roots.pid and held[NOBODY].pid is None, held
+        finally:
+            roots.kill()
 
 
 # --- a secret never on a command line (the API key's rule, for every secret) ----------------------

@@ -25,12 +25,12 @@ def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
 
 
 UNSEEN = "a process reconcile cannot see (another namespace?)"
-# The descriptors of processes other than the deployment's read to name a socket's holder: another user
-# holds as many as the hard limit allows (524,288 by systemd's default) in as many processes as they
-# like, a few MB of their memory, and a scan that read them all took minutes a look. This bound is
-# read in ~1 s (measured on the 2-core CI machine, busy).
+# The descriptors of other users' processes read to name a socket's holder: another user holds as many
+# as the hard limit allows (524,288 by systemd's default) in as many processes as they like, a few MB of
+# their memory, and a scan that read them all took minutes a look. This bound is read in ~1 s (measured
+# on the 2-core CI machine, busy).
 OTHERS_FDS_MAX = 100_000
-LOOKED = f"reconcile reads at most {OTHERS_FDS_MAX:,} descriptors of other processes to find one"
+LOOKED = f"reconcile reads at most {OTHERS_FDS_MAX:,} descriptors of other users' processes to find one"
 ARGV_MAX = 1 << 16  # of a holder's command line (it may be ~6 MB): shown_argv shows less
 
 
@@ -116,23 +116,31 @@ def _diag_listening(port: int) -> dict[str, int]:
 
 def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dict[str, int], bool]:
     """(inode -> the first process found holding it, whether every process was looked at): `first`
-    (the deployment's) are looked at before the rest, whose descriptors are read up to OTHERS_FDS_MAX."""
+    (the deployment's) are looked at before the rest; other users' descriptors are read up to
+    OTHERS_FDS_MAX."""
     targets = {f"socket:[{i}]": i for i in inodes}
     found: dict[str, int] = {}
     early = list(dict.fromkeys(first))
     rest = (int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in early)
-    budget = OTHERS_FDS_MAX
+    budget, whole = OTHERS_FDS_MAX, True
     for n, pid in enumerate([*early, *rest]):
         if len(found) == len(targets):
             break
+        # Root's processes and ours are read whole (no one else can make them many); other users' up to
+        # the budget. Their uid from status: a process that turns itself non-dumpable has a root-owned
+        # /proc/PID.
+        theirs = n >= len(early) and (ids := uids(pid)) is not None and ids[1] not in (0, os.geteuid())
+        if theirs and not whole:
+            continue
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
-        if n >= len(early):
+        if theirs:
             budget -= len(fds)
             if budget < 0:
-                return found, False
+                whole = False
+                continue
         for fd in fds:
             try:
                 inode = targets.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
@@ -140,7 +148,7 @@ def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dic
                 continue
             if inode is not None and inode not in found:
                 found[inode] = pid
-    return found, True
+    return found, whole
 
 
 def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
