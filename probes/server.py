@@ -24,7 +24,7 @@ from reconcile.ownership.membership import (
     server_leader,
     user_name,
 )
-from reconcile.ownership.sockets import listeners, one_line
+from reconcile.ownership.sockets import UNSEEN, listeners, one_line
 from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.display import shown_argv
@@ -71,11 +71,12 @@ class PortListener(Record):
     name: str | None = None
     user: str | None = None
     cmdline: tuple[str, ...] = ()  # any --api-key value shown as (secret)
+    unseen: str = UNSEEN  # why no holder is named (pid None)
 
     def describe(self) -> str:
         """`pid 123 (user bob: python3 -m http.server 8000)`, for plans and errors."""
         if self.pid is None:
-            return "a process reconcile cannot see (another namespace?)"
+            return self.unseen
         return f"pid {self.pid} (user {self.user or '?'}: {one_line(self.cmdline) or self.name})"
 
 
@@ -173,7 +174,7 @@ def _listener(port: int, scope: Scope, ours: set[int]) -> PortListener:
     x = bad or found[0]
     state: Literal["ours", "foreign"] = "foreign" if bad else "ours"
     user = user_name(x.uid) if x.uid is not None else None
-    return PortListener(port, state, x.pid, x.comm if x.pid is not None else None, user, x.cmdline)
+    return PortListener(port, state, x.pid, x.comm if x.pid is not None else None, user, x.cmdline, x.unseen)
 
 
 def _ownership(spec: Spec, scope: Scope, record: ServerRecord | Absent | Invalid) -> Ownership:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 
 from reconcile.record import Record
-from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
+from reconcile.safety.sensitive import SENSITIVE, env_hashes, is_secret_flag, redact_url, shown_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,15 +52,18 @@ def _canonical_package(name: str) -> str:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A command line fit to show: the value of any `--api-key` replaced by (sensitive)."""
+    """A command line fit to show: the value of a flag named for a secret (`--api-key`, `--hf-token`:
+    sensitive.is_secret_flag) replaced by (sensitive), and a URL's user:password wherever it is."""
     out: list[str] = []
     hide = False
     for token in argv:
         if hide and not token.startswith("--"):
             out.append(SECRET)
             continue
-        hide = token == "--api-key"
-        out.append(f"--api-key={SECRET}" if token.startswith("--api-key=") else token)
+        flag, eq, _value = token.partition("=")
+        secret = token.startswith("--") and is_secret_flag(flag[2:])
+        hide = secret and not eq
+        out.append(f"{flag}={SECRET}" if secret and eq else redact_url(token))
     return out
 
 

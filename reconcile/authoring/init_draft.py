@@ -159,6 +159,14 @@ def _server_sections(s: FoundServer) -> tomlkit.TOMLDocument:
         key.add("file", KEY_FILE)
         doc.add("api_key", key)
     server = _table(f"The `vllm serve` process: from pid {s.pid}'s command line (the key left out).")
+    if s.secret_flags:
+        flags = ", ".join(f"--{f}" for f in s.secret_flags)
+        for line in (
+            f"Left out: {flags}, whose value holds a secret (every local user reads a command",
+            "line): keep each in a file, given to the server in the variable vLLM reads it from:",
+            'secret_files = { HF_TOKEN = "/root/hf.token" }.',
+        ):
+            server.add(tomlkit.comment(line))
     if s.venv is None:
         vllm = next((a for a in s.argv if os.path.basename(a) == "vllm"), "vllm")
         server.add(

@@ -17,7 +17,7 @@ from typing import Any
 from reconcile.errors import ReconcileError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
 from reconcile.record import Record
-from reconcile.safety.sensitive import is_secret_name
+from reconcile.safety.sensitive import has_credentials, is_secret_name, secret_args
 from reconcile.safety.untrusted import load_json
 
 VENV_GLOBS = (
@@ -61,6 +61,7 @@ class FoundServer(Record):
     key_on_cmdline: bool
     key_in_env: bool
     log: str | None
+    secret_flags: tuple[str, ...] = ()  # left out of args: a secret was in their value (safety.sensitive)
 
 
 class MachineFacts(Record):
@@ -188,21 +189,27 @@ def _server_at(pid: int, proc: str) -> tuple[int, FoundServer] | None:
     guesses = [os.path.dirname(os.path.dirname(p)) for p in (vllm, tokens[0], exe) if p.startswith("/")]
     venv = next((g for g in [*guesses[:2], env.get("VIRTUAL_ENV", ""), *guesses[2:]] if _is_venv(g)), None)
     model, args, key = parse_serve_args(rest)
+    secret = tuple(sorted({path[0] for path in secret_args(args)}))  # the spec would refuse them
     try:
         out = os.readlink(f"{proc}/{pid}/fd/1")
     except OSError:
         out = ""
-    kept = {k: v for k, v in env.items() if k.startswith(_ENV_KEPT) and not is_secret_name(k)}
+    kept = {
+        k: v
+        for k, v in env.items()
+        if k.startswith(_ENV_KEPT) and not is_secret_name(k) and not has_credentials(v)
+    }
     return ppid, FoundServer(
         pid,
         tuple(redact_argv(tokens)),
         venv,
         model,
-        args,
+        {k: v for k, v in args.items() if k not in secret},
         dict(sorted(kept.items())),
         key,
         "VLLM_API_KEY" in env,
         out if out.startswith("/") and os.path.isfile(out) else None,
+        secret,
     )
 
 

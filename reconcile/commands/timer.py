@@ -44,6 +44,12 @@ def cmd_timer(args: Args) -> int:
         server_stop=loaded.spec.server.stop_timeout if loaded.spec.server is not None else 0.0,
     )
     if args.timer_command == "cron":
+        # The line's shell makes, locks and appends to files in the state dir by name, as root, before
+        # apply walks it: the dir is made (or found root's, 0700) here, through the trust walk, so no
+        # other user has chosen where those files go.
+        from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir
+
+        ensure_dir(schedule.state_dir, PRIVATE_DIR)
         sys.stdout.write(scheduling.render_cron(schedule))
         return 0
     done = scheduling.install(schedule, args.unit_dir)

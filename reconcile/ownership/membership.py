@@ -171,7 +171,7 @@ def deployment_members(scope: Scope | str) -> dict[int, bytes]:
     live, proven session leader. A bare pid (pidfile, session id) proves nothing: a dead leader's
     session id can become another program's. And nothing owned by another uid is ever a member."""
     scope = Scope(scope) if isinstance(scope, str) else scope
-    me, uid = os.getpid(), scope.owner()
+    me = os.getpid()
     cg = set(cgroup_procs(scope.cgroup)) if scope.cgroup else set()
     recorded = {r.pid: r for r in (*scope.launches, *scope.members)}
     stats: dict[int, ProcStat] = {}
@@ -180,7 +180,9 @@ def deployment_members(scope: Scope | str) -> dict[int, bytes]:
         if not entry.isdigit() or int(entry) == me:
             continue
         stat = read_stat(int(entry))
-        if stat is None or stat.flags & PF_KTHREAD:
+        # Another uid's process is no member, and nothing more of it is read: its environment is as
+        # large as its owner likes (~6 MB), and a thousand forks share one copy of it at no cost.
+        if stat is None or stat.flags & PF_KTHREAD or not _owned(stat.pid, scope):
             continue
         stats[stat.pid], envs[stat.pid] = stat, _environ(stat.pid) or b""
     proven = {
@@ -188,12 +190,11 @@ def deployment_members(scope: Scope | str) -> dict[int, bytes]:
         for pid, st in stats.items()
         if pid in cg or _marked(envs[pid], scope.name) or (pid in recorded and is_same(recorded[pid], st))
     }
-    proven = {pid for pid in proven if uids(pid) == (uid, uid)}
     leaders = {pid for pid in proven if stats[pid].sid == pid}
     hidden = {
         pid
         for pid, st in stats.items()
-        if pid not in proven and st.sid in leaders and _overwritten(envs[pid]) and uids(pid) == (uid, uid)
+        if pid not in proven and st.sid in leaders and _overwritten(envs[pid])
     }
     return {pid: envs[pid] for pid in sorted(proven | hidden)}
 
@@ -212,9 +213,12 @@ def reconcile_processes(specs: Iterable[Spec]) -> set[int]:
     return out
 
 
+def _owned(pid: int, scope: Scope) -> bool:
+    return uids(pid) == (scope.owner(), scope.owner())
+
+
 def _proven(pid: int, scope: Scope, stat: ProcStat, raw: bytes | None) -> bool:
-    if uids(pid) != (scope.owner(), scope.owner()):
-        return False
+    """A process of the deployment's uid (the caller checked) proven by 1-3 of deployment_members."""
     if scope.cgroup and pid in cgroup_procs(scope.cgroup):
         return True
     if _marked(raw, scope.name):
@@ -226,9 +230,9 @@ def is_member(pid: int, scope: Scope | str) -> bool:
     """The same rule for one process (checked again, after pinning it, right before a signal)."""
     scope = Scope(scope) if isinstance(scope, str) else scope
     stat = read_stat(pid)
-    if stat is None or stat.flags & PF_KTHREAD:
+    if stat is None or stat.flags & PF_KTHREAD or not _owned(pid, scope):
         return False
-    raw = _environ(pid)
+    raw = _environ(pid)  # read only once its uid is the deployment's (deployment_members says why)
     if _proven(pid, scope, stat, raw):
         return True
     if raw is None or not _overwritten(raw) or stat.sid == pid:
@@ -236,7 +240,7 @@ def is_member(pid: int, scope: Scope | str) -> bool:
     leader = read_stat(stat.sid)
     return (
         leader is not None
-        and uids(pid) == (scope.owner(), scope.owner())
+        and _owned(stat.sid, scope)
         and _proven(stat.sid, scope, leader, _environ(stat.sid))
     )
 
@@ -246,7 +250,7 @@ def launched_by_us(pid: int, scope: Scope) -> bool:
     or a recorded launch (same start time and boot). The marker and the digest are not enough: any
     user can copy them from a process listing. Only such a process is ever adopted as the server."""
     stat = read_stat(pid)
-    if stat is None or stat.sid != pid or uids(pid) != (scope.owner(), scope.owner()):
+    if stat is None or stat.sid != pid or not _owned(pid, scope):
         return False
     if scope.cgroup and pid in cgroup_procs(scope.cgroup):
         return True

@@ -24,6 +24,16 @@ def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())[:limit]
 
 
+UNSEEN = "a process reconcile cannot see (another namespace?)"
+# The descriptors of other users' processes read to name a socket's holder: another user holds as many
+# as the hard limit allows (524,288 by systemd's default) in as many processes as they like, a few MB of
+# their memory, and a scan that read them all took minutes a look. This bound is read in ~1 s (measured
+# on the 2-core CI machine, busy).
+OTHERS_FDS_MAX = 100_000
+LOOKED = f"reconcile reads at most {OTHERS_FDS_MAX:,} descriptors of other users' processes to find one"
+ARGV_MAX = 1 << 16  # of a holder's command line (it may be ~6 MB): shown_argv shows less
+
+
 class Listener(Record):
     """One listening socket on the port and the process that holds it (pid None: not visible from
     here, e.g. another network or pid namespace)."""
@@ -33,10 +43,11 @@ class Listener(Record):
     uid: int | None
     comm: str
     cmdline: tuple[str, ...]
+    unseen: str = UNSEEN  # why no holder is named (pid None)
 
     def describe(self) -> str:
         if self.pid is None:
-            return "a process reconcile cannot see (another namespace?)"
+            return self.unseen
         cmd = one_line(self.cmdline) or self.comm
         return f"pid {self.pid} (user {user_name(self.uid)}: {cmd})"
 
@@ -50,28 +61,29 @@ class ForeignListener(Exception):
         self.holder = holder
 
 
-def listening_inodes(port: int) -> set[str]:
-    """Socket inodes listening on TCP `port`: sock_diag over netlink (what `ss -ltn` does, ~0.1 ms),
-    else /proc/net/tcp{,6} (which the kernel builds by walking every socket: ~10 ms each)."""
+def listening_inodes(port: int) -> dict[str, int]:
+    """Socket inodes listening on TCP `port`, each with the uid that made the socket: sock_diag over
+    netlink (what `ss -ltn` does, ~0.1 ms), else /proc/net/tcp{,6} (which the kernel builds by walking
+    every socket: ~10 ms each)."""
     try:
         return _diag_listening(port)
     except OSError:
         pass
-    inodes = set()
+    inodes = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in (read_bytes(table) or b"").decode().splitlines()[1:]:
             cols = line.split()
             # local_address is ADDR:PORT in hex; st 0A is LISTEN
             if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
+                inodes[cols[9]] = int(cols[7])
     return inodes
 
 
-def _diag_listening(port: int) -> set[str]:
+def _diag_listening(port: int) -> dict[str, int]:
     import _socket  # not socket.py: its selectors, array and enums cost ~3-4 ms to import
     import struct
 
-    inodes = set()
+    inodes = {}
     sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_DGRAM, 4)  # NETLINK_SOCK_DIAG
     try:
         sock.settimeout(2.0)
@@ -91,28 +103,44 @@ def _diag_listening(port: int) -> set[str]:
                     if kind == 3 or length < 16:  # NLMSG_DONE
                         done = True
                         break
-                    # inet_diag_msg: 4 bytes, sockid (sport big-endian first, 48 bytes), 4 u32s, inode
+                    # inet_diag_msg: 4 bytes, sockid (sport big-endian first, 48 bytes), expires,
+                    # rqueue, wqueue, uid, inode (u32s)
                     if struct.unpack_from("!H", data, offset + 20)[0] == port:
-                        inodes.add(str(struct.unpack_from("=I", data, offset + 16 + 68)[0]))
+                        uid, inode = struct.unpack_from("=II", data, offset + 16 + 64)
+                        inodes[str(inode)] = uid
                     offset += (length + 3) & ~3
     finally:
         sock.close()
     return inodes
 
 
-def socket_owners(inodes: set[str], first: Iterable[int] = ()) -> dict[str, int]:
-    """inode -> the first process found holding it (`first` are looked at before the rest)."""
+def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dict[str, int], bool]:
+    """(inode -> the first process found holding it, whether every process was looked at): `first`
+    (the deployment's) are looked at before the rest; other users' descriptors are read up to
+    OTHERS_FDS_MAX."""
     targets = {f"socket:[{i}]": i for i in inodes}
     found: dict[str, int] = {}
     early = list(dict.fromkeys(first))
     rest = (int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in early)
-    for pid in [*early, *rest]:
+    budget, whole = OTHERS_FDS_MAX, True
+    for n, pid in enumerate([*early, *rest]):
         if len(found) == len(targets):
             break
+        # Root's processes and ours are read whole (no one else can make them many); other users' up to
+        # the budget. Their uid from status: a process that turns itself non-dumpable has a root-owned
+        # /proc/PID.
+        theirs = n >= len(early) and (ids := uids(pid)) is not None and ids[1] not in (0, os.geteuid())
+        if theirs and not whole:
+            continue
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
+        if theirs:
+            budget -= len(fds)
+            if budget < 0:
+                whole = False
+                continue
         for fd in fds:
             try:
                 inode = targets.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
@@ -120,20 +148,24 @@ def socket_owners(inodes: set[str], first: Iterable[int] = ()) -> dict[str, int]
                 continue
             if inode is not None and inode not in found:
                 found[inode] = pid
-    return found
+    return found, whole
 
 
 def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
     """Every socket listening on `port`, with who holds it."""
     inodes = listening_inodes(port)
-    owners = socket_owners(inodes, first) if inodes else {}
+    owners, whole = socket_owners(inodes, first) if inodes else ({}, True)
     out = []
-    for inode in sorted(inodes):
+    for inode, made_by in sorted(inodes.items()):
         pid = owners.get(inode)
-        stat = read_stat(pid) if pid is not None else None
-        raw = (read_bytes(f"/proc/{pid}/cmdline") or b"") if pid is not None else b""
+        if pid is None:
+            why = UNSEEN if whole else f"a process of user {user_name(made_by)} (not looked up: {LOOKED})"
+            out.append(Listener(inode, None, made_by, "?", (), why))
+            continue
+        stat = read_stat(pid)
+        raw = read_bytes(f"/proc/{pid}/cmdline", ARGV_MAX) or b""
         cmd = shown_argv(redact_argv([c for c in raw.decode(errors="replace").split("\0") if c]))
-        ids = uids(pid) if pid is not None else None
+        ids = uids(pid)
         out.append(Listener(inode, pid, ids[1] if ids else None, stat.comm if stat else "?", cmd))
     return out
 

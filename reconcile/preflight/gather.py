@@ -289,7 +289,10 @@ def inputs_from(spec: Spec, obs: Observed, within: str | None = None) -> Preflig
             answer = (
                 getattr(health, "error", None) if getattr(health, "state", None) == "not_listening" else None
             )
-            kw["port_holder"] = PortHolder(listener.pid, f"`{cmd}` of user {listener.user or '?'}", answer)
+            said = (
+                f"`{cmd}` of user {listener.user or '?'}" if listener.pid is not None else listener.describe()
+            )
+            kw["port_holder"] = PortHolder(listener.pid, said, answer)
     return PreflightInputs(**kw)
 
 

@@ -204,7 +204,9 @@ def _gpu_free(c: RuleContext) -> list[Finding]:
 def _port(c: RuleContext) -> list[Finding]:
     port, state, holder = c.server.port, c.inputs.port_state, c.inputs.port_holder
     if state == "other":
-        who = f"{holder.name} (pid {holder.pid})" if holder else "another process"
+        who = "another process" if holder is None else holder.name
+        if holder is not None and holder.pid is not None:
+            who += f" (pid {holder.pid})"
         if holder and holder.answer:
             who += f"; {holder.answer}"
         return [

@@ -35,6 +35,38 @@ def is_secret_name(name: str, marked: Collection[str] = ()) -> bool:
     return name in marked or any(word.upper() in _SECRET_WORDS for word in _WORD.split(name))
 
 
+# A flag, or a key inside a flag's JSON value, named for one secret: its last word is a secret word in
+# the singular (--api-key, --hf-token, {"api_key": ...}). --max-num-batched-tokens counts tokens and
+# --allow-credentials is a switch: neither holds one.
+_ONE_SECRET = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"})
+
+
+def is_secret_flag(name: str) -> bool:
+    words = [w for w in _WORD.split(name) if w]
+    return bool(words) and words[-1].upper() in _ONE_SECRET
+
+
+def secret_args(args: Mapping[str, object]) -> list[tuple[str, ...]]:
+    """Where a server's `args` hold a secret, which on vLLM's command line every local user would read
+    (/proc/PID/cmdline): the text value of a flag named for one (is_secret_flag), a key so named inside
+    a value, a URL's user:password anywhere. Each as its path of keys, outermost first."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(value: object, path: tuple[str, ...], name: str) -> None:
+        if isinstance(value, str) and (is_secret_flag(name) or has_credentials(value)):
+            found.append(path)
+        elif isinstance(value, Mapping):
+            for key, inner in value.items():
+                walk(inner, (*path, str(key)), str(key))
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner, path, name)
+
+    for flag, value in args.items():
+        walk(value, (flag,), flag)
+    return found
+
+
 def digest(value: str) -> str:
     """The hash a secret is kept as: enough to tell a rotation, useless to recover a random token."""
     return hashlib.sha256(b"reconcile-sensitive\0" + value.encode()).hexdigest()[:16]

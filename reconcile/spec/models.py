@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reconcile.record import Record
+from reconcile.safety.sensitive import secret_args
 from reconcile.spec import roles
 from reconcile.spec.values import (
     DURATION_PATTERN,
@@ -439,6 +440,13 @@ class Server(_Model):
     def _no_key_flag(self) -> Server:
         if "api-key" in self.args:
             raise _at("args.api-key", "puts the key on the command line (use [api_key] file = ... instead)")
+        for path in secret_args(self.args):
+            raise _at_parts(
+                ("args", *path),
+                "puts a secret on the server's command line, which every local user can read "
+                "(/proc/PID/cmdline): give it in the environment variable vLLM reads it from, through "
+                '[server] secret_files (e.g. { HF_TOKEN = "/root/hf.token" })',
+            )
         for name in self.secret_env:
             if name not in self.env:
                 raise _at("secret_env", f"names {quoted(name)}, which is not in env (list names of env)")
