@@ -1,0 +1,202 @@
+"""Issue 24's hostile reader, twelfth round, classes 4-6 (bounded network reads, output is data, state
+never wedges): attacks on what rounds 10 and 11 added and left open, found by reading docs/security.md
+and the code alone, each run for real (a model source tree of nobody's and the real `reconcile plan`, a
+hub listening on loopback and the plan's own listing, real files in a real state directory), each seen
+succeeding on main before its fix unless its docstring says it was already refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.apply_support import DEMO_MODEL, Demo, demo_in
+from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
+from tests.test_hostile_reader9b import ROOT_ONLY
+
+COMMIT = "a" * 40
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    yield from demo_in(tmp_path)
+
+
+# --- class 6: a model's config.json nested past what any model has ---------------------------------
+
+
+def _nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def _nobodys_source(demo: Demo, config: str) -> Path:
+    """A copy of the demo model in a tree of nobody's (a publisher's, or another user's `[model] source`)
+    whose config.json is `config`; the demo spec points at it."""
+    source = nobodys_dir(demo.root, "src")
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        shutil.copyfile(DEMO_MODEL / name, source / name)
+    (source / "config.json").write_text(config)
+    for path in source.iterdir():
+        os.chown(path, NOBODY, NOGROUP)
+    demo.spec_path.write_text(demo.spec_path.read_text().replace(str(DEMO_MODEL), str(source)))
+    return source
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("where", ["config.json", "tokenizer_config.json"])
+def test_a_model_document_nested_past_what_any_model_has_is_refused_never_an_internal_error(
+    demo: Demo, where: str
+) -> None:
+    """`untrusted.load_json` turned json's RecursionError into ValueError, so a document nested past
+    the parser's own limit (~1,000) is refused; one nested less deep (600) parses, and the code after
+    it recurses over it one to three frames a level. main (seen): nobody's source tree with a
+    config.json (or tokenizer_config.json) holding `"x": {"a": {"a": ... 600 deep}}` ended every
+    `reconcile plan` in `internal error: RecursionError` (the preflight memo's `_spell`; DeepDiff in
+    the model.config row fails past ~400 too). Now a JSON document from outside or from the state dir
+    nested deeper than `untrusted.JSON_DEPTH_MAX` (64; a model's config nests 3 or 4) is not JSON
+    reconcile takes: the file is named, unused, and the plan goes on."""
+    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    if where == "config.json":
+        raw = json.dumps(config)[:-1] + ', "x": ' + _nested(600) + "}"
+    else:
+        raw = json.dumps(config)
+    source = _nobodys_source(demo, raw)
+    if where != "config.json":
+        tokenizer = json.loads((DEMO_MODEL / where).read_text())
+        (source / where).write_text(json.dumps(tokenizer)[:-1] + ', "x": ' + _nested(600) + "}")
+    run = demo.cli("plan")  # the files not copied yet: the preflight reads the source's
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output[-3000:]
+    assert run.returncode == 2, run.output[-3000:]
+    if where == "config.json":  # in the model dir (as the copy, or a hub's download, leaves it)
+        shutil.copytree(source, demo.model_dir)
+        run = demo.cli("plan")
+        assert "internal error" not in run.output and "Traceback" not in run.output, run.output[-3000:]
+        named = f"{demo.model_dir}/config.json: not valid JSON: JSON nested deeper than 64 levels"
+        assert named in run.output and run.returncode == 2, run.output[-3000:]
+
+
+# --- classes 4 and 6: the plan's own hub listing ---------------------------------------------------
+
+
+class _Hub(BaseHTTPRequestHandler):
+    """A hub (or a mirror at HF_ENDPOINT) on loopback whose listing's commit is `SHA` (raw JSON)."""
+
+    SHA = json.dumps(COMMIT)
+    asked = 0
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        type(self).asked += 1
+        siblings = '[{"rfilename": "model.safetensors", "size": 5}]'
+        body = f'{{"id": "o/m", "sha": {self.SHA}, "siblings": {siblings}}}'.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+# The plan's listing (probes.hub.listing, as the preflight's weights rule asks it while the model is not
+# on disk), twice: the second as every later plan, from the cache.
+LISTING = r"""
+import sys
+from probes.hub import listing
+for _ in range(2):
+    found = listing("o/m", "main", sys.argv[1], offline=False)
+    print("listing:", type(found).__name__, repr(getattr(found, "commit", "")), getattr(found, "reason", ""))
+"""
+
+
+def _listing(cache: Path, sha: str) -> subprocess.CompletedProcess[str]:
+    _Hub.SHA, _Hub.asked = sha, 0
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}",
+        "HF_HUB_OFFLINE": "",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", LISTING, str(cache)], capture_output=True, text=True, timeout=120, env=env
+        )
+    finally:
+        hub.shutdown()
+
+
+def test_the_plans_hub_listing_takes_a_commit_of_forty_hex_digits_and_nothing_after_them(
+    tmp_path: Path,
+) -> None:
+    """Round 11 made apply's listing (actions.model) refuse a hub's `"sha": "<40 hex>\\n"`, but the
+    plan's own listing (probes.hub) kept its copy of the pattern, `^[0-9a-f]{40}$`, whose `$` matches
+    before a final newline. main (seen): the plan's listing took the commit, cached the branch's
+    listing (`main.json`, its `commit` with the newline: the cache's reader takes any string), then
+    ended in `ValueError: not a plain repo id or revision` naming the commit as a cache file name: every
+    plan of a model not yet downloaded ended in that internal error while the hub answered so. Now every
+    commit from outside is judged by one rule (`shapes.is_commit`: 40 hex digits, the whole string), the
+    answer is the hub's bad answer, and nothing is cached."""
+    cache = tmp_path / "cache"
+    run = _listing(cache, json.dumps(COMMIT + "\n"))
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 and all(
+        line.startswith("listing: Unavailable '' the hub answered without a commit for o/m@main")
+        for line in lines
+    ), run.stdout
+    assert [p.name for p in cache.rglob("*.json")] == [], "a commit with a newline was cached"
+    good = _listing(tmp_path / "good", json.dumps(COMMIT))  # the control: a plain sha is listed
+    assert good.stdout.splitlines() == [f"listing: HubListing {COMMIT!r} "] * 2, good.stdout + good.stderr
+
+
+def test_a_cached_listing_whose_commit_is_not_a_commit_is_moved_aside(tmp_path: Path) -> None:
+    """The same listing already in the cache (written by main, or damaged): main (seen) read it back
+    (`HUB_LISTING`'s commit was any string) and answered every plan from it for a day, the newline in
+    its commit. Now its reader holds the commit to `shapes.is_commit`'s rule: moved aside with one line,
+    the hub asked again."""
+    repo_dir = tmp_path / "cache" / "o__m"
+    repo_dir.mkdir(parents=True, mode=0o700)
+    data = {"repo": "o/m", "revision": "main", "commit": COMMIT + "\n", "sizes": {"model.safetensors": 5}}
+    (repo_dir / "main.json").write_text(json.dumps(data))
+    run = _listing(tmp_path / "cache", json.dumps(COMMIT))
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stdout.splitlines() == [f"listing: HubListing {COMMIT!r} "] * 2, run.stdout
+    assert any(".corrupt-" in p.name for p in repo_dir.iterdir()), list(repo_dir.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["failed-note", "branch-listing"])
+def test_a_hub_cache_entry_dated_in_the_future_is_not_fresh(tmp_path: Path, kind: str) -> None:
+    """The hub cache judges an entry's age by its mtime: a failure note is fresh for 15 minutes (the hub
+    is not asked again meanwhile), a branch's listing for a day. An mtime in the future (the clock stepped
+    back after it was written: an RTC that ran ahead, a hand `touch`) made the age negative, and so
+    fresh until the clock caught up. main (seen): a note dated a day ahead answered every plan with
+    `(asked less than 15 minutes ago)` and the hub was never asked; a branch's listing dated a day
+    ahead kept its old commit past its day. Now an entry dated ahead of now is stale: the hub is asked."""
+    repo_dir = tmp_path / "cache" / "o__m"
+    repo_dir.mkdir(parents=True, mode=0o700)
+    if kind == "failed-note":
+        entry = repo_dir / "main.json.failed"
+        entry.write_text("the hub did not list o/m@main: 503")
+        old = COMMIT
+    else:
+        entry = repo_dir / "main.json"
+        old = "b" * 40
+        data = {"repo": "o/m", "revision": "main", "commit": old, "sizes": {"model.safetensors": 5}}
+        entry.write_text(json.dumps(data))
+    ahead = time.time() + 2 * 86400
+    os.utime(entry, (ahead, ahead))
+    run = _listing(tmp_path / "cache", json.dumps(COMMIT))
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stdout.splitlines()[0] == f"listing: HubListing {COMMIT!r} ", (old, run.stdout)
