@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, shown_env
+from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def launch_identity(
     `env.secrets` names them, `env.secret_hashes` holds one digest each (to tell which one rotated)."""
     try:
         config_key: bytes | None = (
-            json.dumps(json.loads(config_json), sort_keys=True).encode() if config_json is not None else None
+            json.dumps(load_json(config_json), sort_keys=True).encode() if config_json is not None else None
         )
     except ValueError:
         config_key = config_json  # unparseable: its bytes are the identity
