@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 
 class Shape:
     """What a JSON value must be. Subclasses check one kind; `problem` says what is wrong, or None."""
@@ -187,6 +191,21 @@ def listed_size(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SIZE_MAX:
         return value
     return None
+
+
+# A commit from outside (a hub's answer, its cache, a lock file, a download record): 40 lowercase hex
+# digits, the whole string. One rule for every reader: each once kept its own copy of `^[0-9a-f]{40}$`,
+# whose `$` also matches before a final newline, and a fix to one left the others (round 11 fixed apply's
+# listing; the plan's listing then took "<40 hex>\n", cached it and ended in an internal error: twelfth).
+COMMIT_PATTERN = "[0-9a-f]{40}"
+COMMIT = Matching(COMMIT_PATTERN, "a 40-hex commit")
+
+
+def is_commit(value: object) -> TypeGuard[str]:
+    """Whether `value` is a commit: a str of exactly 40 lowercase hex digits (re.fullmatch)."""
+    import re
+
+    return type(value) is str and re.fullmatch(COMMIT_PATTERN, value) is not None
 
 
 # Keys whose value a model's config holds as an open bound: transformers writes Mamba-2's time_step_limit

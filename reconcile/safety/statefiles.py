@@ -17,6 +17,7 @@ import time
 from reconcile.errors import ReconcileError
 from reconcile.safety.shapes import (
     BOOL,
+    COMMIT,
     COUNT,
     INT,
     NUM,
@@ -575,7 +576,7 @@ def read_bench(path: str) -> list[dict[str, Any]]:
 # The hub's listing of a model revision, cached by probes.hub under <state_dir>/cache/hub/: its file
 # sizes (a large repo lists thousands of files), and the note of a failed call (one line).
 HUB_LISTING = Obj(
-    {"repo": STR, "revision": STR, "commit": STR, "sizes": MapOf(SIZE)}, required=("commit", "sizes")
+    {"repo": STR, "revision": STR, "commit": COMMIT, "sizes": MapOf(SIZE)}, required=("commit", "sizes")
 )
 HUB_NOTE_MAX = 4 * KiB
 HUB_LISTING_MAX = 16 * MiB
