@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.apply_support import DEMO_MODEL, Demo, demo_in
+from tests.apply_support import DEMO_MODEL, Demo, demo_in, seed_venv, stop_servers
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
 from tests.test_hostile_reader9b import ROOT_ONLY
 
@@ -200,3 +200,61 @@ def test_a_hub_cache_entry_dated_in_the_future_is_not_fresh(tmp_path: Path, kind
     run = _listing(tmp_path / "cache", json.dumps(COMMIT))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert run.stdout.splitlines()[0] == f"listing: HubListing {COMMIT!r} ", (old, run.stdout)
+
+
+# --- class 6: a state writer carrying a damaged value its own reader refuses ------------------------
+
+
+@pytest.mark.parametrize("moment", ["1e400", "-5", "1e300", "nan"])
+def test_a_damaged_textfile_moment_is_never_carried_into_a_last_run_its_reader_moves_aside(
+    demo: Demo, moment: str
+) -> None:
+    """The `--textfile` is read for the counters and the last success when no last-run.json is known;
+    its counters were held to finite counts (round 5), its last success to nothing: any float. main
+    (seen): `reconcile_last_success_timestamp_seconds 1e400` (a hand edit, another tool) was carried into
+    last-run.json as `Infinity` by every run that did not succeed, and the next run's reader (TIME)
+    moved it aside: a `.corrupt-` file and a note every run, for as long as the runs failed, which is
+    when the counters matter. Now a moment the state's TIME shape refuses is no last success (none
+    kept), and last-run.json is written only when its reader takes it back (`statefiles.unreadable`)."""
+    demo.spec_path.write_text(
+        demo.spec_path.read_text().replace("max-model-len = 2048", "max-model-len = 99999999")
+    )
+    textfile = demo.root / "prom" / "reconcile.prom"
+    textfile.parent.mkdir()
+    textfile.write_text(
+        f'reconcile_runs_total{{outcome="failed"}} 7\nreconcile_last_success_timestamp_seconds {moment}\n'
+    )
+    for _ in range(3):  # each run fails (a preflight error): its last success is the previous one's
+        run = demo.cli("plan", "--scheduled", "--textfile", str(textfile))
+        assert run.returncode == 1 and "internal error" not in run.output, run.output[-3000:]
+        assert "moved aside" not in run.output, run.output[-3000:]
+    assert [p.name for p in demo.state_dir.iterdir() if ".corrupt-" in p.name] == []
+    last = json.loads(demo.last_run.read_text())
+    assert last["last_success_timestamp"] is None and last["counters"]["runs_total"]["failed"] == 10, last
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+
+
+def test_failed_starts_dated_ahead_of_now_do_not_hold_the_server_down(seeded: Demo) -> None:
+    """The crash-loop guard counts the failed starts of the server record's history whose `at` is within
+    `[server.crash_loop] window` of now: `at > now - window`, which every moment ahead of now passes.
+    main (seen): three failed starts dated a year ahead (written while the clock ran ahead -- an RTC set
+    wrong, corrected by NTP since -- or a hand edit; TIME takes up to 9999) held every apply for that
+    year: `not starting it again before <HH:MM:SS>`, a time of day a year away. Now a start dated ahead
+    of now is not within the window (the same rule as the hub cache's ages): the server starts, and
+    failures from then on are counted on the clock the guard reads."""
+    first = seeded.cli("apply", "--auto-approve")
+    assert first.returncode in (0, 2), first.output[-3000:]
+    stop_servers(seeded)
+    record_path = seeded.state_dir / f"server-{seeded.name}.json"
+    record = json.loads(record_path.read_text())
+    ahead = time.time() + 365 * 86400
+    failed = {"at": ahead, "pid": 4242, "identity": "x", "outcome": "failed", "reason": "exited 1"}
+    record["history"] = [*record["history"], failed, failed, failed]
+    record_path.write_text(json.dumps(record))
+    run = seeded.cli("apply", "--auto-approve")
+    assert "not starting it again" not in run.output, run.output[-3000:]
+    assert run.returncode in (0, 2) and seeded.server_pids(), run.output[-3000:]
