@@ -57,6 +57,11 @@ class NotAFile(ReconcileError):
         self.path, self.why = path, why
 
 
+def note(line: str) -> None:
+    """One line for the run's output about a state file (shown once, by take_notes)."""
+    _NOTES.append(line)
+
+
 def take_notes() -> list[str]:
     """The lines of the files moved aside since the last call (the CLI shows each once)."""
     out = list(_NOTES)
