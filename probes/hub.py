@@ -18,7 +18,7 @@ from probes.common import Unavailable
 from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.display import shown
-from reconcile.safety.shapes import is_commit
+from reconcile.safety.shapes import is_commit, within_last
 
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
 FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on the hub again for this
@@ -45,14 +45,6 @@ def cache_path(cache_dir: str, repo: str, revision: str) -> str:
     return os.path.join(cache_dir, repo.replace("/", "__"), f"{revision}.json")
 
 
-def _fresh(mtime: float, ttl: float) -> bool:
-    """Whether a cache entry written at `mtime` is younger than `ttl` seconds. One dated ahead of now
-    is not (the clock stepped back since it was written, or a hand set it): its age read as negative,
-    and so fresh until the clock caught up, a failure note holding the hub off for as long (twelfth
-    round)."""
-    return 0 <= time.time() - mtime < ttl
-
-
 def _read_cache(path: str, revision: str) -> HubListing | None:
     """The cached listing, by the state files' one reader (a FIFO, a link, a huge or damaged file there
     is moved aside with one line, never waited on)."""
@@ -60,14 +52,14 @@ def _read_cache(path: str, revision: str) -> HubListing | None:
     if got is None:
         return None
     data, mtime = got
-    if not (is_commit(revision) or _fresh(mtime, BRANCH_TTL_S)):
+    if not (is_commit(revision) or within_last(BRANCH_TTL_S, mtime, time.time())):
         return None
     return HubListing(str(data.get("repo")), revision, data["commit"], dict(data["sizes"]), cached=True)
 
 
 def _recent_failure(path: str) -> str | None:
     got = statefiles.read_hub_note(path + ".failed")
-    if got is None or not _fresh(got[1], FAILED_TTL_S):
+    if got is None or not within_last(FAILED_TTL_S, got[1], time.time()):
         return None
     return shown(got[0].strip(), 300) + " (asked less than 15 minutes ago)"
 

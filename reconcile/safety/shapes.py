@@ -159,6 +159,17 @@ COUNT = Scalar("integer", minimum=0)
 TIME_MAX = 253402300799  # 9999-12-31T23:59:59Z
 TIME = Scalar("number", minimum=0, maximum=TIME_MAX)
 OPT_TIME = Scalar("number", nullable=True, minimum=0, maximum=TIME_MAX)
+
+
+def within_last(seconds: float, moment: float, now: float) -> bool:
+    """Whether `moment` (a state file's time: a cache entry's mtime, a failed start's `at`) lies within
+    the `seconds` before `now`. One dated ahead of now does not: read as a negative age it stayed recent
+    until the clock caught up (the clock stepped back since it was written, or a hand set it), a hub
+    failure note holding the hub off, failed starts dated a year ahead holding the server down for that
+    year (twelfth round)."""
+    return 0 <= now - moment < seconds
+
+
 # A process id os.kill and /proc can take (the kernel's pid_max is at most 2**22). Any pid read from
 # text reconcile did not just get from the kernel (a state file, a temp file's name) is held to it: 0 and
 # -1 mean a process group or every process to kill(2), and one past 2**31 makes os.kill raise
