@@ -11,18 +11,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.apply_support import DEMO_MODEL, Demo, demo_in, seed_venv, stop_servers
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
-from tests.test_hostile_reader9b import ROOT_ONLY
+from tests.test_hostile_reader9b import LISTING, ROOT_ONLY, _Hub, with_hub
 
 COMMIT = "a" * 40
 
@@ -88,53 +85,14 @@ def test_a_model_document_nested_past_what_any_model_has_is_refused_never_an_int
 # --- classes 4 and 6: the plan's own hub listing ---------------------------------------------------
 
 
-class _Hub(BaseHTTPRequestHandler):
-    """A hub (or a mirror at HF_ENDPOINT) on loopback whose listing's commit is `SHA` (raw JSON)."""
-
-    SHA = json.dumps(COMMIT)
-    asked = 0
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        type(self).asked += 1
-        siblings = '[{"rfilename": "model.safetensors", "size": 5}]'
-        body = f'{{"id": "o/m", "sha": {self.SHA}, "siblings": {siblings}}}'.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-# The plan's listing (probes.hub.listing, as the preflight's weights rule asks it while the model is not
-# on disk), twice: the second as every later plan, from the cache.
-LISTING = r"""
-import sys
-from probes.hub import listing
-for _ in range(2):
-    found = listing("o/m", "main", sys.argv[1], offline=False)
-    print("listing:", type(found).__name__, repr(getattr(found, "commit", "")), getattr(found, "reason", ""))
-"""
-
-
 def _listing(cache: Path, sha: str) -> subprocess.CompletedProcess[str]:
-    _Hub.SHA, _Hub.asked = sha, 0
-    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=hub.serve_forever, daemon=True).start()
-    env = {
-        **os.environ,
-        "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}",
-        "HF_HUB_OFFLINE": "",
-        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    }
+    """The plan's listing (probes.hub.listing, as the preflight's weights rule asks it while the model is
+    not on disk) twice, the second as every later plan (from the cache), from a hub answering `sha`."""
+    _Hub.SHA = sha
     try:
-        return subprocess.run(
-            [sys.executable, "-c", LISTING, str(cache)], capture_output=True, text=True, timeout=120, env=env
-        )
+        return with_hub(LISTING, str(cache))
     finally:
-        hub.shutdown()
+        _Hub.SHA = json.dumps(COMMIT)
 
 
 def test_the_plans_hub_listing_takes_a_commit_of_forty_hex_digits_and_nothing_after_them(
@@ -153,12 +111,15 @@ def test_the_plans_hub_listing_takes_a_commit_of_forty_hex_digits_and_nothing_af
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert len(lines) == 2 and all(
-        line.startswith("listing: Unavailable '' the hub answered without a commit for o/m@main")
+        line.startswith("listing: Unavailable ''  the hub answered without a commit for o/m@main")
         for line in lines
     ), run.stdout
     assert [p.name for p in cache.rglob("*.json")] == [], "a commit with a newline was cached"
     good = _listing(tmp_path / "good", json.dumps(COMMIT))  # the control: a plain sha is listed
-    assert good.stdout.splitlines() == [f"listing: HubListing {COMMIT!r} "] * 2, good.stdout + good.stderr
+    assert good.stdout.splitlines() == [
+        f"listing: HubListing {COMMIT!r} False ",
+        f"listing: HubListing {COMMIT!r} True ",
+    ], good.stdout + good.stderr
 
 
 def test_a_cached_listing_whose_commit_is_not_a_commit_is_moved_aside(tmp_path: Path) -> None:
@@ -172,7 +133,10 @@ def test_a_cached_listing_whose_commit_is_not_a_commit_is_moved_aside(tmp_path: 
     (repo_dir / "main.json").write_text(json.dumps(data))
     run = _listing(tmp_path / "cache", json.dumps(COMMIT))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert run.stdout.splitlines() == [f"listing: HubListing {COMMIT!r} "] * 2, run.stdout
+    assert run.stdout.splitlines() == [
+        f"listing: HubListing {COMMIT!r} False ",
+        f"listing: HubListing {COMMIT!r} True ",
+    ], run.stdout
     assert any(".corrupt-" in p.name for p in repo_dir.iterdir()), list(repo_dir.iterdir())
 
 
@@ -199,7 +163,7 @@ def test_a_hub_cache_entry_dated_in_the_future_is_not_fresh(tmp_path: Path, kind
     os.utime(entry, (ahead, ahead))
     run = _listing(tmp_path / "cache", json.dumps(COMMIT))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    assert run.stdout.splitlines()[0] == f"listing: HubListing {COMMIT!r} ", (old, run.stdout)
+    assert run.stdout.splitlines()[0] == f"listing: HubListing {COMMIT!r} False ", (old, run.stdout)
 
 
 # --- class 6: a state writer carrying a damaged value its own reader refuses ------------------------
