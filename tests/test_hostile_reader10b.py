@@ -100,14 +100,14 @@ def test_a_cached_listing_with_a_size_no_file_can_have_is_moved_aside_and_the_pl
 
 
 # The end of a script that judges the model dir `d` (under `tmp`) by the plan's preflight, as `reconcile
-# plan` runs it (gather.inputs_from, then run_preflight), and prints its errors.
-PREFLIGHT_ERRORS = """s = llama_spec(tmp, d, offline=True)
+# plan` runs it (gather.inputs_from, then run_preflight), and prints its errors and warnings.
+PREFLIGHT_FINDINGS = """s = llama_spec(tmp, d, offline=True)
 inputs = inputs_from(s, observed(d))
 found = run_preflight(s, GOOD._replace(**{k: getattr(inputs, k) for k in (
     "model_config", "hf_quant_config", "tokenizer_config", "model_file_sizes", "model_files", "weights",
     "model_numbers") if hasattr(inputs, k)}))
 for f in found:
-    if f.severity == "error":
+    if f.severity in ("error", "warning"):
         print(f.rule, "|", f.message, flush=True)
 """
 
@@ -132,7 +132,7 @@ else:
     config = config.replace(f'"{where}": ', f'"{where}": {value}, "was_{where}": ', 1)
 (d / "config.json").write_text(config)
 """
-    + PREFLIGHT_ERRORS
+    + PREFLIGHT_FINDINGS
 )
 
 

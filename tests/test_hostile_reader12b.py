@@ -20,6 +20,7 @@ import pytest
 from tests.apply_support import DEMO_MODEL, Demo, demo_in, seed_venv, stop_servers
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
 from tests.test_hostile_reader9b import LISTING, ROOT_ONLY, _Hub, with_hub
+from tests.test_hostile_reader11 import _plan
 
 COMMIT = "a" * 40
 
@@ -222,3 +223,26 @@ def test_failed_starts_dated_ahead_of_now_do_not_hold_the_server_down(seeded: De
     run = seeded.cli("apply", "--auto-approve")
     assert "not starting it again" not in run.output, run.output[-3000:]
     assert run.returncode in (0, 2) and seeded.server_pids(), run.output[-3000:]
+
+
+# --- class 6: a model's dimension of zero ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("num_attention_heads", "0"), ("hidden_size", "0"), ("head_dim", "0.5")]
+)
+def test_a_model_dimension_below_one_is_one_finding_never_a_division_by_zero(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """Rounds 10 and 11 judged a model's numbers by magnitude (`outlandish_number`: finite, within
+    SIZE_MAX either way); zero is within. main (seen): a config.json (a hub repo's, or a source tree's of
+    another user) with `num_attention_heads: 0`, `hidden_size: 0` or `head_dim: 0.5` ended every plan of
+    that model in `ZeroDivisionError` (the memory rule's KV blocks: `available // block_bytes`, a head
+    of 0 bytes; `hidden // heads`). Now a size or count the shape reads (`vllm.shape.config_int`: layers,
+    heads, hidden size, head dim, Mamba's dims) below 1 is the model's bad file: the memory rule says
+    it is not checked and names the key, and the plan goes on."""
+    run = _plan(tmp_path, "config.json", key, value)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert (
+        f"memory.fit | memory not checked: config.json gives {key} {json.loads(value)!r}: " in run.stdout
+    ), run.stdout
