@@ -246,3 +246,42 @@ def test_a_model_dimension_below_one_is_one_finding_never_a_division_by_zero(
     assert (
         f"memory.fit | memory not checked: config.json gives {key} {json.loads(value)!r}: " in run.stdout
     ), run.stdout
+
+
+def test_a_log_offset_past_any_file_never_ends_the_wait_for_a_loading_server_in_an_internal_error(
+    seeded: Demo,
+) -> None:
+    """The server record's `log_offset` (where this start's lines begin in `[server] log`) was an integer
+    >= 0 with no upper bound; the wait for a server still loading reads the log from it
+    (`launching.read_log`: `f.seek(offset)`), and a seek past off_t raises OverflowError, which no caller
+    expects. main (seen): an apply killed while the server loads (a timer's apply stopped by systemd; the
+    server lives on in its own session and cgroup), the record's `log_offset` damaged to 2**64, and the
+    next apply, finding the server of the same identity still loading, failed at its first progress
+    line: `✗ server failed: the action crashed: ValueError: cannot fit 'int' into an offset-sized
+    integer (a bug)`, exit 4, and so every apply while the server loaded. Now an offset is a file's
+    offset (`shapes.SIZE`): past it the record is moved aside with one line (the cgroup still proves
+    the server), and the apply goes on."""
+    import signal
+
+    def slow(doc):  # type: ignore[no-untyped-def]
+        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "20"
+        doc["server"]["startup_timeout"] = "120s"
+
+    seeded.write_spec(slow)
+    first = seeded.start("apply", "--auto-approve")
+    try:
+        deadline = time.monotonic() + 60
+        while not seeded.server_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seeded.server_pids(), "the server never started"
+        time.sleep(1)  # the launch recorded; the model still loading
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+    record_path = seeded.state_dir / f"server-{seeded.name}.json"
+    record = json.loads(record_path.read_text())
+    record["log_offset"] = 2**64
+    record_path.write_text(json.dumps(record))
+    run = seeded.cli("apply", "--auto-approve", timeout=300)
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output[-3000:]
+    assert run.returncode in (0, 2) and seeded.server_pids(), run.output[-3000:]

@@ -33,7 +33,6 @@ from reconcile.safety.shapes import (
     ListOf,
     MapOf,
     Obj,
-    Scalar,
     Shape,
 )
 from reconcile.safety.untrusted import kind, load_json
@@ -362,7 +361,7 @@ SERVER_RECORD = Obj(
         "pid": OPT_INT,
         "launch": Obj(_PROC.fields, nullable=True),
         "members": ListOf(_PROC),
-        "log_offset": Scalar("integer", minimum=0),
+        "log_offset": SIZE,  # an offset in [server] log: past off_t, the wait's seek raised (twelfth round)
         "history": ListOf(
             Obj(
                 {
