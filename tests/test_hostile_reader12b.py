@@ -59,10 +59,11 @@ def test_a_model_document_nested_past_what_any_model_has_is_refused_never_an_int
     the parser's own limit (~1,000) is refused; one nested less deep (600) parses, and the code after
     it recurses over it one to three frames a level. main (seen): nobody's source tree with a
     config.json (or tokenizer_config.json) holding `"x": {"a": {"a": ... 600 deep}}` ended every
-    `reconcile plan` in `internal error: RecursionError` (the preflight memo's `_spell`; DeepDiff in
-    the model.config row fails past ~400 too). Now a JSON document from outside or from the state dir
-    nested deeper than `untrusted.JSON_DEPTH_MAX` (64; a model's config nests 3 or 4) is not JSON
-    reconcile takes: the file is named, unused, and the plan goes on."""
+    `reconcile plan` in `internal error: RecursionError` (the preflight memo's `_spell`; DeepDiff, as
+    the model.config row calls it, failed between 300 and 500 levels when tried alone). Now a JSON
+    document from outside or from the state dir nested deeper than `untrusted.JSON_DEPTH_MAX` (64; a
+    model's config nests 3 or 4) is not JSON reconcile takes: the plan goes on without it, and once
+    the files are in the model dir its model.config row names the file and why."""
     config = json.loads((DEMO_MODEL / "config.json").read_text())
     if where == "config.json":
         raw = json.dumps(config)[:-1] + ', "x": ' + _nested(600) + "}"
