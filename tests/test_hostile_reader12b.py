@@ -61,9 +61,9 @@ def test_a_model_document_nested_past_what_any_model_has_is_refused_never_an_int
     config.json (or tokenizer_config.json) holding `"x": {"a": {"a": ... 600 deep}}` ended every
     `reconcile plan` in `internal error: RecursionError` (the preflight memo's `_spell`; DeepDiff, as
     the model.config row calls it, failed between 300 and 500 levels when tried alone). Now a JSON
-    document from outside or from the state dir nested deeper than `untrusted.JSON_DEPTH_MAX` (64; a
-    model's config nests 3 or 4) is not JSON reconcile takes: the plan goes on without it, and once
-    the files are in the model dir its model.config row names the file and why."""
+    document from outside or from the state dir nested deeper than `untrusted.JSON_DEPTH_MAX` (64; the
+    47 model configs in tests/data nest 5 at most) is not JSON reconcile takes: the plan goes on
+    without it, and once the files are in the model dir its model.config row names the file and why."""
     config = json.loads((DEMO_MODEL / "config.json").read_text())
     if where == "config.json":
         raw = json.dumps(config)[:-1] + ', "x": ' + _nested(600) + "}"
