@@ -30,6 +30,7 @@ from reconcile.record import Record
 from reconcile.safety import source_content
 from reconcile.safety.filesafety import FIX, TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
 from reconcile.safety.names import name_problem
+from reconcile.safety.shapes import is_commit
 from reconcile.safety.untrusted import JSON_LIMIT, load_json, past_free_space, read_regular
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["MANIFEST", "desired_config", "download", "patch_config", "resolve_revision"]
 
 MANIFEST = ".reconcile-model.json"
-_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")  # \Z: $ lets a trailing newline through (eleventh round)
 _REALIZATION = re.compile(r"^[0-9a-f]{32}-model\Z")  # reconcile.apply.store's name for a model realization
 _ATTEMPTS = 3
 T = TypeVar("T")
@@ -175,7 +175,7 @@ def _listing(repo: str, revision: str, endpoint: str | None) -> tuple[str, dict[
             lambda: api.model_info(repo, revision=revision, files_metadata=True),
             str(api.endpoint),
         )
-        if not info.sha or not _COMMIT.match(info.sha):
+        if not is_commit(info.sha):
             raise ActionError(f"{repo}@{revision}: the hub answered without a commit sha ({info.sha!r})")
         files = {}
         for s in info.siblings or []:
@@ -381,7 +381,7 @@ def _check_offline(model: Model) -> ActionResult:
     )
     if model.repo is not None and manifest.get("repo") != model.repo:
         raise ActionError(f"offline: {model.dir} holds {manifest.get('repo')!r}, the spec {model.repo!r}")
-    if _COMMIT.match(model.revision) and manifest.get("commit") not in (None, model.revision):
+    if is_commit(model.revision) and manifest.get("commit") not in (None, model.revision):
         raise ActionError(f"offline: {model.dir} holds {manifest.get('commit')}, the spec {model.revision}")
     problems = _size_problems(model.dir, manifest["files"])
     if problems:

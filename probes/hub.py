@@ -18,8 +18,8 @@ from probes.common import Unavailable
 from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.display import shown
+from reconcile.safety.shapes import is_commit, within_last
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
 FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on the hub again for this
 TIMEOUT_S = 10.0  # huggingface_hub's, for each read
@@ -52,14 +52,14 @@ def _read_cache(path: str, revision: str) -> HubListing | None:
     if got is None:
         return None
     data, mtime = got
-    if not (_COMMIT.match(revision) or time.time() - mtime < BRANCH_TTL_S):
+    if not (is_commit(revision) or within_last(BRANCH_TTL_S, mtime, time.time())):
         return None
     return HubListing(str(data.get("repo")), revision, data["commit"], dict(data["sizes"]), cached=True)
 
 
 def _recent_failure(path: str) -> str | None:
     got = statefiles.read_hub_note(path + ".failed")
-    if got is None or time.time() - got[1] >= FAILED_TTL_S:
+    if got is None or not within_last(FAILED_TTL_S, got[1], time.time()):
         return None
     return shown(got[0].strip(), 300) + " (asked less than 15 minutes ago)"
 
@@ -127,7 +127,7 @@ def listing(
         reason = f"the hub did not list {repo}@{revision}: {shown(first, 200)}"
         _write_private(path + ".failed", reason)
         return Unavailable(reason)
-    if not info.sha or not _COMMIT.match(info.sha):
+    if not is_commit(info.sha):
         return Unavailable(f"the hub answered without a commit for {repo}@{revision}")
     from reconcile.safety.shapes import listed_size
 

@@ -177,14 +177,11 @@ class HttpResponse(Record):
     headers: Mapping[str, str]
 
     def json(self) -> object:
-        """The body as JSON; ValueError when it is not (nested too deeply included: within the 1 MiB
-        cap, `[[[[...` makes json raise RecursionError)."""
-        import json
+        """The body as JSON; ValueError when it is not, or when it nests past what reconcile takes
+        (untrusted.load_json: within the 1 MiB cap, `[[[[...` made json raise RecursionError)."""
+        from reconcile.safety.untrusted import load_json
 
-        try:
-            return json.loads(self.body or b"null")
-        except RecursionError:
-            raise ValueError("JSON nested too deeply") from None
+        return load_json(self.body or b"null")
 
 
 class HttpUnreachable(Exception):

@@ -14,6 +14,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 from reconcile.record import Record
 from reconcile.safety.sensitive import SENSITIVE, env_hashes, is_secret_flag, redact_url, shown_env
+from reconcile.safety.shapes import within_last
+from reconcile.safety.untrusted import load_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -79,7 +81,7 @@ def launch_identity(
     `env.secrets` names them, `env.secret_hashes` holds one digest each (to tell which one rotated)."""
     try:
         config_key: bytes | None = (
-            json.dumps(json.loads(config_json), sort_keys=True).encode() if config_json is not None else None
+            json.dumps(load_json(config_json), sort_keys=True).encode() if config_json is not None else None
         )
     except ValueError:
         config_key = config_json  # unparseable: its bytes are the identity
@@ -275,9 +277,9 @@ def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = N
     for entry in record.get("history", []):  # two hangs does not clear them (each restart starts fine)
         if entry.get("outcome") == "ok":
             recent = []
-        elif entry.get("outcome") == "failed" and entry.get("at", 0) > now - guard.window:
+        elif entry.get("outcome") == "failed" and within_last(guard.window, entry.get("at", 0), now):
             recent.append(entry)
-        elif entry.get("outcome") == "hung" and entry.get("at", 0) > now - guard.window:
+        elif entry.get("outcome") == "hung" and within_last(guard.window, entry.get("at", 0), now):
             hangs.append(entry)
     for seen, what in ((recent, "failed to start"), (hangs, "was restarted with its engine hung")):
         if len(seen) >= guard.max_starts:

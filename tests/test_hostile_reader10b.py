@@ -12,13 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.test_hostile_reader9b import _Hub  # a hub whose listing gives a file the size _Hub.SIZE
+from tests.test_hostile_reader9b import _Hub, with_hub  # a hub listing a file of the size _Hub.SIZE
 
 COMMIT = "a" * 40
 HUGE = "1" + "0" * 400  # a JSON integer: valid, a count >= 0, and past every float
@@ -57,20 +55,7 @@ except ActionError as exc:
 
 def _run_plan(tmp_path: Path, size: str, offline: bool = False) -> subprocess.CompletedProcess[str]:
     _Hub.SIZE = size
-    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=hub.serve_forever, daemon=True).start()
-    env = {
-        **os.environ,
-        "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}",
-        "HF_HUB_OFFLINE": "1" if offline else "",
-        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    }
-    try:
-        return subprocess.run(
-            [sys.executable, "-c", PLAN, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env
-        )
-    finally:
-        hub.shutdown()
+    return with_hub(PLAN, str(tmp_path), offline=offline)
 
 
 def test_a_hub_listing_size_no_file_can_have_is_the_hubs_bad_answer_never_an_internal_error(
@@ -115,14 +100,14 @@ def test_a_cached_listing_with_a_size_no_file_can_have_is_moved_aside_and_the_pl
 
 
 # The end of a script that judges the model dir `d` (under `tmp`) by the plan's preflight, as `reconcile
-# plan` runs it (gather.inputs_from, then run_preflight), and prints its errors.
-PREFLIGHT_ERRORS = """s = llama_spec(tmp, d, offline=True)
+# plan` runs it (gather.inputs_from, then run_preflight), and prints its errors and warnings.
+PREFLIGHT_FINDINGS = """s = llama_spec(tmp, d, offline=True)
 inputs = inputs_from(s, observed(d))
 found = run_preflight(s, GOOD._replace(**{k: getattr(inputs, k) for k in (
     "model_config", "hf_quant_config", "tokenizer_config", "model_file_sizes", "model_files", "weights",
     "model_numbers") if hasattr(inputs, k)}))
 for f in found:
-    if f.severity == "error":
+    if f.severity in ("error", "warning"):
         print(f.rule, "|", f.message, flush=True)
 """
 
@@ -147,7 +132,7 @@ else:
     config = config.replace(f'"{where}": ', f'"{where}": {value}, "was_{where}": ', 1)
 (d / "config.json").write_text(config)
 """
-    + PREFLIGHT_ERRORS
+    + PREFLIGHT_FINDINGS
 )
 
 

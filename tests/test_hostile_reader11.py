@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_hostile_reader10b import PREFLIGHT_ERRORS
+from tests.test_hostile_reader10b import PREFLIGHT_FINDINGS
 
 # A model's own files (a hub repo's, or a source tree of another user's), judged by the plan's
-# preflight as `reconcile plan` runs it (gather.inputs_from, then run_preflight); prints the errors.
+# preflight as `reconcile plan` runs it (gather.inputs_from, then run_preflight); prints errors and warnings.
 PLAN = (
     r"""
 import json, sys
@@ -39,7 +39,7 @@ else:
     (d / doc).write_text('{"%s": %s}' % (key, value))
 (d / "config.json").write_text(json.dumps(config))
 """
-    + PREFLIGHT_ERRORS
+    + PREFLIGHT_FINDINGS
 )
 
 

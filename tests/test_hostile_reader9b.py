@@ -158,16 +158,18 @@ def test_a_config_json_reconcile_keeps_for_a_generation_is_never_moved_aside_by_
 
 
 class _Hub(BaseHTTPRequestHandler):
-    """A hub (or mirror at HF_ENDPOINT) whose model listing gives a file the size `SIZE` (raw JSON)."""
+    """A hub (or mirror at HF_ENDPOINT) whose model listing gives a file the size `SIZE` and the commit
+    `SHA` (raw JSON)."""
 
     SIZE = "0"
+    SHA = json.dumps("a" * 40)
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         siblings = f'[{{"rfilename": "model.safetensors", "size": {self.SIZE}}}]'
-        body = f'{{"id": "o/m", "sha": "{"a" * 40}", "siblings": {siblings}}}'.encode()
+        body = f'{{"id": "o/m", "sha": {self.SHA}, "siblings": {siblings}}}'.encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -180,8 +182,27 @@ import sys
 from probes.hub import listing
 for _ in range(2):
     found = listing("o/m", "main", sys.argv[1], offline=False)
-    print("listing:", type(found).__name__, getattr(found, "cached", ""), getattr(found, "reason", ""))
+    print("listing:", type(found).__name__, repr(getattr(found, "commit", "")), getattr(found, "cached", ""),
+          getattr(found, "reason", ""))
 """
+
+
+def with_hub(script: str, *args: str, offline: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -c script *args` with HF_ENDPOINT at a _Hub on loopback (its SIZE and SHA as set)."""
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}",
+        "HF_HUB_OFFLINE": "1" if offline else "",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, env=env
+        )
+    finally:
+        hub.shutdown()
 
 
 @pytest.mark.parametrize("size", ["-5", '"x"', "1e400", "[1]"])
@@ -195,16 +216,8 @@ def test_a_hub_listing_of_odd_sizes_is_refused_and_never_cached_for_its_reader_t
     TypeError (an internal error wherever it is asked). Now a size that is not a count is the hub's
     bad answer (Unavailable, named), and a listing is cached only when its reader takes it back."""
     _Hub.SIZE = size
-    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=hub.serve_forever, daemon=True).start()
     cache = tmp_path / "state" / "cache" / "hub"
-    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}", "HF_HUB_OFFLINE": ""}
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", LISTING, str(cache)], capture_output=True, text=True, timeout=120, env=env
-        )
-    finally:
-        hub.shutdown()
+    run = with_hub(LISTING, str(cache))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
     lines = run.stdout.splitlines()
     assert lines and all(line.startswith("listing: Unavailable") for line in lines), run.stdout

@@ -19,6 +19,7 @@ import re
 import stat
 
 from reconcile.safety.filesafety import TREE_UMASK, UnsafePath, data_root, ensure_dir, open_dir, umask
+from reconcile.safety.shapes import is_commit
 from reconcile.safety.untrusted import (
     JSON_LIMIT,
     SOURCE_ENTRIES,
@@ -43,7 +44,6 @@ SEAL = ".reconcile-realization.json"  # as in a venv realization: written once, 
 RECORD = ".reconcile-model.json"  # the model action's download record (probes.model reads it)
 BACKUP = "config.json.bak"
 FORMAT = "reconcile-model-realization/1"
-_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")  # \Z: $ lets a trailing newline through (eleventh round)
 
 
 def content_id(files: Mapping[str, str]) -> str:
@@ -196,7 +196,7 @@ def seal_model(store: str, path: str, model: Model) -> int:
     shared = 0
     commit = record.get("commit")
     fetched = os.path.join(repo_root, "snapshots", str(commit))
-    if model.repo and isinstance(commit, str) and _COMMIT.match(commit) and os.path.isdir(fetched):
+    if model.repo and is_commit(commit) and os.path.isdir(fetched):
         # snapshot_download(cache_dir=<store>/hub) made the snapshot and its blobs (named by the hub's
         # etag) and actions.model linked the realization to them: only the seal is left to write.
         for rel in sorted(files):
@@ -241,7 +241,7 @@ def seal_model(store: str, path: str, model: Model) -> int:
                     os.close(dfd)
         finally:
             os.close(blobs_fd)
-        snapshot = commit if isinstance(commit, str) and _COMMIT.match(commit) else content_id(digests)
+        snapshot = commit if is_commit(commit) else content_id(digests)
         _snapshot_links(repo_root, snapshot, digests)
         _write_ref(repo_root, model, snapshot)
         _write_seal(path, folder, snapshot, digests)
@@ -252,7 +252,7 @@ def _write_ref(repo_root: str, model: Model, commit: str) -> None:
     """refs/<branch or tag> = the commit it resolved to, as huggingface_hub records it."""
     from reconcile.safety.names import name_problem
 
-    if model.repo and not _COMMIT.match(model.revision) and name_problem(model.revision) is None:
+    if model.repo and not is_commit(model.revision) and name_problem(model.revision) is None:
         from reconcile.host import atomic_write
 
         with umask(TREE_UMASK):

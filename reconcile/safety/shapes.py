@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 
 class Shape:
     """What a JSON value must be. Subclasses check one kind; `problem` says what is wrong, or None."""
@@ -155,6 +159,17 @@ COUNT = Scalar("integer", minimum=0)
 TIME_MAX = 253402300799  # 9999-12-31T23:59:59Z
 TIME = Scalar("number", minimum=0, maximum=TIME_MAX)
 OPT_TIME = Scalar("number", nullable=True, minimum=0, maximum=TIME_MAX)
+
+
+def within_last(seconds: float, moment: float, now: float) -> bool:
+    """Whether `moment` (a state file's time: a cache entry's mtime, a failed start's `at`) lies within
+    the `seconds` before `now`. One dated ahead of now does not: read as a negative age it stayed recent
+    until the clock caught up (the clock stepped back since it was written, or a hand set it), a hub
+    failure note holding the hub off, failed starts dated a year ahead holding the server down for that
+    year (twelfth round)."""
+    return 0 <= now - moment < seconds
+
+
 # A process id os.kill and /proc can take (the kernel's pid_max is at most 2**22). Any pid read from
 # text reconcile did not just get from the kernel (a state file, a temp file's name) is held to it: 0 and
 # -1 mean a process group or every process to kill(2), and one past 2**31 makes os.kill raise
@@ -187,6 +202,21 @@ def listed_size(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SIZE_MAX:
         return value
     return None
+
+
+# A commit from outside (a hub's answer, its cache, a lock file, a download record): 40 lowercase hex
+# digits, the whole string. One rule for every reader: each once kept its own copy of `^[0-9a-f]{40}$`,
+# whose `$` also matches before a final newline, and a fix to one left the others (round 11 fixed apply's
+# listing; the plan's listing then took "<40 hex>\n", cached it and ended in an internal error: twelfth).
+COMMIT_PATTERN = "[0-9a-f]{40}"
+COMMIT = Matching(COMMIT_PATTERN, "a 40-hex commit")
+
+
+def is_commit(value: object) -> TypeGuard[str]:
+    """Whether `value` is a commit: a str of exactly 40 lowercase hex digits (re.fullmatch)."""
+    import re
+
+    return type(value) is str and re.fullmatch(COMMIT_PATTERN, value) is not None
 
 
 # Keys whose value a model's config holds as an open bound: transformers writes Mamba-2's time_step_limit

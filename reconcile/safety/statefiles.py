@@ -17,6 +17,7 @@ import time
 from reconcile.errors import ReconcileError
 from reconcile.safety.shapes import (
     BOOL,
+    COMMIT,
     COUNT,
     INT,
     NUM,
@@ -32,7 +33,6 @@ from reconcile.safety.shapes import (
     ListOf,
     MapOf,
     Obj,
-    Scalar,
     Shape,
 )
 from reconcile.safety.untrusted import kind, load_json
@@ -54,6 +54,11 @@ class NotAFile(ReconcileError):
     def __init__(self, path: str, why: str) -> None:
         super().__init__(f"{path} {why}")
         self.path, self.why = path, why
+
+
+def note(line: str) -> None:
+    """One line for the run's output about a state file (shown once, by take_notes)."""
+    _NOTES.append(line)
 
 
 def take_notes() -> list[str]:
@@ -356,7 +361,7 @@ SERVER_RECORD = Obj(
         "pid": OPT_INT,
         "launch": Obj(_PROC.fields, nullable=True),
         "members": ListOf(_PROC),
-        "log_offset": Scalar("integer", minimum=0),
+        "log_offset": SIZE,  # an offset in [server] log: past off_t, the wait's seek raised (twelfth round)
         "history": ListOf(
             Obj(
                 {
@@ -575,7 +580,7 @@ def read_bench(path: str) -> list[dict[str, Any]]:
 # The hub's listing of a model revision, cached by probes.hub under <state_dir>/cache/hub/: its file
 # sizes (a large repo lists thousands of files), and the note of a failed call (one line).
 HUB_LISTING = Obj(
-    {"repo": STR, "revision": STR, "commit": STR, "sizes": MapOf(SIZE)}, required=("commit", "sizes")
+    {"repo": STR, "revision": STR, "commit": COMMIT, "sizes": MapOf(SIZE)}, required=("commit", "sizes")
 )
 HUB_NOTE_MAX = 4 * KiB
 HUB_LISTING_MAX = 16 * MiB

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 
 TYPE_CHECKING = False
@@ -160,16 +161,45 @@ def _below(real: str, tops: Sequence[str]) -> bool:
     return any(real == top or real.startswith(top.rstrip("/") + "/") for top in tops)
 
 
+# The deepest a JSON document reconcile takes may nest: the 47 model configs in tests/data nest 5 levels at
+# most, the state files a test run leaves 6. json parses up to its own recursion limit (~1,000, less the
+# caller's stack), and what reads the document next recurses one to three frames a level (the preflight
+# memo's key, DeepDiff in the plan's model.config row, `diff`'s flattening): a config.json of nobody's
+# nested 600 deep parsed, then ended every plan in RecursionError (twelfth round).
+JSON_DEPTH_MAX = 64
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_AS_SQUARE = bytes.maketrans(b"{}", b"[]")  # which kind a bracket is does not change how deep it is
+
+
+def _nested_past(raw: bytes, limit: int) -> bool:
+    """Whether valid JSON `raw` nests deeper than `limit`: its brackets outside strings, each pass taking
+    the innermost pairs away, one level (a document of numbers and strings has few brackets, and a wide
+    one of many loses them all in the first pass: 8 million `[]` in 0.1 s)."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(_AS_SQUARE, _NOT_BRACKET)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"[]", b"")
+    return bool(brackets)
+
+
 def load_json(raw: str | bytes) -> Any:
     """`json.loads` for data from outside reconcile or from its state files: ValueError for anything
     that is not JSON, nesting past the parser's recursion limit included (`[[[[...`, well inside any
-    read cap, makes json raise RecursionError, which no caller expects: a crash on every plan)."""
+    read cap, makes json raise RecursionError, which no caller expects: a crash on every plan), and
+    nesting past JSON_DEPTH_MAX, which the code that reads the document next could not walk."""
     import json
 
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    if isinstance(data, (dict, list)):
+        encoded = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+        if _nested_past(encoded, JSON_DEPTH_MAX):
+            raise ValueError(f"JSON nested deeper than {JSON_DEPTH_MAX} levels")
+    return data
 
 
 def source_roots(source: str) -> list[str]:

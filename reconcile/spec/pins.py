@@ -14,6 +14,7 @@ import re
 
 from reconcile.errors import ReconcileError
 from reconcile.safety.names import LOCKED
+from reconcile.safety.shapes import is_commit
 from reconcile.safety.untrusted import load_json
 from reconcile.spec.provenance import read_confined, read_trusted
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 FORMAT = "reconcile-lock/2"  # 2: the closure; 1 (pins only) is still read
 OLD_FORMATS = ("reconcile-lock/1",)
-_COMMIT = r"^[0-9a-f]{40}$"  # compiled on first use (by re's cache), not on import
 
 
 def lock_path(loaded: LoadedSpec) -> str:
@@ -50,7 +50,7 @@ def floating_packages(spec: Spec) -> dict[str, str]:
 
 def floating_model(spec: Spec) -> bool:
     m = spec.model
-    return m is not None and m.repo is not None and not m.offline and not re.match(_COMMIT, m.revision)
+    return m is not None and m.repo is not None and not m.offline and not is_commit(m.revision)
 
 
 def read_lock(path: str, within: str | None = None) -> dict[str, Any] | None:
@@ -105,7 +105,7 @@ def _lock_problem(doc: dict[str, Any]) -> str | None:
     """What is wrong with the lock's pins (its closure is checked line by line above), or None:
     every field _usable, lock_notes and used_pins take as it is. A version becomes part of a
     requirement root installs, a commit the model's revision: each must be one, not any string."""
-    from reconcile.safety.shapes import STR, MapOf, Matching, Obj
+    from reconcile.safety.shapes import COMMIT, STR, MapOf, Matching, Obj
 
     version = Matching(LOCKED.split("==(", 1)[1].split(")", 1)[0], "a version (digits, letters, . + ! _ -)")
     shape = Obj(
@@ -114,7 +114,7 @@ def _lock_problem(doc: dict[str, Any]) -> str | None:
                 Obj({"specifier": STR, "version": version}, required=("specifier", "version")), nullable=True
             ),
             "model": Obj(
-                {"repo": STR, "revision": STR, "commit": Matching(_COMMIT.strip("^$"), "a 40-hex commit")},
+                {"repo": STR, "revision": STR, "commit": COMMIT},
                 required=("repo", "revision", "commit"),
                 nullable=True,
             ),

@@ -15,6 +15,7 @@ from reconcile.host import atomic_write
 from reconcile.plan.records import Result
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import ensure_dir
+from reconcile.safety.shapes import TIME
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -168,8 +169,8 @@ def previous_from_textfile(path: str) -> dict[str, Any]:
                 value = float(m.group(4))
                 if math.isfinite(value) and value >= 0:  # a damaged count starts afresh
                     counters[f"{m.group(1)}_total"][m.group(3)] = int(value)
-            elif m := _SUCCESS_LINE.match(line.strip()):
-                out["last_success_timestamp"] = float(m.group(1))
+            elif (m := _SUCCESS_LINE.match(line.strip())) and TIME.problem(float(m.group(1)), "") is None:
+                out["last_success_timestamp"] = float(m.group(1))  # a damaged moment: none kept
     except ValueError:
         pass
     return out

@@ -172,7 +172,15 @@ def read_last_run(state_dir: str) -> dict[str, Any] | None:
 def write_last_run(state_dir: str, record: Mapping[str, Any]) -> str:
     ensure_dir(state_dir, PRIVATE_DIR)
     path = last_run_path(state_dir)
-    atomic_write(path, (json.dumps(record, indent=2, default=str) + "\n").encode(), mode=PRIVATE_FILE)
+    raw = (json.dumps(record, indent=2, default=str) + "\n").encode()
+    # Never a file its own reader moves aside at the next run: a last success of 1e400 carried from a
+    # damaged textfile was written as Infinity, and every failing run after it left a .corrupt file
+    # and started its counters afresh (twelfth round).
+    problem = statefiles.unreadable(raw, max_bytes=statefiles.RECORD, shape=statefiles.LAST_RUN)
+    if problem is not None:
+        statefiles.note(f"state: {path} not written: {problem}")
+        return path
+    atomic_write(path, raw, mode=PRIVATE_FILE)
     return path
 
 

@@ -72,6 +72,8 @@ def config_int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -
     for k in keys:
         v = cfg.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not v >= 1:  # every size or count read here divides or multiplies the memory figures
+                raise ShapeError(f"config.json gives {k} {v!r}: a model's sizes and counts are at least 1")
             return int(v)
     if default is None:
         raise ShapeError(f"config.json has none of {', '.join(keys)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-_WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)$")
+_WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)\Z")  # \Z: a hub's name may end in a newline
 
 
 def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
