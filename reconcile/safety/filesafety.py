@@ -15,6 +15,7 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
+from reconcile.safety.display import shown
 from reconcile.safety.untrusted import kind
 
 PRIVATE_DIR = 0o700  # state_dir, generations/: only root (or the deployment user) reads them
@@ -845,17 +846,41 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             rest = more + b" " + rest
         if interp:
             name = interp.decode("utf-8", "replace")
-            _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
+            if not name.startswith("/"):  # the kernel looks it up from the runner's cwd ("/" for the server)
+                raise UnsafePath(
+                    f"{what} {path}: its `#!` interpreter {shown(name, 80)} is a relative path, which the "
+                    "kernel resolves from the working directory of whoever runs it: name it by its "
+                    "absolute path"
+                )
+            real_interp = _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
+            arg = rest.strip(b" \t").decode("utf-8", "replace")
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
-            # first, then [server] env PATH's directories where the spec sets it, then ours).
-            if os.path.basename(name) == "env":
-                arg = rest.strip(b" \t").decode("utf-8", "replace")
-                program = _env_program(arg, name, what, path, search)
+            # first, then [server] env PATH's directories where the spec sets it, then ours). env is
+            # known by the name on the line or the one its links lead to.
+            if "env" in (os.path.basename(name), os.path.basename(real_interp)):
+                program, args = _env_program(arg, name, what, path, search)
                 if program is not None:
                     runs = f"program {program} that {name} runs for {what} {path}"
+                    _only_options(args, program, what, path)
                     _resolve_exec(program, ok, runs, depth + 1, search)
+            else:
+                _only_options(arg.split(), name, what, path)
     return real
+
+
+def _only_options(args: list[str], runner: str, what: str, path: str) -> None:
+    """The words a `#!` line hands its interpreter (or env -S its program) besides the script: options
+    only. A word that is not one may be a program it runs by name (nice, nohup, setsid, env by another
+    name, a shell's script found on PATH) or a file it reads as code: refused, not guessed at (twelfth
+    round)."""
+    for word in args:
+        if not word.startswith("-"):
+            raise UnsafePath(
+                f"{what} {path}: its `#!` line hands {runner} the word {shown(word, 80)}, which {runner} "
+                "may run as a program or read as code: cannot check what it runs; name the interpreter "
+                "by its path (`#!/path/to/python`), with options only"
+            )
 
 
 # How many `#!` lines the exec role follows (a script's interpreter, that one's, ...; `env` runs its
@@ -867,13 +892,13 @@ SHEBANG_DEPTH = 8
 _ENV_SPECIAL = frozenset("'\"\\$#")
 
 
-def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str | None:
+def _env_program(arg: str, env: str, what: str, path: str, search: str) -> tuple[str | None, list[str]]:
     """The program `#!ENV ARG` runs (ARG is the one argument the kernel hands env: the rest of the
-    line), as a path to judge; None when env finds none on `search` (nothing runs: env fails). Only
-    the plain forms are read: `NAME` (the whole argument, blanks and all, as env reads it) and
-    `-S [NAME=VALUE...] NAME ARGS...`, in printable ASCII; anything else env might read another way
-    (options, -S attached, after another option or spelled long, quotes, `${...}`, a PATH set on the
-    line) is refused, naming the line, rather than guessed at."""
+    line), as a path to judge, and the words env hands it (ARGS); None when env finds none on `search`
+    (nothing runs: env fails). Only the plain forms are read: `NAME` (the whole argument, blanks and
+    all, as env reads it) and `-S [NAME=VALUE...] NAME ARGS...`, in printable ASCII; anything else env
+    might read another way (options, -S attached, after another option or spelled long, quotes,
+    `${...}`, a PATH set on the line) is refused, naming the line, rather than guessed at."""
 
     def refuse(why: str) -> UnsafePath:
         return UnsafePath(
@@ -893,21 +918,21 @@ def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str |
                 raise refuse("PATH set on the line")
             words = words[1:]
         if not words:
-            return None
-        name = words[0]
+            return None, []
+        name, args = words[0], words[1:]
     elif not arg:
-        return None
+        return None, []
     else:
-        name = arg  # without -S, env reads the whole argument as one word: blanks and all
+        name, args = arg, []  # without -S, env reads the whole argument as one word: blanks and all
     if name.startswith("-") or "=" in name:
         raise refuse(f"option or assignment {name}")
     if "/" in name:
         if not name.startswith("/"):
             raise refuse(f"relative path {name}")
-        return name
+        return name, args
     import shutil
 
-    return shutil.which(name, path=search)
+    return shutil.which(name, path=search), args
 
 
 def open_append(path: str, mode: int = 0o640) -> int:
