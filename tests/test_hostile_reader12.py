@@ -9,14 +9,19 @@ fix.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.apply_support import FAKE_VLLM, Demo
+from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
 from tests.test_hostile_reader9 import refused_as_server
+from tests.test_hostile_reader8 import _wheel
 from tests.test_hostile_reader10 import _theirs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
@@ -100,3 +105,113 @@ def test_a_relative_entry_in_the_servers_path_is_refused(demo: Demo, outside: Pa
         doc["server"].setdefault("env", {})["PATH"] = f"{demo.venv}/bin:{relative}:$PATH"
 
     refused_as_server(demo, server, marker, "server.env.PATH", relative, edit_more=spec_path)
+
+
+# --- class 1: the value role (a relative word that climbs; what a directory holds) ----------------------
+
+
+def test_a_relative_value_that_climbs_out_of_a_missing_directory_is_judged(demo: Demo, outside: Path) -> None:
+    """The value role reads a relative word as a path when its first component exists under "/" (so a
+    hub id `org/model` is not one). `VLLM_CACHE_ROOT = "<new>/../var/tmp/<nobody's dir>"`: `<new>` does
+    not exist, so the word was not a path; the server (in "/") makes `<new>` with its cache
+    (os.makedirs), and the kernel then takes `..` back to "/", or a tool normalises it first: the cache
+    is nobody's directory all the same, and their link sends root's compile cache where they choose.
+    main: root's server wrote its compile cache through nobody's link into a root-only directory. Now a
+    paths.owner error (in the kernel's form: `<new>` is missing with `..` after it)."""
+    theirs = nobodys_dir(outside, "vllm-cache")
+    target = outside / "root-only"
+    target.mkdir(mode=0o700)
+    os.symlink(target, theirs / "torch_compile_cache")
+    os.lchown(theirs / "torch_compile_cache", NOBODY, NOGROUP)
+    new = f"reconcile-h12-{uuid.uuid4().hex[:8]}"
+    value = f"{new}/../{theirs.relative_to('/')}"
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["VLLM_CACHE_ROOT"] = value
+
+    try:
+        run = demo.cli("apply", spec=demo.write_spec(edit))
+    finally:
+        shutil.rmtree(f"/{new}", ignore_errors=True)
+    assert sorted(p.name for p in target.iterdir()) == [], f"root's server wrote there: {run.output}"
+    assert "[server].env.VLLM_CACHE_ROOT" in run.output and "[paths.owner]" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_a_directory_the_server_imports_from_is_judged_with_what_it_holds(demo: Demo, outside: Path) -> None:
+    """The value role held a directory a `[server] env` value names to the write-dir role: the
+    directory itself root's and writable by no one else, not what it holds. `PYTHONPATH` (like
+    `LD_LIBRARY_PATH`, or a cache whose artifacts are loaded as code) names a directory the server
+    loads code from: a root directory holding a module of nobody's (a tarball's owners kept, round 3's
+    premise) passed. main: planned clean; root's server imported nobody's `sitecustomize.py`, which
+    recorded uid 0."""
+    lib = outside / "lib"
+    lib.mkdir()
+    marker = outside / "ran-as"
+    module = lib / "sitecustomize.py"
+    module.write_text(f"import os\nopen({str(marker)!r}, 'a').write(f'uid={{os.getuid()}}\\n')\n")
+    os.chown(module, NOBODY, NOGROUP)
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["PYTHONPATH"] = str(lib)
+
+    spec = demo.write_spec(edit)
+    plan = demo.cli("plan", spec=spec)
+    run = demo.cli("apply", spec=spec, timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's module ran ({ran!r}): {plan.output}{run.output}"
+    for result in (plan, run):
+        assert "[server].env.PYTHONPATH" in result.output and f"{module} is owned by nobody" in result.output
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output
+
+
+# --- class 1: a file URL's scheme, as pip reads it -----------------------------------------------------
+
+
+def _nobodys_index(outside: Path, marker: Path) -> Path:
+    """A PEP 503 index of nobody's offering ninja 99.0 (round 8's wheel: its `.pth` records who ran
+    it): the `simple` directory."""
+    theirs = nobodys_dir(outside, "index")
+    project = theirs / "simple" / "ninja"
+    project.mkdir(parents=True)
+    wheel = _wheel(project, marker)
+    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    return theirs / "simple"
+
+
+@pytest.mark.parametrize("scheme", ["FILE", "File"])
+def test_a_file_url_in_capitals_in_the_specs_index_is_held_to_the_index_role(
+    demo: Demo, outside: Path, scheme: str
+) -> None:
+    """A URL's scheme is case-insensitive (RFC 3986 3.1), and pip reads `FILE:///x` as the local index
+    /x; the value splitter knew `file:` in lower case only, and took `FILE://...` for a remote URL,
+    which names no path (a remote index is the spec's choice). main: `extra_index_urls =
+    ["FILE://<nobody's index>"]` planned clean; the unlocked apply installed nobody's ninja 99.0,
+    whose `.pth` ran as uid 0."""
+    marker = outside / "ran-as"
+    url = f"{scheme}://{_nobodys_index(outside, marker)}"
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["extra_index_urls"] = [url]
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
+    ran = marker.read_text() if marker.exists() else ""
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    assert "[venv].extra_index_urls" in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def test_a_file_url_in_capitals_in_the_environment_is_left_out(demo: Demo, outside: Path) -> None:
+    """The same URL in the environment `sudo -E` hands over: `PIP_INDEX_URL=FILE:///<nobody's index>`.
+    main: the environment check let it through (no path in it); root's apply installed nobody's ninja
+    99.0, whose `.pth` ran as uid 0."""
+    marker = outside / "ran-as"
+    url = f"FILE://{_nobodys_index(outside, marker)}"
+    run = demo.cli("apply", env={"PIP_INDEX_URL": url}, timeout=300)
+    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
+    ran = marker.read_text() if marker.exists() else ""
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    assert f"reconcile: environment PIP_INDEX_URL left out: {url}" in run.output, run.output
+    assert "Traceback" not in run.output, run.output

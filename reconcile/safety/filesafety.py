@@ -409,7 +409,7 @@ ENV_INERT = (
 # (every tool reconcile runs, and the server, runs in "/": `tmp/x` is /tmp/x) and `~` (expanded by the
 # tool, to a home nobody checked). Other URLs name no local path; a word that names nothing under "/"
 # (a hub id `org/model`, a number, a flag) is not a path.
-_FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)")
+_FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)", re.IGNORECASE)  # FILE:/// too (RFC 3986 3.1)
 _OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"',;]*")
 _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
 
@@ -417,8 +417,9 @@ _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
 def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     """The paths a value names (see _WORD_SPLIT): each absolute word; each relative one, resolved
     against each of `bases` (the directories it may be read from), where its first component exists
-    there; and a word starting with '~' as itself (refused: not absolute). In the value as written and
-    as the tools decode it (_decoded_forms): a path is a path in whichever form a tool reads it."""
+    there or it climbs with `..`; and a word starting with '~' as itself (refused: not absolute). In
+    the value as written and as the tools decode it (_decoded_forms): a path is a path in whichever
+    form a tool reads it."""
     paths: list[str] = []
     for form in _decoded_forms(value):
         words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", form)))
@@ -426,8 +427,13 @@ def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
             if w.startswith(("/", "~")):
                 paths.append(w)
             elif w and not w.startswith("-"):
+                # A word with `..` in it is a path whatever its first component: a tool makes what is
+                # missing (os.makedirs) or normalises it away (`new/../var/x` is var/x) (twelfth round).
                 first = w.split("/", 1)[0]
-                paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
+                climbs = ".." in w.split("/")
+                paths += [
+                    os.path.join(b, w) for b in bases if climbs or os.path.lexists(os.path.join(b, first))
+                ]
     return list(dict.fromkeys(paths))
 
 
@@ -455,8 +461,9 @@ def _decoded_forms(value: str) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
-def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
-    """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
+def _env_path_problem(path: str, allowed: Collection[int] | None = None, *, tree: bool = False) -> str | None:
+    """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir,
+    and with `tree` what the directory holds too (read role, whole tree)."""
     if path.startswith("~"):
         return f"{path}: not an absolute path (the tool expands ~ to a home reconcile does not check)"
     for form in _resolutions(path):
@@ -464,7 +471,12 @@ def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str 
             is_file = not stat.S_ISDIR(os.stat(form).st_mode)
         except OSError:
             is_file = False
-        problem = read_problem(form, allowed) if is_file else env_dir_problem(form, allowed)
+        if is_file:
+            problem = read_problem(form, allowed)
+        else:
+            problem = env_dir_problem(form, allowed) or (
+                read_problem(form, allowed, entries=-1) if tree else None
+            )
         if problem is not None:
             return problem
     return None
@@ -478,13 +490,15 @@ def _resolutions(path: str) -> list[str]:
 
 
 def env_value_problem(
-    value: str, allowed: Collection[int] | None = None, bases: Collection[str] = ("/",)
+    value: str, allowed: Collection[int] | None = None, bases: Collection[str] = ("/",), *, tree: bool = False
 ) -> str | None:
     """Why a value handed to a program (an environment variable, a flag) names a path another user
     could change (None when none does): each path in it (_env_paths, a relative one resolved against
-    each of `bases`) by _env_path_problem."""
+    each of `bases`) by _env_path_problem. `tree`: a directory's whole tree too (the server's values:
+    it imports, loads and runs what a directory it is handed holds, PYTHONPATH's modules, a library
+    path's objects, a cache's compiled artifacts)."""
     paths = _env_paths(value, bases)
-    return next((p for p in (_env_path_problem(w, allowed) for w in paths) if p), None)
+    return next((p for p in (_env_path_problem(w, allowed, tree=tree) for w in paths) if p), None)
 
 
 def index_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
