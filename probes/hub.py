@@ -19,7 +19,7 @@ from reconcile.record import Record
 from reconcile.safety import statefiles
 from reconcile.safety.display import shown
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
 BRANCH_TTL_S = 24 * 3600  # a branch's listing is asked again after a day; a commit's never
 FAILED_TTL_S = 15 * 60  # after a failed call, plans from a timer do not wait on the hub again for this
 TIMEOUT_S = 10.0  # huggingface_hub's, for each read

@@ -8,6 +8,8 @@ fix.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import shutil
 import subprocess
@@ -20,8 +22,8 @@ import pytest
 
 from tests.apply_support import FAKE_VLLM, Demo
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
-from tests.test_hostile_reader9 import refused_as_server
 from tests.test_hostile_reader8 import _wheel
+from tests.test_hostile_reader9 import refused_as_server
 from tests.test_hostile_reader10 import _theirs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
@@ -215,3 +217,104 @@ def test_a_file_url_in_capitals_in_the_environment_is_left_out(demo: Demo, outsi
     assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
     assert f"reconcile: environment PIP_INDEX_URL left out: {url}" in run.output, run.output
     assert "Traceback" not in run.output, run.output
+
+
+# --- class 5 (a name from outside judged by a pattern): `$` before a final newline --------------------
+
+# Round 11's hub on loopback (tests/test_hostile_reader11.HUB), asked by the plan's probe instead of
+# apply's download: probes.hub.listing, the preflight's weights fact.
+_PROBE = """
+from probes.hub import listing
+got = listing("o/m", "main", sys.argv[2], offline=False)
+said = getattr(got, "commit", "") or got.reason
+print("listed:" if hasattr(got, "commit") else "refused:", json.dumps(said))
+"""
+
+
+@pytest.mark.parametrize(("sha", "taken"), [("a" * 40, True), ("a" * 40 + "\n", False)])
+def test_the_plans_hub_probe_takes_forty_hex_digits_and_nothing_after_them(
+    tmp_path: Path, sha: str, taken: bool
+) -> None:
+    """Round 11 made apply's listing (actions.model) refuse a hub sha with a trailing newline; the plan's
+    own probe (probes.hub, which the preflight asks for a model's weights) kept `^[0-9a-f]{40}$`. main
+    (seen): `"sha": "<40 hex>\\n"` passed the pattern, the listing was cached under the branch with that
+    commit, then `cache_path` refused the commit as a file name: `ValueError`, an internal error in every
+    plan of a hub model with no local files. Now refused as a hub answering without a commit, nothing
+    cached; a plain sha is still taken."""
+    from tests.test_hostile_reader11 import HUB
+
+    cache = tmp_path / "cache"
+    script = HUB.split("from actions.model import _listing")[0] + _PROBE
+    run = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(sha), str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+            "HF_HOME": str(tmp_path),
+        },
+    )
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    cached = [p.read_text() for p in cache.rglob("*.json")] if cache.exists() else []
+    if taken:
+        assert run.stdout == f"listed: {json.dumps(sha)}\n", run.stdout
+        assert cached and all(json.loads(c)["commit"] == sha for c in cached), cached
+    else:
+        assert run.stdout.startswith('refused: "the hub answered without a commit'), run.stdout
+        assert cached == [], cached
+
+
+_RE_CALLS = {"compile", "match", "search", "fullmatch", "sub", "subn", "split", "findall", "finditer"}
+
+
+def _dollar_patterns(tree: ast.Module) -> list[tuple[int, str]]:
+    """Each regular expression of a module handed to `re` (a literal, or a module-level name bound to
+    one, or a `(..., pattern, ...)` table the module compiles) that ends in an unescaped `$` without
+    re.M: (line, pattern)."""
+    names = {
+        t.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "re"
+            and node.func.attr in _RE_CALLS
+            and node.args
+        ):
+            continue
+        if any("M" in ast.unparse(a) for a in (*node.args[1:], *(k.value for k in node.keywords))):
+            continue  # re.M / re.MULTILINE: `$` is each line's end, meant
+        arg = node.args[0]
+        pattern = arg.value if isinstance(arg, ast.Constant) else names.get(getattr(arg, "id", ""))
+        if isinstance(pattern, str) and pattern.endswith("$") and not pattern.endswith("\\$"):
+            found.append((node.lineno, pattern))
+    return found
+
+
+def test_no_pattern_that_judges_a_name_lets_a_trailing_newline_through() -> None:
+    """Python's `$` matches at the end and before a final newline: `re.match(r"^[0-9a-f]{40}$", sha)`
+    takes `"<sha>\\n"`. Round 11 fixed three patterns, the plan's hub probe kept a fourth (above); the
+    class is every pattern handed to `re` in reconcile's code, whatever it judges (a hub's sha, a file
+    name in a source or a listing, a temp file's name in a directory the key's owner owns, a state
+    file's, a line of output): each ends in `\\Z` (or uses re.M, where `$` is each line's end). A
+    pydantic `pattern=` is Rust's regex, whose `$` is the end of the text only: not listed."""
+    root = Path(__file__).resolve().parent.parent
+    found = [
+        f"{path.relative_to(root)}:{line}: {pattern}"
+        for package in ("reconcile", "probes", "actions")
+        for path in sorted((root / package).rglob("*.py"))
+        for line, pattern in _dollar_patterns(ast.parse(path.read_text(), str(path)))
+    ]
+    assert found == [], "\n".join(found)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 FORMAT = "reconcile-lock/2"  # 2: the closure; 1 (pins only) is still read
 OLD_FORMATS = ("reconcile-lock/1",)
-_COMMIT = r"^[0-9a-f]{40}$"  # compiled on first use (by re's cache), not on import
+_COMMIT = r"^[0-9a-f]{40}\Z"  # compiled on first use (by re's cache), not on import
 
 
 def lock_path(loaded: LoadedSpec) -> str:
@@ -114,7 +114,11 @@ def _lock_problem(doc: dict[str, Any]) -> str | None:
                 Obj({"specifier": STR, "version": version}, required=("specifier", "version")), nullable=True
             ),
             "model": Obj(
-                {"repo": STR, "revision": STR, "commit": Matching(_COMMIT.strip("^$"), "a 40-hex commit")},
+                {
+                    "repo": STR,
+                    "revision": STR,
+                    "commit": Matching(_COMMIT.removeprefix("^").removesuffix(r"\Z"), "a 40-hex commit"),
+                },
                 required=("repo", "revision", "commit"),
                 nullable=True,
             ),
@@ -159,7 +163,7 @@ def python_of(command: str) -> str | None:
     import shutil
 
     found = command if os.path.isabs(command) else shutil.which(command)
-    m = re.search(r"python(\d+\.\d+)$", os.path.basename(os.path.realpath(found))) if found else None
+    m = re.search(r"python(\d+\.\d+)\Z", os.path.basename(os.path.realpath(found))) if found else None
     return m.group(1) if m else None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-_WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)$")
+_WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth)\Z")
 
 
 def weight_files(file_sizes: Mapping[str, int]) -> dict[str, int]:
