@@ -12,7 +12,6 @@ import ast
 import json
 import os
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -20,55 +19,39 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import FAKE_VLLM, Demo
+from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
-from tests.test_hostile_reader8 import _wheel
+from tests.test_hostile_reader8 import index_refused, never_installed, nobodys_index
 from tests.test_hostile_reader9 import refused_as_server
-from tests.test_hostile_reader10 import _theirs
+from tests.test_hostile_reader10 import shebang_refused
+from tests.test_hostile_reader11 import HUB, run_hub
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
-_SERVE = f"exec(open({str(FAKE_VLLM)!r}).read())\n"
-
-
-def _server(path: Path, line: str) -> Path:
-    """Root's python script `path` whose `#!` line is `line`; its body runs the fake vLLM server."""
-    path.write_text(f"#!{line}\n{_SERVE}")
-    path.chmod(0o755)
-    return path
-
-
 # --- class 1: the exec role's `#!` reading (what an interpreter runs) ---------------------------------
 
-# Each a `#!` line whose interpreter (root's, judged) runs a program it looks up on PATH by the name the
-# line gives it: coreutils' nice and nohup run their first argument as a command, as env does; env
-# reached through a link of root's by another name (the rule knew env by the name on the line); env -S
-# running nice, whose argument is the program. Rounds 9 and 10 judged the program of `#!.../env NAME`
-# only.
-RUNNERS = {
-    "nice": "/usr/bin/nice theirpython",
-    "nohup": "/usr/bin/nohup theirpython",
-    "env by another name": "{outside}/run -S theirpython",
-    "env -S running nice": "/usr/bin/env -S nice theirpython",
-}
 
-
-@pytest.mark.parametrize("form", list(RUNNERS))
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param("/usr/bin/nice theirpython", id="nice"),
+        pytest.param("/usr/bin/nohup theirpython", id="nohup"),
+        pytest.param("{outside}/run -S theirpython", id="env by another name"),
+        pytest.param("/usr/bin/env -S nice theirpython", id="env -S running nice"),
+    ],
+)
 def test_a_program_an_interpreter_runs_by_name_is_judged_or_refused(
-    demo: Demo, outside: Path, form: str
+    demo: Demo, outside: Path, line: str
 ) -> None:
     """`[server] executable` a script of root's whose `#!` interpreter is root's program that runs
     another by name (nice, nohup; env under another name; env -S running nice), that name being a
-    program of nobody's in a root directory on PATH (a tarball's owners kept, round 3's premise). main:
-    planned clean; root's server ran nobody's program (it records uid 0, then runs the fake server)."""
-    tools = outside / "bin"
-    tools.mkdir()
-    marker = outside / "ran-as"
-    theirs = _theirs(tools, marker)
-    os.symlink("/usr/bin/env", outside / "run")
-    server = _server(outside / "serve", RUNNERS[form].format(outside=outside))
-    refused_as_server(demo, server, marker, str(server), env={"PATH": f"{tools}:{os.environ['PATH']}"})
-    assert theirs.exists()
+    program of nobody's in a root directory on PATH (a tarball's owners kept, round 3's premise).
+    Rounds 9 and 10 judged the program of `#!.../env NAME` only, env known by the name on the line.
+    main: planned clean; root's server ran nobody's program (it records uid 0, then runs the fake
+    server)."""
+    os.symlink("/usr/bin/env", outside / "run")  # root's link, in root's directory
+    env = {"PATH": f"{outside / 'bin'}:{os.environ['PATH']}"}
+    shebang_refused(demo, outside, line, "{server}", env=env)
 
 
 def test_a_relative_interpreter_on_a_shebang_line_is_refused(demo: Demo, outside: Path) -> None:
@@ -77,17 +60,12 @@ def test_a_relative_interpreter_on_a_shebang_line_is_refused(demo: Demo, outside
     spec's directory; here the demo's root), so a root's file at that relative path there passed while
     the server ran nobody's at the same path under "/". main: planned clean; root's server ran nobody's
     program."""
-    tools = outside / "bin"
-    tools.mkdir()
-    marker = outside / "ran-as"
-    _theirs(tools, marker)
-    relative = str(tools.relative_to("/") / "theirpython")
+    relative = str((outside / "bin" / "theirpython").relative_to("/"))
     decoy = demo.root / relative  # root's, where reconcile's working directory puts the name
     decoy.parent.mkdir(parents=True)
     decoy.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     decoy.chmod(0o755)
-    server = _server(outside / "serve", relative)
-    refused_as_server(demo, server, marker, str(server), relative)
+    shebang_refused(demo, outside, relative, "{server}", relative)
 
 
 def test_a_relative_entry_in_the_servers_path_is_refused(demo: Demo, outside: Path) -> None:
@@ -96,17 +74,14 @@ def test_a_relative_entry_in_the_servers_path_is_refused(demo: Demo, outside: Pa
     PATH) resolved the relative entry from reconcile's own working directory, found nothing there and
     judged nothing. The value role judged the directory /var/tmp/x/bin (root's: it passes), not the
     program in it. main: planned clean; root's server ran nobody's program."""
-    tools = outside / "bin"
-    tools.mkdir()
-    marker = outside / "ran-as"
-    _theirs(tools, marker)
-    server = _server(outside / "serve", "/usr/bin/env theirpython")
-    relative = str(tools.relative_to("/"))
+    relative = str((outside / "bin").relative_to("/"))
 
     def spec_path(doc: Any) -> None:
         doc["server"].setdefault("env", {})["PATH"] = f"{demo.venv}/bin:{relative}:$PATH"
 
-    refused_as_server(demo, server, marker, "server.env.PATH", relative, edit_more=spec_path)
+    shebang_refused(
+        demo, outside, "/usr/bin/env theirpython", "server.env.PATH", relative, edit_more=spec_path
+    )
 
 
 # --- class 1: the value role (a relative word that climbs; what a directory holds) ----------------------
@@ -157,29 +132,12 @@ def test_a_directory_the_server_imports_from_is_judged_with_what_it_holds(demo: 
     def edit(doc: Any) -> None:
         doc["server"]["env"]["PYTHONPATH"] = str(lib)
 
-    spec = demo.write_spec(edit)
-    plan = demo.cli("plan", spec=spec)
-    run = demo.cli("apply", spec=spec, timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's module ran ({ran!r}): {plan.output}{run.output}"
-    for result in (plan, run):
-        assert "[server].env.PYTHONPATH" in result.output and f"{module} is owned by nobody" in result.output
-        assert result.returncode == 1 and "Traceback" not in result.output, result.output
+    refused_as_server(
+        demo, None, marker, "[server].env.PYTHONPATH", f"{module} is owned by nobody", edit_more=edit
+    )
 
 
 # --- class 1: a file URL's scheme, as pip reads it -----------------------------------------------------
-
-
-def _nobodys_index(outside: Path, marker: Path) -> Path:
-    """A PEP 503 index of nobody's offering ninja 99.0 (round 8's wheel: its `.pth` records who ran
-    it): the `simple` directory."""
-    theirs = nobodys_dir(outside, "index")
-    project = theirs / "simple" / "ninja"
-    project.mkdir(parents=True)
-    wheel = _wheel(project, marker)
-    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
-    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
-    return theirs / "simple"
 
 
 @pytest.mark.parametrize("scheme", ["FILE", "File"])
@@ -192,17 +150,7 @@ def test_a_file_url_in_capitals_in_the_specs_index_is_held_to_the_index_role(
     ["FILE://<nobody's index>"]` planned clean; the unlocked apply installed nobody's ninja 99.0,
     whose `.pth` ran as uid 0."""
     marker = outside / "ran-as"
-    url = f"{scheme}://{_nobodys_index(outside, marker)}"
-
-    def edit(doc: Any) -> None:
-        doc["venv"]["extra_index_urls"] = [url]
-
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
-    ran = marker.read_text() if marker.exists() else ""
-    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
-    assert "[venv].extra_index_urls" in run.output and "owned by nobody" in run.output, run.output
-    assert run.returncode == 1 and "Traceback" not in run.output, run.output
+    index_refused(demo, f"{scheme}://{nobodys_index(outside, marker)}", marker)
 
 
 def test_a_file_url_in_capitals_in_the_environment_is_left_out(demo: Demo, outside: Path) -> None:
@@ -210,11 +158,9 @@ def test_a_file_url_in_capitals_in_the_environment_is_left_out(demo: Demo, outsi
     main: the environment check let it through (no path in it); root's apply installed nobody's ninja
     99.0, whose `.pth` ran as uid 0."""
     marker = outside / "ran-as"
-    url = f"FILE://{_nobodys_index(outside, marker)}"
+    url = f"FILE://{nobodys_index(outside, marker)}"
     run = demo.cli("apply", env={"PIP_INDEX_URL": url}, timeout=300)
-    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
-    ran = marker.read_text() if marker.exists() else ""
-    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    never_installed(demo, run.output, marker)
     assert f"reconcile: environment PIP_INDEX_URL left out: {url}" in run.output, run.output
     assert "Traceback" not in run.output, run.output
 
@@ -241,22 +187,8 @@ def test_the_plans_hub_probe_takes_forty_hex_digits_and_nothing_after_them(
     commit, then `cache_path` refused the commit as a file name: `ValueError`, an internal error in every
     plan of a hub model with no local files. Now refused as a hub answering without a commit, nothing
     cached; a plain sha is still taken."""
-    from tests.test_hostile_reader11 import HUB
-
     cache = tmp_path / "cache"
-    script = HUB.split("from actions.model import _listing")[0] + _PROBE
-    run = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(sha), str(cache)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-            "HF_HOME": str(tmp_path),
-        },
-    )
+    run = run_hub(tmp_path, HUB.split("from actions.model import _listing")[0] + _PROBE, sha, str(cache))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     cached = [p.read_text() for p in cache.rglob("*.json")] if cache.exists() else []
     if taken:
