@@ -165,6 +165,29 @@ def test_a_file_url_in_capitals_in_the_environment_is_left_out(demo: Demo, outsi
     assert "Traceback" not in run.output, run.output
 
 
+def test_a_config_directory_the_environment_names_is_judged_with_what_it_holds(
+    demo: Demo, outside: Path
+) -> None:
+    """The environment's rule judged a directory a variable names as a directory (write-dir: root's or
+    ours, writable by no one else), not what it holds. pip reads `<each XDG_CONFIG_DIRS entry>/pip/
+    pip.conf` as its site-wide config: `sudo -E reconcile apply` with `XDG_CONFIG_DIRS=/etc/xdg:<a root
+    directory>` whose `pip/pip.conf` is nobody's (a tarball's owners kept) names nobody's index.
+    main: the variable was kept; root's pip installed nobody's ninja 99.0, whose `.pth` ran as uid 0."""
+    marker = outside / "ran-as"
+    index = nobodys_index(outside, marker)
+    config = outside / "xdg" / "pip" / "pip.conf"
+    config.parent.mkdir(parents=True)
+    config.write_text(f"[global]\nindex-url = file://{index}\n")
+    os.chown(config, NOBODY, NOGROUP)
+    value = f"/etc/xdg:{outside / 'xdg'}"
+    run = demo.cli("apply", env={"XDG_CONFIG_DIRS": value}, timeout=300)
+    never_installed(demo, run.output, marker)
+    assert (
+        f"reconcile: environment XDG_CONFIG_DIRS left out: {value}: {config} is owned by nobody" in run.output
+    )
+    assert "Traceback" not in run.output, run.output
+
+
 # --- class 5 (a name from outside judged by a pattern): `$` before a final newline --------------------
 
 # Round 11's hub on loopback (tests/test_hostile_reader11.HUB), asked by the plan's probe instead of
