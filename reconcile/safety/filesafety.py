@@ -274,9 +274,7 @@ def data_problem(path: str) -> str | None:
     return None
 
 
-_SAFE_TREES: list[
-    set[tuple[str, frozenset[int], int, int | None]]
-] = []  # while walked_once() holds: trees found safe
+_SAFE_TREES: list[set[tuple[str, frozenset[int], int]]] = []  # while walked_once() holds: trees found safe
 
 
 @contextlib.contextmanager
@@ -293,16 +291,13 @@ def walked_once() -> Iterator[None]:
         _SAFE_TREES.pop()
 
 
-def read_problem(
-    path: str, allowed: Collection[int] | None = None, *, entries: int = 0, limit: int | None = None
-) -> str | None:
+def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: int = 0) -> str | None:
     """The read role (root reads `path` and trusts what it says): parent_problem(follow=True), and
     what the path leads to not writable by group or others either (a root-owned 0666 apt key or a
     0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
     (a wheelhouse pip installs from: 1, its top level; a site-packages python imports from: -1, the
     whole tree), each entry below it too: root's or ours, not writable by group or others, and a
-    link judged as the path itself (not descended into). `limit`: a tree of more entries than that is
-    a problem too (it cannot be checked in the time a start allows)."""
+    link judged as the path itself (not descended into)."""
     ok = owners() if allowed is None else frozenset(allowed)
     # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
     problem = parent_problem(path, ok, follow=True, made_later=True)
@@ -319,21 +314,20 @@ def read_problem(
     if entries == 0 or not stat.S_ISDIR(st.st_mode):
         return None
     real = os.path.realpath(path)
-    seen = (real, ok, entries, limit)
+    seen = (real, ok, entries)
     if _SAFE_TREES and seen in _SAFE_TREES[-1]:
         return None  # walked whole in this apply and found safe (walked_once)
-    problem = _tree_problem(real, ok, entries, limit)
+    problem = _tree_problem(real, ok, entries)
     if problem is None and _SAFE_TREES:
         _SAFE_TREES[-1].add(seen)
     return problem
 
 
-def _tree_problem(real: str, ok: frozenset[int], entries: int, limit: int | None = None) -> str | None:
+def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
     """read_problem's check of each entry below the directory `real` (`entries` levels; -1: all), in
-    name order, at most `limit` entries. Each directory is listed by a descriptor and its entries
-    stat'ed relative to it (fstatat: no path looked up again per entry); a link is judged as a path
-    itself, never entered."""
-    stack, seen = [(real, 1)], 0
+    name order. Each directory is listed by a descriptor and its entries stat'ed relative to it
+    (fstatat: no path looked up again per entry); a link is judged as a path itself, never entered."""
+    stack = [(real, 1)]
     while stack:
         top, depth = stack.pop()
         try:
@@ -344,9 +338,6 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int, limit: int | None
         try:
             with os.scandir(fd) as listing:
                 found = sorted(listing, key=lambda e: e.name)
-            seen += len(found)
-            if limit is not None and seen > limit:
-                return f"{real} holds more than {limit:,} entries: too many to check what it holds"
             for e in found:
                 try:
                     est = e.stat(follow_symlinks=False)
@@ -396,10 +387,11 @@ ENV_DIRS = (
     "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
-# A directory a variable names is judged with what it holds (a tool reads its config, and loads code,
-# from there: pip's `<XDG_CONFIG_DIRS entry>/pip/pip.conf`, twelfth round), to this many entries: a larger
-# tree is left out too (the tool then takes its default place) rather than walked at every start.
-ENV_TREE_ENTRIES = 10_000
+# A directory a variable names is judged with what it holds, this many levels down (twelfth round): a
+# tool reads its config there, `<dir>/<tool>/<file>` (pip's `<XDG_CONFIG_DIRS entry>/pip/pip.conf`,
+# uv's, git's, fontconfig's). Not the whole tree, which for a cache or a tool's root (PYENV_ROOT: 130,000
+# entries here) would be walked at every start; what lies deeper is left open (docs/security.md).
+ENV_DEPTH = 3
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
 # Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
 # relative word that exists, or a list of them) is held to the same rule, a directory to the write-dir
@@ -474,11 +466,9 @@ def _decoded_forms(value: str) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
-def _env_path_problem(
-    path: str, allowed: Collection[int] | None = None, *, tree: bool = False, limit: int | None = None
-) -> str | None:
+def _env_path_problem(path: str, allowed: Collection[int] | None = None, *, depth: int = 0) -> str | None:
     """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir,
-    and with `tree` what the directory holds too (read role, whole tree, at most `limit` entries)."""
+    and what the directory holds, `depth` levels of it (-1: all), to the read role."""
     if path.startswith("~"):
         return f"{path}: not an absolute path (the tool expands ~ to a home reconcile does not check)"
     for form in _resolutions(path):
@@ -490,7 +480,7 @@ def _env_path_problem(
             problem = read_problem(form, allowed)
         else:
             problem = env_dir_problem(form, allowed) or (
-                read_problem(form, allowed, entries=-1, limit=limit) if tree else None
+                read_problem(form, allowed, entries=depth) if depth else None
             )
         if problem is not None:
             return problem
@@ -505,22 +495,15 @@ def _resolutions(path: str) -> list[str]:
 
 
 def env_value_problem(
-    value: str,
-    allowed: Collection[int] | None = None,
-    bases: Collection[str] = ("/",),
-    *,
-    tree: bool = False,
-    limit: int | None = None,
+    value: str, allowed: Collection[int] | None = None, bases: Collection[str] = ("/",), *, depth: int = 0
 ) -> str | None:
     """Why a value handed to a program (an environment variable, a flag) names a path another user
     could change (None when none does): each path in it (_env_paths, a relative one resolved against
-    each of `bases`) by _env_path_problem. `tree`: a directory's whole tree too (the server's values:
-    it imports, loads and runs what a directory it is handed holds, PYTHONPATH's modules, a library
-    path's objects, a cache's compiled artifacts; reconcile's own environment: a tool's config and
-    code), at most `limit` entries."""
+    each of `bases`) by _env_path_problem, a directory with `depth` levels of what it holds (-1: the
+    whole tree, for the server's values: it imports, loads and runs what a directory it is handed
+    holds, PYTHONPATH's modules, a library path's objects, a cache's compiled artifacts)."""
     paths = _env_paths(value, bases)
-    problems = (_env_path_problem(w, allowed, tree=tree, limit=limit) for w in paths)
-    return next((p for p in problems if p), None)
+    return next((p for p in (_env_path_problem(w, allowed, depth=depth) for w in paths) if p), None)
 
 
 def index_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
@@ -571,13 +554,13 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
         if name in ENV_DIRS:
             problem = env_dir_problem(value)
             if problem is None and name != "HOME":  # HOME left out is our own: the tools' defaults anyway
-                problem = read_problem(value, entries=-1, limit=ENV_TREE_ENTRIES)
+                problem = read_problem(value, entries=ENV_DEPTH)
         elif name in ENV_FILES:
             problem = read_problem(value)
             if problem is None and not value.startswith("/"):
                 problem = f"{value}: not an absolute path"
         else:  # a relative path: from "/" (the tools' cwd) and from ours (what reconcile reads itself)
-            problem = env_value_problem(value, bases=("/", os.getcwd()), tree=True, limit=ENV_TREE_ENTRIES)
+            problem = env_value_problem(value, bases=("/", os.getcwd()), depth=ENV_DEPTH)
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"
