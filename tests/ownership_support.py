@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,6 +139,20 @@ def as_nobody(argv: list[str], env: dict[str, str], strangers: list[int]) -> sub
     strangers.append(proc.pid)
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
     return proc
+
+
+def listening_as_nobody(strangers: list[int], host: str = "127.0.0.1") -> int:
+    """A free port on `host` that nobody now listens on (accepting nothing); returns the port."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        port = int(probe.getsockname()[1])
+    family = "AF_INET6" if ":" in host else "AF_INET"
+    code = (
+        f"import socket, time\ns = socket.socket(socket.{family})\ns.bind(({host!r}, {port}))\n"
+        "s.listen(1)\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    )
+    as_nobody(["/usr/bin/python3", "-c", code], {}, strangers)
+    return port
 
 
 def received(spy: subprocess.Popen[bytes]) -> str:

@@ -149,16 +149,16 @@ def test_a_file_url_in_capitals_in_the_specs_index_is_held_to_the_index_role(
     which names no path (a remote index is the spec's choice). main: `extra_index_urls =
     ["FILE://<nobody's index>"]` planned clean; the unlocked apply installed nobody's ninja 99.0,
     whose `.pth` ran as uid 0."""
-    marker = outside / "ran-as"
-    index_refused(demo, f"{scheme}://{nobodys_index(outside, marker)}", marker)
+    theirs, marker = nobodys_index(outside)
+    index_refused(demo, f"{scheme}://{theirs}/simple", marker)
 
 
 def test_a_file_url_in_capitals_in_the_environment_is_left_out(demo: Demo, outside: Path) -> None:
     """The same URL in the environment `sudo -E` hands over: `PIP_INDEX_URL=FILE:///<nobody's index>`.
     main: the environment check let it through (no path in it); root's apply installed nobody's ninja
     99.0, whose `.pth` ran as uid 0."""
-    marker = outside / "ran-as"
-    url = f"FILE://{nobodys_index(outside, marker)}"
+    theirs, marker = nobodys_index(outside)
+    url = f"FILE://{theirs}/simple"
     run = demo.cli("apply", env={"PIP_INDEX_URL": url}, timeout=300)
     never_installed(demo, run.output, marker)
     assert f"reconcile: environment PIP_INDEX_URL left out: {url}" in run.output, run.output
@@ -173,11 +173,10 @@ def test_a_config_directory_the_environment_names_is_judged_with_what_it_holds(
     pip.conf` as its site-wide config: `sudo -E reconcile apply` with `XDG_CONFIG_DIRS=/etc/xdg:<a root
     directory>` whose `pip/pip.conf` is nobody's (a tarball's owners kept) names nobody's index.
     main: the variable was kept; root's pip installed nobody's ninja 99.0, whose `.pth` ran as uid 0."""
-    marker = outside / "ran-as"
-    index = nobodys_index(outside, marker)
+    theirs, marker = nobodys_index(outside)
     config = outside / "xdg" / "pip" / "pip.conf"
     config.parent.mkdir(parents=True)
-    config.write_text(f"[global]\nindex-url = file://{index}\n")
+    config.write_text(f"[global]\nindex-url = file://{theirs}/simple\n")
     os.chown(config, NOBODY, NOGROUP)
     value = f"/etc/xdg:{outside / 'xdg'}"
     run = demo.cli("apply", env={"XDG_CONFIG_DIRS": value}, timeout=300)

@@ -92,6 +92,19 @@ def _wheel(directory: Path, marker: Path) -> Path:
     return wheel
 
 
+def nobodys_index(outside: Path) -> tuple[Path, Path]:
+    """A PEP 503 index of nobody's (`<dir>/simple/ninja/`) offering `_wheel`'s ninja 99.0; returns (the
+    directory, the marker its `.pth` writes)."""
+    theirs = nobodys_dir(outside, "index")
+    project = theirs / "simple" / "ninja"
+    project.mkdir(parents=True)
+    marker = outside / "ran-as"
+    wheel = _wheel(project, marker)
+    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    return theirs, marker
+
+
 def test_a_percent_encoded_file_url_in_pip_find_links_never_hands_root_nobodys_wheel(
     demo: Demo, outside: Path
 ) -> None:
@@ -184,21 +197,8 @@ def test_a_local_index_of_nobodys_in_the_spec_never_hands_root_their_wheel(demo:
     from it as readily. With one of nobody's (a PEP 503 directory), an unlocked apply installs the
     highest version it offers, and `reconcile lock` would pin nobody's wheels' hashes. main: root's
     venv got nobody's ninja 99.0, whose `.pth` ran as uid 0."""
-    marker = outside / "ran-as"
-    url = f"file://{nobodys_index(outside, marker)}"
-    index_refused(demo, url, marker)
-
-
-def nobodys_index(outside: Path, marker: Path) -> Path:
-    """A PEP 503 index of nobody's offering ninja 99.0 (_wheel: its `.pth` records who ran it): its
-    `simple` directory."""
-    theirs = nobodys_dir(outside, "index")
-    project = theirs / "simple" / "ninja"
-    project.mkdir(parents=True)
-    wheel = _wheel(project, marker)
-    (project / "index.html").write_text(f'<html><body><a href="{wheel.name}">{wheel.name}</a></body>\n')
-    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
-    return theirs / "simple"
+    theirs, marker = nobodys_index(outside)
+    index_refused(demo, f"file://{theirs}/simple", marker)
 
 
 def index_refused(demo: Demo, url: str, marker: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from reconcile.safety.filesafety import UnsafePath, ensure_dir, open_regular, parent_problem, resolve_exec
 from tests.apply_support import Demo
+from tests.ownership_support import listening_as_nobody
 from tests.test_server_support import FAKE_VLLM as _FAKE
 
 FAKE_VLLM = Path(_FAKE)
@@ -294,6 +295,7 @@ def _full_spec(tmp_path: Path, field: tuple[str, str], bad: str) -> str:
         ("server", "env"): f"{ok}/vllm-cache",
         ("server", "args"): f"{ok}/template.jinja",
         ("front", "haproxy"): "/bin/true",
+        ("apt.repositories", "uri"): "file:///srv/r",
     }
     good[field] = bad
 
@@ -319,7 +321,7 @@ target = {v("cuda", "target")}
 sources_dir = {v("apt", "sources_dir")}
 [[apt.repositories]]
 name = "r"
-uri = "file:///srv/r"
+uri = {v("apt.repositories", "uri")}
 suite = "./"
 keyring = {v("apt.repositories", "keyring")}
 key_source = {v("apt.repositories", "key_source")}
@@ -359,11 +361,12 @@ def _role_params() -> list[tuple[str, str]]:
     "field", _role_params(), ids=lambda f: f"{f[0]}.{f[1]}" if isinstance(f, tuple) else f
 )
 def test_every_path_the_spec_names_is_refused_in_nobodys_directory(
-    tmp_path: Path, field: tuple[str, str]
+    tmp_path: Path, field: tuple[str, str], strangers: list[int]
 ) -> None:
     """Coverage by construction: each field of reconcile.spec.roles.PATHS, put behind nobody's
     directory (a link there for the ones root follows), is an error naming its key; `data` (a source
-    tree copied as data) is the one role that may live there."""
+    tree copied as data) is the one role that may live there; a `location` (a URL) is put on a loopback
+    port nobody listens on instead."""
     from reconcile.preflight.paths import path_findings
     from reconcile.spec.loader import load_spec
     from reconcile.spec.roles import PATHS
@@ -377,6 +380,8 @@ def test_every_path_the_spec_names_is_refused_in_nobodys_directory(
         (real / "thing").chmod(0o755)
         (theirs / "link").symlink_to(real)
         bad = str(theirs / "link" / "thing")
+    elif role.kind == "location":
+        bad = f"http://127.0.0.1:{listening_as_nobody(strangers)}/debian"
     else:
         bad = str(theirs / "thing")
     spec = tmp_path / "spec.toml"
@@ -389,7 +394,7 @@ def test_every_path_the_spec_names_is_refused_in_nobodys_directory(
     assert any(
         f.evidence["key"].startswith(key)
         and field[1] in f.evidence["key"]
-        and f"{theirs} is owned by nobody" in f.message
+        and (f"{theirs} is owned by nobody" in f.message or "listened on by nobody" in f.message)
         for f in found
     ), found
 

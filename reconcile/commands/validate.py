@@ -34,6 +34,7 @@ MACHINE_RULES = frozenset(
         "model.plugin",
         "model.chat-template",
         "paths.owner",
+        "paths.listener",
         "paths.symlink",
         "start.missing",  # the executable, model source and wheelhouse on the machine that applies
         "venv.features",

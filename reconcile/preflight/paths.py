@@ -10,10 +10,12 @@ import os
 from reconcile.plan.records import Finding
 from reconcile.safety.filesafety import (
     FIX,
+    LISTENER_FIX,
     UnsafePath,
     data_problem,
     env_value_problem,
     index_problem,
+    listener_problem,
     owners,
     parent_problem,
     read_problem,
@@ -274,7 +276,8 @@ def _pth_problem(spec: Spec) -> Finding | None:
 
 def path_findings(spec: Spec) -> tuple[Finding, ...]:
     """An error per path another user could swap, plant or make us follow (a symlinked log, a
-    planted key, an executable in a directory they can write), and for a symlinked model dir."""
+    planted key, an executable in a directory they can write), for a symlinked model dir, and for a
+    URL on this machine (an index, a value handed to the server) that another user's listener holds."""
     out = []
     if spec.model is not None and (why := symlinked_model_dir(spec.model.dir)) is not None:
         out.append(Finding("paths.symlink", "error", why, "", {"path": spec.model.dir, "key": "[model].dir"}))
@@ -293,18 +296,15 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             problem = index_problem(path, allowed)
         elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's
             problem = data_problem(path)
+        elif role.kind == "location":  # not a path: only its listener, below
+            problem = None
         else:
             problem = parent_problem(path, allowed)
+        rule, fix = "paths.owner", FIX
+        if problem is None and role.kind in ("value", "index", "location"):  # a URL on this machine
+            problem, rule, fix = listener_problem(path, allowed), "paths.listener", LISTENER_FIX
         if problem is not None:
-            out.append(
-                Finding(
-                    "paths.owner",
-                    "error",
-                    f"{what} {path}: {problem}",
-                    FIX,
-                    {"path": path, "key": what},
-                )
-            )
+            out.append(Finding(rule, "error", f"{what} {path}: {problem}", fix, {"path": path, "key": what}))
     if (remote := _remote_code_problem(spec)) is not None:
         out.append(remote)
     if (toolkit := _toolkit_problem(spec)) is not None:

@@ -510,10 +510,33 @@ def index_problem(value: str, allowed: Collection[int] | None = None) -> str | N
     """Why a package index pip or uv installs from (`[venv] index_url`, `extra_index_urls`) is not root's
     or ours alone: each local path it names (a `file://` URL, percent-escapes decoded, or a path; a
     remote URL names none) held to the read role, its whole tree, as a wheelhouse's wheels are: the
-    wheels and sdists there are what root installs and builds."""
+    wheels and sdists there are what root installs and builds. (A URL: listener_problem.)"""
     paths = [p for p in _env_paths(value) if not p.startswith("~")]
     problems = (read_problem(f, allowed, entries=-1) for w in paths for f in _resolutions(w))
     return next((p for p in problems if p), None)
+
+
+def listener_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
+    """Why a network location in `value` on this machine (a URL, or a proxy's host:port, in the value as
+    written and as a tool decodes it: reconcile.safety.locations) could answer in root's place: a
+    listener on its port of another user's (it serves the wheels, model files or answers root takes, or
+    reads what root sends a proxy: a token, an index's password), or none on a port any user may bind
+    after this check. A remote host is the network's to trust, not judged here."""
+    from reconcile.safety.locations import listener_uids, local_locations, only_root_binds
+
+    ok = owners() if allowed is None else frozenset(allowed)
+    for host, port in dict.fromkeys(loc for form in _decoded_forms(value) for loc in local_locations(form)):
+        if port is None:
+            return f"{host} is this machine, and which port the URL names is not known: write the port"
+        uids = listener_uids(port)
+        if not uids and not only_root_binds(port):
+            return f"nothing listens on port {port} on {host}: anyone may bind it before root connects"
+        if (other := next((u for u in uids if u not in ok), None)) is not None:
+            return (
+                f"port {port} on {host} is listened on by {_who(other)}, not by root or the user reconcile "
+                "runs as: it would answer in root's place"
+            )
+    return None
 
 
 def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
@@ -541,7 +564,8 @@ def env_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | 
 def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | None], list[str]]:
     """What to change in `environ` so that no tool root runs (nor a library reconcile loads) takes its
     config, cache or code from a place another user can change (ENV_DIRS: the write-dir role;
-    ENV_FILES: the read role; every other variable but ENV_INERT: each path its value names): each
+    ENV_FILES: the read role; every other variable but ENV_INERT: each path its value names, and each
+    network location on this machine, listener_problem): each
     such variable is left out, HOME replaced by the home of the user reconcile runs as. Returns (name ->
     new value, None to unset) and one "NAME left out: path: why" line for each."""
     changes: dict[str, str | None] = {}
@@ -560,7 +584,9 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
             if problem is None and not value.startswith("/"):
                 problem = f"{value}: not an absolute path"
         else:  # a relative path: from "/" (the tools' cwd) and from ours (what reconcile reads itself)
-            problem = env_value_problem(value, bases=("/", os.getcwd()), depth=ENV_DEPTH)
+            problem = env_value_problem(value, bases=("/", os.getcwd()), depth=ENV_DEPTH) or listener_problem(
+                value
+            )
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"
@@ -595,6 +621,10 @@ def check_parents(
 
 
 FIX = "move it under a directory only root can write (/var/lib, /srv, /opt) or fix that directory's mode"
+LISTENER_FIX = (
+    "name a port that root's (or your) own service listens on, or one below 1024, or a remote host; "
+    "or stop that listener"
+)
 
 
 def _walk(path: str, mode: int, *, create: bool) -> int:

@@ -181,6 +181,7 @@ class AptRepository(_Model):
     )
     uri: Annotated[
         str,
+        roles.LOCATION,  # a URL on this machine: who listens there (its signature is the keyring's)
         AfterValidator(apt_uri),
         Expect("a repository URI", "scheme:address without spaces, quotes, brackets or #"),
     ] = Field(description="Repository URI (http(s):// or file:/).")

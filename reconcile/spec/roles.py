@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class Role(Record):
-    kind: str  # read | write | write-dir | exec | delete | link | data | value | index
+    kind: str  # read | write | write-dir | exec | delete | link | data | value | index | location
     rule: str  # the rule that applies, in words (docs/security.md's table)
 
 
@@ -45,13 +45,20 @@ VALUE = Role(
     "value",
     "a value handed to the server (an env var, a flag) that may name a path: each absolute path (or "
     "file:// URL, or ':'-list of them) in it held as the environment's are, a directory to write-dir, a "
-    "file to read (the serving user may own them too)",
+    "file to read (the serving user may own them too); a URL on this machine: its listener root's or ours",
 )
 
 INDEX = Role(
     "index",
     "a package index pip and uv install from: a local one (a path or file:// URL in it) held to the read "
-    "role, its whole tree (what it holds is what root installs); a remote one is the spec's choice",
+    "role, its whole tree (what it holds is what root installs); a URL on this machine: its listener root's "
+    "or ours; a remote one is the spec's choice",
+)
+
+LOCATION = Role(
+    "location",
+    "a URL root fetches from (apt's repository): on this machine, its port listened on by root or us "
+    "(or one only root may bind); a remote host is the network's to trust, not judged",
 )
 
 # (section, field, role). A section named "a.b" is a list of tables (apt.repositories).
@@ -62,6 +69,7 @@ PATHS: tuple[tuple[str, str, Role], ...] = (
     ("apt", "sources_dir", WRITE_DIR),
     ("apt.repositories", "keyring", WRITE),
     ("apt.repositories", "key_source", READ),
+    ("apt.repositories", "uri", LOCATION),
     ("venv", "path", WRITE_DIR),
     ("venv", "python", EXEC),
     ("venv", "index_url", INDEX),
