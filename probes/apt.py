@@ -50,7 +50,7 @@ _DPKG_STATES: Mapping[str, PackageState] = {
 }
 DPKG_FORMAT = "${Package}\\t${Status}\\t${Version}\\n"
 # Patterns as strings: re compiles (and caches) one on first use, not on every plan's import.
-_NOT_FOUND = r"^dpkg-query: no packages found matching (\S+)$"
+_NOT_FOUND = r"^dpkg-query: no packages found matching (\S+)\Z"
 
 
 class PackageStatus(Record):
@@ -273,7 +273,7 @@ def read_sources(apt_dir: str, sources_dir: str) -> tuple[tuple[AptSource, ...],
     return tuple(sources), tuple(unparsed)
 
 
-_ONE_LINE = r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s*)?(\S+)\s+(\S+)(?:\s+(.*))?$"
+_ONE_LINE = r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s*)?(\S+)\s+(\S+)(?:\s+(.*))?\Z"
 
 
 def parse_one_line_sources(text: str, path: str) -> Iterator[AptSource | Unparsed]:

@@ -30,7 +30,7 @@ GENERATED = "vllm:generation_tokens_total"
 # vLLM's exposition grows with its histograms (a few hundred KiB for one model); 16 MiB is room to spare.
 METRICS_LIMIT = 16 << 20
 OLD_KV_USAGE = "vllm:gpu_cache_usage_perc"
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\d+)?$")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\d+)?\Z")
 
 
 class ServingMetrics(Record):

@@ -790,7 +790,7 @@ def atomic_write(
 # A temp file of ours: "." + the file's name + ".reconcile-" + the writer's pid + "-" + mkstemp's 8
 # random characters + ".tmp". The pid lets a sweep leave the temp of a writer that still runs.
 # Compiled on first use (by re's cache): a plan never sweeps temps.
-_OWN_TEMP = r"^\.(?P<name>.+)\.reconcile-(?P<pid>[0-9]+)-[a-z0-9_]{8}\.tmp$"
+_OWN_TEMP = r"^\.(?P<name>.+)\.reconcile-(?P<pid>[0-9]+)-[a-z0-9_]{8}\.tmp\Z"
 
 
 def temp_prefix(path: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,29 @@ def _script(path: Path, shebang: str, body: str) -> Path:
     return path
 
 
+def shebang_refused(
+    demo: Demo,
+    outside: Path,
+    line: str,
+    *named: str,
+    env: dict[str, str] | None = None,
+    edit_more: Callable[[Any], None] | None = None,
+) -> None:
+    """Root's `[server] executable` a python script of root's whose `#!` line is `line` (`{theirs}`,
+    `{tools}`, `{outside}` filled in), nobody's `theirpython` in the root directory `outside/bin`
+    (_theirs): refused_as_server, naming each of `named` (`{server}`, `{theirs}` filled in)."""
+    tools = outside / "bin"
+    tools.mkdir()
+    marker = outside / "ran-as"
+    theirs = _theirs(tools, marker)
+    server = outside / "serve"
+    shebang = line.format(theirs=theirs, tools=tools, outside=outside)
+    server.write_text(f"#!{shebang}\nexec(open({str(FAKE_VLLM)!r}).read())\n")
+    server.chmod(0o755)
+    shown = (n.format(server=server, theirs=theirs) for n in named)
+    refused_as_server(demo, server, marker, *shown, env=env, edit_more=edit_more)
+
+
 # --- class 1: the exec role's `#!/usr/bin/env` rule (what env runs) ---------------------------------
 
 # Each a shebang line GNU env (coreutils 9.1 here) reads as "run theirpython", where the ninth round's
@@ -67,13 +91,7 @@ def test_the_program_env_runs_is_judged_however_the_shebang_spells_it(
     """`[server] executable` a script of root's whose `#!/usr/bin/env` line, in a form GNU env reads,
     runs a program nobody owns. main: the plan was clean and root's server ran nobody's program (it
     records uid 0, then runs the real fake server)."""
-    tools = outside / "bin"
-    tools.mkdir()
-    marker = outside / "ran-as"
-    theirs = _theirs(tools, marker)
-    shebang = SHEBANGS[form].format(theirs=theirs, tools=tools)
-    server = _script(outside / "serve", shebang, f"exec(open({str(FAKE_VLLM)!r}).read())\n")
-    refused_as_server(demo, server, marker, "/usr/bin/env", str(server))
+    shebang_refused(demo, outside, f"/usr/bin/env {SHEBANGS[form]}", "/usr/bin/env", "{server}")
 
 
 @pytest.mark.parametrize("how", ["env", "direct"])
@@ -113,13 +131,10 @@ def test_the_program_env_runs_is_judged_on_the_servers_path_not_ours(demo: Demo,
     there. Here the spec's PATH adds a root directory holding a program of nobody's (a tarball's owners
     kept) that root's server script names with `#!/usr/bin/env`. main: planned clean; root's server
     ran nobody's program."""
-    tools = outside / "bin"
-    tools.mkdir()
-    marker = outside / "ran-as"
-    theirs = _theirs(tools, marker)
-    server = _script(outside / "serve", "theirpython", f"exec(open({str(FAKE_VLLM)!r}).read())\n")
 
     def spec_path(doc: Any) -> None:
-        doc["server"].setdefault("env", {})["PATH"] = f"{demo.venv}/bin:{tools}:$PATH"
+        doc["server"].setdefault("env", {})["PATH"] = f"{demo.venv}/bin:{outside / 'bin'}:$PATH"
 
-    refused_as_server(demo, server, marker, f"{theirs} is owned by nobody", edit_more=spec_path)
+    shebang_refused(
+        demo, outside, "/usr/bin/env theirpython", "{theirs} is owned by nobody", edit_more=spec_path
+    )

@@ -127,8 +127,18 @@ def test_the_hubs_commit_sha_is_forty_hex_digits_and_nothing_after_them(
     the commit, newline and all, for the download's revision, the store's snapshot name and the
     listing cache's file name. Now the patterns that judge names and commits from outside end in `\\Z`:
     that answer is refused as a hub answering without a commit sha; a plain sha is still taken."""
-    run = subprocess.run(
-        [sys.executable, "-c", HUB, json.dumps(sha)],
+    run = run_hub(tmp_path, HUB, sha)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    if taken:
+        assert run.stdout == f"listed: {json.dumps(sha)}\n", run.stdout
+    else:
+        assert run.stdout.startswith("refused: o/m@main: the hub answered without a commit sha"), run.stdout
+
+
+def run_hub(tmp_path: Path, script: str, sha: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`script` (HUB, or its listener with another question) run with the hub answering `sha`."""
+    return subprocess.run(
+        [sys.executable, "-c", script, json.dumps(sha), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -139,8 +149,3 @@ def test_the_hubs_commit_sha_is_forty_hex_digits_and_nothing_after_them(
             "HF_HOME": str(tmp_path),
         },
     )
-    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-    if taken:
-        assert run.stdout == f"listed: {json.dumps(sha)}\n", run.stdout
-    else:
-        assert run.stdout.startswith("refused: o/m@main: the hub answered without a commit sha"), run.stdout

@@ -121,9 +121,7 @@ def test_a_percent_encoded_file_url_in_pip_find_links_never_hands_root_nobodys_w
     url = "file:///%76ar" + str(theirs)[len("/var") :]
 
     run = demo.cli("apply", env={"PIP_FIND_LINKS": url}, timeout=300)
-    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
-    ran = marker.read_text() if marker.exists() else ""
-    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    never_installed(demo, run.output, marker)
     assert f"reconcile: environment PIP_FIND_LINKS left out: {url}" in run.output, run.output
     assert "Traceback" not in run.output, run.output
 
@@ -200,17 +198,27 @@ def test_a_local_index_of_nobodys_in_the_spec_never_hands_root_their_wheel(demo:
     highest version it offers, and `reconcile lock` would pin nobody's wheels' hashes. main: root's
     venv got nobody's ninja 99.0, whose `.pth` ran as uid 0."""
     theirs, marker = nobodys_index(outside)
-    url = f"file://{theirs}/simple"
+    index_refused(demo, f"file://{theirs}/simple", marker)
+
+
+def index_refused(demo: Demo, url: str, marker: Path) -> None:
+    """apply with `[venv] extra_index_urls = [url]`: refused naming the key and nobody, and nobody's
+    wheel neither installed nor run (its `marker` never written)."""
 
     def edit(doc: Any) -> None:
         doc["venv"]["extra_index_urls"] = [url]
 
     run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
-    ran = marker.read_text() if marker.exists() else ""
-    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    never_installed(demo, run.output, marker)
     assert "[venv].extra_index_urls" in run.output and "owned by nobody" in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+def never_installed(demo: Demo, output: str, marker: Path) -> None:
+    """Root's venv holds no ninja 99.0 (_wheel's) and its `.pth` never ran (`marker` never written)."""
+    installed = list(demo.venv.glob("lib/python3*/site-packages/ninja-99.0.dist-info"))
+    ran = marker.read_text() if marker.exists() else ""
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {output}"
 
 
 def test_a_dotdot_after_a_link_in_a_value_is_resolved_as_the_kernel_resolves_it(

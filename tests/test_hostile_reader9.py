@@ -378,18 +378,19 @@ def test_the_program_an_env_shebang_names_is_held_to_the_exec_role_too(demo: Dem
 
 def refused_as_server(
     demo: Demo,
-    server: Path,
+    server: Path | None,
     marker: Path,
     *named: str,
     env: dict[str, str] | None = None,
     edit_more: Callable[[Any], None] | None = None,
 ) -> None:
-    """Root's `[server] executable` is `server` (the CLI run with `env` added, the spec changed by
-    `edit_more` too): plan and apply both exit 1 without a traceback, naming every string of `named`,
-    and nobody's program never ran (its `marker` was never written)."""
+    """Root's `[server] executable` is `server` (None: the demo's; the CLI run with `env` added, the
+    spec changed by `edit_more` too): plan and apply both exit 1 without a traceback, naming every
+    string of `named`, and nobody's program never ran (its `marker` was never written)."""
 
     def edit(doc: Any) -> None:
-        doc["server"]["executable"] = str(server)
+        if server is not None:
+            doc["server"]["executable"] = str(server)
         if edit_more is not None:
             edit_more(doc)
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 PROFILE = "profile"
 INDEX = "index.json"
-_RECORD = r"^(\d+)\.json$"  # compiled on first use (by re's cache), not on import
+_RECORD = r"^(\d+)\.json\Z"  # compiled on first use (by re's cache), not on import
 
 
 # --- secrets: reconcile.safety.sensitive decides (the same module issue 13 brings) ------------------

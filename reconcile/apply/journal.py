@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 INDEX = "index.json"
-_GEN = re.compile(r"^(\d+)\.json$")
+_GEN = re.compile(r"^(\d+)\.json\Z")
 
 
 class UnverifiedGeneration(ReconcileError):

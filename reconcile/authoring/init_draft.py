@@ -114,7 +114,7 @@ def _venv(facts: MachineFacts) -> Table | str:
     t.add("python", home)
     if v.include_system_site_packages:
         t.add("system_site_packages", True)
-    extra = [p.path for p in v.pth_paths if p.exists and re.search(r"/(site|dist)-packages/?$", p.path)]
+    extra = [p.path for p in v.pth_paths if p.exists and re.search(r"/(site|dist)-packages/?\Z", p.path)]
     if extra:
         t.add("extra_site_packages", sorted(set(extra)))
     packages = {"vllm": f"=={v.vllm_version}"} if v.vllm_version else {}

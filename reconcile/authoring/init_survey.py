@@ -34,7 +34,7 @@ VENV_GLOBS = (
 HEADERS = ("cublasLt.h", "curand_kernel.h", "nvrtc.h", "cusparse.h")
 _CUDA_PACKAGE = re.compile(
     r"^(cuda-[a-z0-9-]+|lib(cublas|curand|cusparse|cusolver|cufft|nvjitlink|nvrtc|npp[a-z]*|nvjpeg|cufile)"
-    r"-dev)-\d+-\d+$"
+    r"-dev)-\d+-\d+\Z"
 )
 _ENV_KEPT = (
     "VLLM_",

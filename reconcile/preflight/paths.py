@@ -290,8 +290,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
             )
         elif role.kind == "read":  # root trusts what it reads: the file or tree, not only the way to it
             problem = read_problem(path, allowed, entries=READ_ENTRIES.get(_unindexed(what), 0))
-        elif role.kind == "value":  # a path in a value handed to the server, as in the environment
-            problem = env_value_problem(path, allowed)
+        elif role.kind == "value":  # a path in a value handed to the server: a directory's whole tree
+            problem = env_value_problem(path, allowed, depth=-1)
         elif role.kind == "index":  # a local index is a wheelhouse: what it holds is what root installs
             problem = index_problem(path, allowed)
         elif role.kind == "data":  # anyone's tree, but no link on the way from a directory of another's

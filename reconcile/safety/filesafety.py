@@ -15,6 +15,7 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
+from reconcile.safety.display import shown
 from reconcile.safety.untrusted import kind
 
 PRIVATE_DIR = 0o700  # state_dir, generations/: only root (or the deployment user) reads them
@@ -386,6 +387,11 @@ ENV_DIRS = (
     "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
     "UV_CACHE_DIR", "PIP_CACHE_DIR", "HF_HOME", "HF_HUB_CACHE",
 )  # fmt: skip
+# A directory a variable names is judged with what it holds, this many levels down (twelfth round): a
+# tool reads its config there, `<dir>/<tool>/<file>` (pip's `<XDG_CONFIG_DIRS entry>/pip/pip.conf`,
+# uv's, git's, fontconfig's). Not the whole tree, which for a cache or a tool's root (PYENV_ROOT: 130,000
+# entries here) would be walked at every start; what lies deeper is left open (docs/security.md).
+ENV_DEPTH = 3
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
 # Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
 # relative word that exists, or a list of them) is held to the same rule, a directory to the write-dir
@@ -408,7 +414,7 @@ ENV_INERT = (
 # (every tool reconcile runs, and the server, runs in "/": `tmp/x` is /tmp/x) and `~` (expanded by the
 # tool, to a home nobody checked). Other URLs name no local path; a word that names nothing under "/"
 # (a hub id `org/model`, a number, a flag) is not a path.
-_FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)")
+_FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)", re.IGNORECASE)  # FILE:/// too (RFC 3986 3.1)
 _OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"',;]*")
 _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
 
@@ -416,8 +422,9 @@ _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
 def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     """The paths a value names (see _WORD_SPLIT): each absolute word; each relative one, resolved
     against each of `bases` (the directories it may be read from), where its first component exists
-    there; and a word starting with '~' as itself (refused: not absolute). In the value as written and
-    as the tools decode it (_decoded_forms): a path is a path in whichever form a tool reads it."""
+    there or it climbs with `..`; and a word starting with '~' as itself (refused: not absolute). In
+    the value as written and as the tools decode it (_decoded_forms): a path is a path in whichever
+    form a tool reads it."""
     paths: list[str] = []
     for form in _decoded_forms(value):
         words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", form)))
@@ -425,8 +432,13 @@ def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
             if w.startswith(("/", "~")):
                 paths.append(w)
             elif w and not w.startswith("-"):
+                # A word with `..` in it is a path whatever its first component: a tool makes what is
+                # missing (os.makedirs) or normalises it away (`new/../var/x` is var/x) (twelfth round).
                 first = w.split("/", 1)[0]
-                paths += [os.path.join(b, w) for b in bases if os.path.lexists(os.path.join(b, first))]
+                climbs = ".." in w.split("/")
+                paths += [
+                    os.path.join(b, w) for b in bases if climbs or os.path.lexists(os.path.join(b, first))
+                ]
     return list(dict.fromkeys(paths))
 
 
@@ -454,8 +466,9 @@ def _decoded_forms(value: str) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
-def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
-    """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir."""
+def _env_path_problem(path: str, allowed: Collection[int] | None = None, *, depth: int = 0) -> str | None:
+    """An existing file: the read role; a directory, or what is missing (made by the tool): write-dir,
+    and what the directory holds, `depth` levels of it (-1: all), to the read role."""
     if path.startswith("~"):
         return f"{path}: not an absolute path (the tool expands ~ to a home reconcile does not check)"
     for form in _resolutions(path):
@@ -463,7 +476,12 @@ def _env_path_problem(path: str, allowed: Collection[int] | None = None) -> str 
             is_file = not stat.S_ISDIR(os.stat(form).st_mode)
         except OSError:
             is_file = False
-        problem = read_problem(form, allowed) if is_file else env_dir_problem(form, allowed)
+        if is_file:
+            problem = read_problem(form, allowed)
+        else:
+            problem = env_dir_problem(form, allowed) or (
+                read_problem(form, allowed, entries=depth) if depth else None
+            )
         if problem is not None:
             return problem
     return None
@@ -477,13 +495,15 @@ def _resolutions(path: str) -> list[str]:
 
 
 def env_value_problem(
-    value: str, allowed: Collection[int] | None = None, bases: Collection[str] = ("/",)
+    value: str, allowed: Collection[int] | None = None, bases: Collection[str] = ("/",), *, depth: int = 0
 ) -> str | None:
     """Why a value handed to a program (an environment variable, a flag) names a path another user
     could change (None when none does): each path in it (_env_paths, a relative one resolved against
-    each of `bases`) by _env_path_problem."""
+    each of `bases`) by _env_path_problem, a directory with `depth` levels of what it holds (-1: the
+    whole tree, for the server's values: it imports, loads and runs what a directory it is handed
+    holds, PYTHONPATH's modules, a library path's objects, a cache's compiled artifacts)."""
     paths = _env_paths(value, bases)
-    return next((p for p in (_env_path_problem(w, allowed) for w in paths) if p), None)
+    return next((p for p in (_env_path_problem(w, allowed, depth=depth) for w in paths) if p), None)
 
 
 def index_problem(value: str, allowed: Collection[int] | None = None) -> str | None:
@@ -557,12 +577,16 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
             continue
         if name in ENV_DIRS:
             problem = env_dir_problem(value)
+            if problem is None and name != "HOME":  # HOME left out is our own: the tools' defaults anyway
+                problem = read_problem(value, entries=ENV_DEPTH)
         elif name in ENV_FILES:
             problem = read_problem(value)
             if problem is None and not value.startswith("/"):
                 problem = f"{value}: not an absolute path"
         else:  # a relative path: from "/" (the tools' cwd) and from ours (what reconcile reads itself)
-            problem = env_value_problem(value, bases=("/", os.getcwd())) or listener_problem(value)
+            problem = env_value_problem(value, bases=("/", os.getcwd()), depth=ENV_DEPTH) or listener_problem(
+                value
+            )
         if problem is None:
             continue
         why = f"{name} left out: {value}: {problem}"
@@ -873,17 +897,41 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             rest = more + b" " + rest
         if interp:
             name = interp.decode("utf-8", "replace")
-            _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
+            if not name.startswith("/"):  # the kernel looks it up from the runner's cwd ("/" for the server)
+                raise UnsafePath(
+                    f"{what} {path}: its `#!` interpreter {shown(name, 80)} is a relative path, which the "
+                    "kernel resolves from the working directory of whoever runs it: name it by its "
+                    "absolute path"
+                )
+            real_interp = _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
+            arg = rest.strip(b" \t").decode("utf-8", "replace")
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
-            # first, then [server] env PATH's directories where the spec sets it, then ours).
-            if os.path.basename(name) == "env":
-                arg = rest.strip(b" \t").decode("utf-8", "replace")
-                program = _env_program(arg, name, what, path, search)
+            # first, then [server] env PATH's directories where the spec sets it, then ours). env is
+            # known by the name on the line or the one its links lead to.
+            if "env" in (os.path.basename(name), os.path.basename(real_interp)):
+                program, args = _env_program(arg, name, what, path, search)
                 if program is not None:
                     runs = f"program {program} that {name} runs for {what} {path}"
+                    _only_options(args, program, what, path)
                     _resolve_exec(program, ok, runs, depth + 1, search)
+            else:
+                _only_options(arg.split(), name, what, path)
     return real
+
+
+def _only_options(args: list[str], runner: str, what: str, path: str) -> None:
+    """The words a `#!` line hands its interpreter (or env -S its program) besides the script: options
+    only. A word that is not one may be a program it runs by name (nice, nohup, setsid, env by another
+    name, a shell's script found on PATH) or a file it reads as code: refused, not guessed at (twelfth
+    round)."""
+    for word in args:
+        if not word.startswith("-"):
+            raise UnsafePath(
+                f"{what} {path}: its `#!` line hands {runner} the word {shown(word, 80)}, which {runner} "
+                "may run as a program or read as code: cannot check what it runs; name the interpreter "
+                "by its path (`#!/path/to/python`), with options only"
+            )
 
 
 # How many `#!` lines the exec role follows (a script's interpreter, that one's, ...; `env` runs its
@@ -895,13 +943,13 @@ SHEBANG_DEPTH = 8
 _ENV_SPECIAL = frozenset("'\"\\$#")
 
 
-def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str | None:
+def _env_program(arg: str, env: str, what: str, path: str, search: str) -> tuple[str | None, list[str]]:
     """The program `#!ENV ARG` runs (ARG is the one argument the kernel hands env: the rest of the
-    line), as a path to judge; None when env finds none on `search` (nothing runs: env fails). Only
-    the plain forms are read: `NAME` (the whole argument, blanks and all, as env reads it) and
-    `-S [NAME=VALUE...] NAME ARGS...`, in printable ASCII; anything else env might read another way
-    (options, -S attached, after another option or spelled long, quotes, `${...}`, a PATH set on the
-    line) is refused, naming the line, rather than guessed at."""
+    line), as a path to judge, and the words env hands it (ARGS); None when env finds none on `search`
+    (nothing runs: env fails). Only the plain forms are read: `NAME` (the whole argument, blanks and
+    all, as env reads it) and `-S [NAME=VALUE...] NAME ARGS...`, in printable ASCII; anything else env
+    might read another way (options, -S attached, after another option or spelled long, quotes,
+    `${...}`, a PATH set on the line) is refused, naming the line, rather than guessed at."""
 
     def refuse(why: str) -> UnsafePath:
         return UnsafePath(
@@ -921,21 +969,21 @@ def _env_program(arg: str, env: str, what: str, path: str, search: str) -> str |
                 raise refuse("PATH set on the line")
             words = words[1:]
         if not words:
-            return None
-        name = words[0]
+            return None, []
+        name, args = words[0], words[1:]
     elif not arg:
-        return None
+        return None, []
     else:
-        name = arg  # without -S, env reads the whole argument as one word: blanks and all
+        name, args = arg, []  # without -S, env reads the whole argument as one word: blanks and all
     if name.startswith("-") or "=" in name:
         raise refuse(f"option or assignment {name}")
     if "/" in name:
         if not name.startswith("/"):
             raise refuse(f"relative path {name}")
-        return name
+        return name, args
     import shutil
 
-    return shutil.which(name, path=search)
+    return shutil.which(name, path=search), args
 
 
 def open_append(path: str, mode: int = 0o640) -> int:

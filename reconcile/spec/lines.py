@@ -154,7 +154,7 @@ class Scan:
 
 def syntax_error(f_display: str, text: str, e: Exception) -> SpecError:
     line: int | None = getattr(e, "line", None)
-    msg, key = re.sub(r" at line \d+ col \d+$", "", str(e)), ""
+    msg, key = re.sub(r" at line \d+ col \d+\Z", "", str(e)), ""
     col = getattr(e, "col", 0)
     if "already exists" in msg or "Redefinition" in msg:
         twice = Scan(text).twice  # its line is the second definition's own; tomlkit's may be the next

@@ -453,6 +453,15 @@ class Server(_Model):
         for name in self.secret_files:
             if name in self.env:
                 raise _at(f"secret_files.{name}", "is also in env (give its value in one place: the file)")
+        # The server looks programs up on its PATH from its working directory ("/"), reconcile's exec role
+        # from its own: a relative or empty entry would have them judge different files (twelfth round).
+        for entry in self.env["PATH"].split(":") if "PATH" in self.env else ():
+            if not entry.startswith("/") and entry != "$PATH":
+                raise _at(
+                    "env.PATH",
+                    f"has the entry {quoted(entry)}, not an absolute directory: the server would look "
+                    "programs up in it from its working directory (write each entry as /..., or $PATH)",
+                )
         return self
 
 

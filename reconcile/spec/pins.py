@@ -159,7 +159,7 @@ def python_of(command: str) -> str | None:
     import shutil
 
     found = command if os.path.isabs(command) else shutil.which(command)
-    m = re.search(r"python(\d+\.\d+)$", os.path.basename(os.path.realpath(found))) if found else None
+    m = re.search(r"python(\d+\.\d+)\Z", os.path.basename(os.path.realpath(found))) if found else None
     return m.group(1) if m else None
 
 

@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from reconcile.safety.names import LOCKED, name_problem
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*\Z")
 DURATION_PATTERN = _DURATION.pattern
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 DURATIONS = '90 (seconds), "500ms", "90s", "15m" or "1h"'

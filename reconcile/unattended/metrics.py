@@ -151,8 +151,8 @@ def render_textfile(record: Mapping[str, Any]) -> str:
     return "\n".join(t.lines) + "\n"
 
 
-_COUNTER_LINE = re.compile(r'^reconcile_(changes|runs)_total\{(result|outcome)="([^"]*)"\} (\S+)$')
-_SUCCESS_LINE = re.compile(r"^reconcile_last_success_timestamp_seconds (\S+)$")
+_COUNTER_LINE = re.compile(r'^reconcile_(changes|runs)_total\{(result|outcome)="([^"]*)"\} (\S+)\Z')
+_SUCCESS_LINE = re.compile(r"^reconcile_last_success_timestamp_seconds (\S+)\Z")
 
 
 def previous_from_textfile(path: str) -> dict[str, Any]:

@@ -148,7 +148,7 @@ def version_from_pin(specifier: str) -> str | None:
     For `>=`/`~=` this is the lowest version pip may pick: a guess the preflight labels "spec pin".
     """
     for clause in specifier.split(","):
-        m = re.match(r"^\s*(===|==|~=|>=)\s*([0-9][0-9A-Za-z.+!-]*)\s*$", clause)
+        m = re.match(r"^\s*(===|==|~=|>=)\s*([0-9][0-9A-Za-z.+!-]*)\s*\Z", clause)
         if m and "*" not in m.group(2):
             return m.group(2)
     return None

@@ -39,7 +39,7 @@ _LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "lin
 # DeepSeek's "deepseek_yarn" is not "yarn" there: max_position_embeddings x factor, no original base.
 UNSCALED_ROPE = ("su", "longrope", "llama3")
 YARN_ALIASES = ("deepseek_yarn",)
-_HUMAN = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT])$")
+_HUMAN = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT])\Z")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
