@@ -420,10 +420,13 @@ TOOL_ARGS = {
 
 
 def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_shows_the_500() -> None:
-    """Issue 14: a --no-deps venv without lm-format-enforcer. vLLM answers a named tool call with
-    HTTP 500 (plain chat fine); the plan's venv.features names the missing distributions and apply
-    refuses; `reconcile check` prints the server's answer. With them listed (as the lab spec lists
-    them): apply installs them and the same request answers 200.
+    """Issue 14: a --no-deps venv without lm-format-enforcer. vLLM answers a structured-output request
+    with HTTP 500 (plain chat fine): on the running server, which has no tool flags, a `json_schema`
+    response format (vLLM 0.26.0 answers a named tool call there 400 `requires --tool-call-parser to be
+    set` before it reaches structured outputs: seen on the lab 2026-12-02). The plan's venv.features
+    names the missing distributions and apply refuses the tools spec; `reconcile check` prints the
+    server's own answer to its tool call. With them listed (as the lab spec lists them): apply installs
+    them, and a named tool call and the same `json_schema` request answer 200.
     Lab: tools/gpu_lab.sh -k "apply_from_nothing or structured_outputs" (figures: features_*, *_lmfe)."""
     lmfe = 'lm-format-enforcer = "==0.11.3"\ninteregular = "==0.3.3"\n'
     assert lmfe in SPEC.read_text()
@@ -441,6 +444,21 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
     assert missing and "lm-format-enforcer, interegular" in missing[0]["message"], data["findings"]
     assert data["_code"] == 1
     assert get("/health", with_key=False)[0] == 200  # the running server (no tool flags) looks fine
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    as_json = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Name a city."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+        "max_tokens": 32,
+    }
+    status, raw = post_chat(as_json)  # structured outputs, no server flag needed
+    FIGURES["json_schema_without_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
+    assert status == 500, raw
+    before = starts_in_log()
+    assert cli("apply", "--spec", tools)[0] == 1 and starts_in_log() == before  # refused before vLLM runs
+    code, out, _err, _took = cli("check", "--spec", tools)
+    FIGURES["check_without_lmfe"] = out.strip().splitlines()[-3:]
+    assert code == 1 and "HTTP " in out and "no tool call with JSON arguments" not in out, out
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
@@ -448,14 +466,6 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "max_tokens": 32,
     }
-    status, raw = post_chat(body)  # a named tool_choice needs no server flag: structured outputs
-    FIGURES["named_tool_call_without_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
-    assert status == 500, raw
-    before = starts_in_log()
-    assert cli("apply", "--spec", tools)[0] == 1 and starts_in_log() == before  # refused before vLLM runs
-    code, out, _err, _took = cli("check", "--spec", tools)
-    FIGURES["check_without_lmfe"] = out.strip().splitlines()[-3:]
-    assert code == 1 and "HTTP 500: " in out and "no tool call with JSON arguments" not in out
 
     fixed = variant("tools-fixed", TOOL_ARGS)  # the lab spec lists both
     data = plan_json(fixed)
@@ -465,6 +475,9 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
     assert code == 2
     status, raw = post_chat(body)
     FIGURES["named_tool_call_with_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
+    assert status == 200, raw
+    status, raw = post_chat(as_json)
+    FIGURES["json_schema_with_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
     assert status == 200, raw
     code, out, _err, _took = cli("check", "--spec", fixed)
     FIGURES["check_with_lmfe"] = out.strip().splitlines()[-4:]

@@ -357,7 +357,7 @@ def test_a_listener_that_takes_the_port_while_the_server_loads_is_not_reported_a
     seeded.write_spec(slow_start)
     apply = seeded.start("apply")
     deadline = time.monotonic() + 120
-    while "Starting to load model" not in (seeded.log.read_text() if seeded.log.exists() else ""):
+    while "Loading model from scratch" not in (seeded.log.read_text() if seeded.log.exists() else ""):
         assert time.monotonic() < deadline and apply.poll() is None, "the server never started loading"
         time.sleep(0.1)
     as_nobody(["/usr/bin/python3", "-c", IMPOSTOR, str(seeded.port)], {}, strangers)

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 # (pattern, what to show); the last line that matches names the phase. Groups fill the text in.
 PHASES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Initializing a V1 LLM engine"), "starting the engine"),
-    (re.compile(r"Starting to load model"), "loading weights"),
+    # the V1 model runner, and the V2 runner 0.26 takes for the architectures it supports (Llama)
+    (re.compile(r"Starting to load model|Loading model from scratch"), "loading weights"),
     (re.compile(r"Loading weights took ([\d.]+) seconds"), "weights loaded in {0}s"),
     (re.compile(r"Model loading took ([\d.]+) GiB"), "model loaded ({0} GiB)"),
     (

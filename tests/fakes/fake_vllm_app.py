@@ -437,7 +437,9 @@ def load_model(pid: int, model: str, stop: threading.Event) -> bool:
     delay = float(os.environ.get("FAKE_VLLM_STARTUP_DELAY", "1.0"))
     core = ("EngineCore_DP0", pid)
     steps = [
-        ("gpu_model_runner.py:2602", f"Starting to load model {model}..."),
+        # the V2 model runner's line: 0.26 takes it for the architectures it supports, Llama among them
+        # (seen on the H200 lab with the tiny Llama; the V1 runner's is "Starting to load model NAME...")
+        ("model_runner.py:284", "Loading model from scratch..."),
         ("default_loader.py:267", f"Loading weights took {delay / 5:.2f} seconds"),
         ("gpu_model_runner.py:2653", f"Model loading took 0.01 GiB and {delay / 4:.6f} seconds"),
         ("backends.py:548", f"Using cache directory: {compile_cache(model)} for vLLM's torch.compile"),
