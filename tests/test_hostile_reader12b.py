@@ -19,7 +19,7 @@ import pytest
 
 from tests.apply_support import DEMO_MODEL, Demo, demo_in, seed_venv, stop_servers
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
-from tests.test_hostile_reader9b import LISTING, ROOT_ONLY, _Hub, with_hub
+from tests.test_hostile_reader9b import LISTING, ROOT_ONLY, _Hub, apply_killed_while_loading, with_hub
 from tests.test_hostile_reader11 import _plan
 
 COMMIT = "a" * 40
@@ -262,23 +262,7 @@ def test_a_log_offset_past_any_file_never_ends_the_wait_for_a_loading_server_in_
     integer (a bug)`, exit 4, and so every apply while the server loaded. Now an offset is a file's
     offset (`shapes.SIZE`): past it the record is moved aside with one line (the cgroup still proves
     the server), and the apply goes on."""
-    import signal
-
-    def slow(doc):  # type: ignore[no-untyped-def]
-        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "20"
-        doc["server"]["startup_timeout"] = "120s"
-
-    seeded.write_spec(slow)
-    first = seeded.start("apply", "--auto-approve")
-    try:
-        deadline = time.monotonic() + 60
-        while not seeded.server_pids() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert seeded.server_pids(), "the server never started"
-        time.sleep(1)  # the launch recorded; the model still loading
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.communicate()
+    apply_killed_while_loading(seeded, 20, "--auto-approve")
     record_path = seeded.state_dir / f"server-{seeded.name}.json"
     record = json.loads(record_path.read_text())
     record["log_offset"] = 2**64

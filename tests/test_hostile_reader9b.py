@@ -306,6 +306,30 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def apply_killed_while_loading(demo: Demo, load_s: int, *args: str) -> None:
+    """An apply (with `args`) starts the server, whose model takes `load_s` seconds to load, and is
+    SIGKILLed once the launch is recorded (a timer's apply stopped by systemd): the server lives on,
+    loading, in its own session and cgroup."""
+    import signal
+    import time
+
+    def slow(doc):  # type: ignore[no-untyped-def]
+        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = str(load_s)
+        doc["server"]["startup_timeout"] = "120s"
+
+    demo.write_spec(slow)
+    first = demo.start("apply", *args)
+    try:
+        deadline = time.monotonic() + 60
+        while not demo.server_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert demo.server_pids(), "the server never started"
+        time.sleep(1)  # the launch recorded; the model still loading
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+
+
 @ROOT_ONLY
 def test_a_server_still_loading_is_never_reported_healthy_on_a_strangers_answers(
     demo: Demo, strangers: list[int]
@@ -321,25 +345,8 @@ def test_a_server_still_loading_is_never_reported_healthy_on_a_strangers_answers
     adoption's own unguarded /health: not reproduced, see the docs). Now a /health or /version answered
     while the port holds a listener that is not the deployment's is the port's, never the server's:
     the row names the holder instead of "healthy" and a version (`status` already named it)."""
-    import signal
-    import time
-
-    def slow(doc):  # type: ignore[no-untyped-def]
-        doc["server"]["env"]["FAKE_VLLM_STARTUP_DELAY"] = "60"
-        doc["server"]["startup_timeout"] = "120s"
-
-    demo.write_spec(slow)
-    first = demo.start("apply")
-    try:
-        deadline = time.monotonic() + 60
-        while not demo.server_pids() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert demo.server_pids(), "the server never started"
-        time.sleep(1)  # the launch recorded; the model still loading
-        assert not _listening(demo.port)
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.communicate()
+    apply_killed_while_loading(demo, 60)
+    assert not _listening(demo.port)
     argv = ["/usr/bin/python3", "-c", HOSTILE, str(demo.port), "normal", "/none"]
     as_nobody(argv, {}, strangers)
     plan = demo.cli("plan")
