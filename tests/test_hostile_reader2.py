@@ -55,11 +55,10 @@ PARSES_OF_OUR_OWN = {
     "reconcile/spec/loader.py": 1,  # json.loads(json.dumps(...))
     "reconcile/apply/saved_plan.py": 2,
     "reconcile/apply/approval.py": 1,
-    "reconcile/identity.py": 2,  # hashes of what we serialised
+    "reconcile/identity.py": 1,  # hashes of what we serialised
     "reconcile/spec/lines.py": 1,  # a quoted TOML string of the spec's, its escapes
     "reconcile/vllm/limits.py": 1,  # a spec flag's value
     "reconcile/vllm/failures.py": 1,
-    "reconcile/host.py": 1,  # HttpResponse.json: catches RecursionError itself
 }
 
 
