@@ -1,0 +1,109 @@
+"""Issue 24's hostile reader, thirteenth round: attacks on what the twelfth round added (the listener
+rule for network locations, the secrets-on-a-command-line rule, the nesting bound of JSON), found by
+reading docs/security.md and the code alone, each run for real (nobody's listener on loopback and the
+real pip, uv and huggingface_hub; the real CLI; real files in a real state directory), each seen
+succeeding on main before its fix unless its docstring says it was already refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.apply_support import Demo
+from tests.ownership_support import listening_as_nobody
+from tests.test_network_env import _nobodys_index, _ran
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another user's listener)")
+
+
+# --- class 4: a network location written as the tools read it, not as urlsplit does ---------------
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("UV_INDEX_URL", "http://127.0.0.1:PORT\\simple"),
+        ("PIP_INDEX_URL", "http://a,b@127.0.0.1:PORT/simple"),
+    ],
+    ids=["uv-backslash", "pip-comma-in-userinfo"],
+)
+def test_an_index_url_is_judged_by_the_host_the_installer_connects_to(
+    demo: Demo, outside: Path, strangers: list[int], name: str, value: str
+) -> None:
+    """The listener rule read a URL with Python's urlsplit, and found its URLs with a pattern that ends
+    one at `,;'"`. The installers read it otherwise: uv (WHATWG's URL standard) ends the authority at a
+    backslash, so `http://127.0.0.1:P\\simple` is 127.0.0.1:P to uv, where urlsplit's port `P\\simple`
+    raised ValueError and the URL was skipped; pip (urllib3) takes `a,b` as the userinfo of
+    `http://a,b@127.0.0.1:P/simple`, where the pattern saw `http://a` and nothing after it. main (seen):
+    root's venv got nobody's ninja 99.0 from nobody's index, its `.pth` ran as uid 0 six times (uv and
+    pip alike, no line)."""
+    port, marker = _nobodys_index(outside, strangers)
+    value = value.replace("PORT", str(port))
+    env = {name: value}
+    if name.startswith("UV_"):  # uv from reconcile's own venv: the "auto" installer then takes it
+        env["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    run = demo.cli("apply", env=env, timeout=300)
+    installed, ran = _ran(demo, marker)
+    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
+    assert f"reconcile: environment {name} left out: {value}: port {port} on " in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+# (variable, value with PORT for nobody's port); each seen reaching a listener on loopback through the
+# tool named (explore: a listener recording each connection, the real tool run with the variable set)
+READINGS = [
+    ("UV_INDEX_URL", "http://a]@127.0.0.1:PORT/simple"),  # uv; urlsplit raised "Invalid IPv6 URL": skipped
+    ("UV_INDEX_URL", "http://127.0.0.1:PORT\\@example.invalid/simple"),  # uv; urlsplit: example.invalid
+    ("UV_INDEX_URL", "http:127.0.0.1:PORT/simple"),  # uv: a special scheme needs no slashes
+    ("UV_INDEX_URL", "http:/127.0.0.1:PORT/simple"),  # uv
+    ("UV_INDEX_URL", "http://loc\talhost:PORT/simple"),  # uv drops a tab (and CR, LF) anywhere in a URL
+    ("UV_INDEX_URL", "http://0x7f.0x.0x.0x1:PORT/simple"),  # uv: WHATWG's "0x" is 0; inet_aton refuses it
+    ("HF_ENDPOINT", "http://a;b@127.0.0.1:PORT"),  # huggingface_hub (httpx2); pip and uv alike
+    ("https_proxy", "nobody@127.0.0.1:PORT"),  # pip, uv, huggingface_hub
+    ("https_proxy", "0:PORT"),  # pip, uv, huggingface_hub: host 0 is 0.0.0.0
+    ("https_proxy", "2130706433:PORT"),  # pip, uv: 127.0.0.1 as one number
+    ("https_proxy", "127.0.0.1:PORT/"),  # pip, huggingface_hub
+    ("https_proxy", "//127.0.0.1:PORT"),  # pip
+]
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize(("name", "value"), READINGS)
+def test_every_reading_a_tool_makes_of_a_location_is_held_to_the_listener_rule(
+    demo: Demo, strangers: list[int], name: str, value: str
+) -> None:
+    """New members of the class, each a way a tool reads a host of this machine where the rule read
+    another host or none: a `]` in the userinfo or junk after the port (urlsplit raised ValueError and
+    the URL was skipped), a special scheme with no or one slash, a tab inside the host, WHATWG's IPv4
+    numbers, userinfo holding `;`, and a proxy's bare host:port after `user@`, `//`, before `/`, or
+    written as a number. nobody listens on each. main: all kept (no line)."""
+    port = listening_as_nobody(strangers)
+    value = value.replace("PORT", str(port))
+    run = demo.cli("plan", env={name: value})
+    assert f"reconcile: environment {name} left out: " in run.output, run.output
+    assert f"port {port} on " in run.output and "listened on by nobody (uid 65534)" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+@ROOT_ONLY
+def test_values_that_name_no_local_listener_are_kept(demo: Demo, strangers: list[int]) -> None:
+    """What the wider reading must not refuse: a terminal's display, a time, colours, a remote index
+    whose password holds `,;@`, a remote proxy, a remote URL whose query names a local port. Kept (no
+    line), on main and now."""
+    port = listening_as_nobody(strangers)
+    env = {
+        "DISPLAY": "localhost:10.0",
+        "VLLM_SOMETHING_AT": "12:30",
+        "LS_COLORS": "rs=0:di=01;34:ln=01;36:mh=00:pi=40;33:so=01;35:*.tar=01;31",
+        "PIP_INDEX_URL": "https://user:p,w;d@pypi.example:8443/simple",
+        "https_proxy": "http://proxy.example:3128",
+        "HF_ENDPOINT": f"https://hub.example/?next=localhost:{port}",
+    }
+    run = demo.cli("plan", env=env)
+    assert "environment" not in run.output or "left out" not in run.output, run.output
+    assert "Traceback" not in run.output, run.output
