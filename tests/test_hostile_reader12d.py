@@ -165,9 +165,16 @@ def _proc_cmdlines() -> list[str]:
 def hand_started(tmp_path: Path) -> Iterator[int]:
     """A `vllm serve` root started by hand (the fake, from a venv), with vLLM's --hf-token and a tracing
     endpoint with credentials on its command line, as `reconcile init` finds servers."""
+    args = ["--hf-token", SECRET, "--otlp-traces-endpoint", f"http://tracer:{SECRET}@127.0.0.1:4317"]
+    with started_by_hand(tmp_path, args, SECRET) as pid:
+        yield pid
+
+
+@contextlib.contextmanager
+def started_by_hand(tmp_path: Path, args: list[str], secret: str) -> Iterator[int]:
+    """The fake `vllm serve` of a venv, started by root with `args`, once `secret` shows in /proc."""
     venv = make_vllm_venv(tmp_path)
-    argv = [str(venv / "bin" / "vllm"), "serve", str(DEMO_MODEL), "--port", str(free_port())]
-    argv += ["--hf-token", SECRET, "--otlp-traces-endpoint", f"http://tracer:{SECRET}@127.0.0.1:4317"]
+    argv = [str(venv / "bin" / "vllm"), "serve", str(DEMO_MODEL), "--port", str(free_port()), *args]
     env = {
         "PATH": os.environ["PATH"],
         "FAKE_VLLM_HOLD": str(tmp_path / "gpus"),
@@ -177,7 +184,7 @@ def hand_started(tmp_path: Path) -> Iterator[int]:
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        wait_for(lambda: SECRET in "".join(cmdlines()), 20, "the server in /proc")
+        wait_for(lambda: secret in "".join(cmdlines()), 20, "the server in /proc")
         yield proc.pid
     finally:
         with contextlib.suppress(ProcessLookupError):

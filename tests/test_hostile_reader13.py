@@ -7,14 +7,18 @@ succeeding on main before its fix unless its docstring says it was already refus
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.apply_support import Demo
 from tests.ownership_support import listening_as_nobody
+from tests.test_hostile_reader12d import _proc_cmdlines, started_by_hand
 from tests.test_network_env import _nobodys_index, _ran
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another user's listener)")
@@ -107,3 +111,70 @@ def test_values_that_name_no_local_listener_are_kept(demo: Demo, strangers: list
     run = demo.cli("plan", env=env)
     assert "environment" not in run.output or "left out" not in run.output, run.output
     assert "Traceback" not in run.output, run.output
+
+
+# --- class 5 (secrets): a secret on the server's command line, spelled as vLLM reads it -----------
+
+SECRET = "hf_13_never_on_a_command_line"
+NUMBER = 918273645546372819  # a key of digits, written in TOML without quotes
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "seen"),
+    [
+        ("hf-tok", SECRET, SECRET),
+        ("api-ke", SECRET, SECRET),
+        ("hf-token", NUMBER, str(NUMBER)),
+        ("kv-transfer-config", json.dumps({"kv_connector_extra_config": {"api_key": SECRET}}), SECRET),
+        ("kv-transfer-config", {"kv_connector_extra_config": {"accessToken": SECRET}}, SECRET),
+    ],
+    ids=["prefix", "prefix-of-api-key", "number", "json-text", "camel-case"],
+)
+def test_a_secret_spelled_as_vllm_reads_it_never_reaches_a_command_line(
+    demo: Demo, flag: str, value: Any, seen: str
+) -> None:
+    """Round 12 refused a flag whose last word is a secret word (`hf-token`, `api_key`) with a text
+    value, and such a key inside a table. vLLM reads more spellings than that: its argparse takes any
+    unique prefix of a long flag (`--hf-tok` is `--hf-token`, `--api-ke` is `--api-key`; the real vLLM
+    reads `--api_ke` as well, its `_` a `-`), a flag's value is text whatever TOML made of it (a key of
+    digits), a JSON flag's value is parsed whether the spec wrote a table or its JSON text, and a key
+    in it may be camelCase (`accessToken`). main (seen): each planned as a warning at most, apply
+    started the server with the secret on its command line, where nobody read it in /proc/PID/cmdline."""
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"][flag] = value
+
+    demo.write_spec(edit)
+    run = demo.cli("apply", timeout=300)
+    read = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", *_proc_cmdlines()],
+        capture_output=True,
+    ).stdout
+    assert seen.encode() not in read, run.output
+    assert run.returncode == 1 and "server.args" in run.output and "command line" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+def test_the_flags_that_take_a_secret_are_every_one_vllm_has() -> None:
+    """The prefix rule needs vLLM's flags that take a secret by name (the spec's layer may not read the
+    flag table): every flag of the table that is_secret_flag names, and no other."""
+    from reconcile.safety.sensitive import VLLM_SECRET_FLAGS, is_secret_flag
+    from reconcile.vllm.flags import table
+
+    assert sorted(f[2:] for f in table().runs if is_secret_flag(f[2:])) == sorted(VLLM_SECRET_FLAGS)
+
+
+@pytest.mark.parametrize("manage", [False, True])
+def test_init_never_drafts_a_secret_spelled_as_vllm_reads_it(tmp_path: Path, manage: bool) -> None:
+    """`reconcile init --pid` of a `vllm serve` root started by hand with `--hf-tok SECRET` and a JSON
+    flag whose camelCase key holds one. main (seen): both drafted into the spec (0644, for a fleet
+    repository), live or commented out; the JSON's key shown in full."""
+    value = json.dumps({"kv_connector": "x", "kv_connector_extra_config": {"accessToken": SECRET}})
+    args = ["--hf-tok", SECRET, "--kv-transfer-config", value]
+    with started_by_hand(tmp_path, args, SECRET) as pid:
+        argv = [sys.executable, "-m", "reconcile", "init", "--out", "-", "--pid", str(pid)]
+        argv += ["--state-dir", str(tmp_path / "state"), *(["--manage-server"] if manage else [])]
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert SECRET not in run.stdout + run.stderr, run.stdout
+    assert "secret_files" in run.stdout, run.stdout
