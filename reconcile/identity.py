@@ -138,7 +138,7 @@ def explain_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
 
 def _loads(components: Mapping[str, str], key: str) -> object:
     try:
-        return json.loads(components[key])
+        return load_json(components[key])  # a state file's string: the nesting bound too
     except (KeyError, ValueError):
         return None
 

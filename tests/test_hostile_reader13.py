@@ -11,12 +11,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.apply_support import Demo
+from tests.apply_support import Demo, demo_in, seed_venv
 from tests.ownership_support import listening_as_nobody
 from tests.test_hostile_reader12d import _proc_cmdlines, started_by_hand
 from tests.test_network_env import _nobodys_index, _ran
@@ -178,3 +179,52 @@ def test_init_never_drafts_a_secret_spelled_as_vllm_reads_it(tmp_path: Path, man
     assert run.returncode == 0, run.stdout + run.stderr
     assert SECRET not in run.stdout + run.stderr, run.stdout
     assert "secret_files" in run.stdout, run.stdout
+
+
+# --- class 6: JSON in a state file's string, parsed without the nesting bound ---------------------
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    yield from demo_in(tmp_path, seed_venv(tmp_path_factory.getbasetemp(), {"ninja": "*"}))
+
+
+@pytest.mark.parametrize("key", ["argv.shown", "env.shown", "packages.shown"])
+def test_a_launch_record_whose_shown_inputs_nest_past_the_bound_never_ends_a_plan(
+    seeded: Demo, key: str
+) -> None:
+    """Round 12 put JSON from outside and from state through `untrusted.load_json` (its nesting bound),
+    but the server record's `components` are strings (`MapOf(STR)`) whose JSON the plan's reason for a
+    restart parses again (`identity._loads`: `json.loads`) for each input whose hash differs. main
+    (seen): a record damaged to hold `[[[[...` 3,000 deep under `argv.shown` (`env.shown`,
+    `packages.shown`) and another hash there, then a spec edit that restarts the server: every plan
+    ended in `internal error: RecursionError`, and apply with it. Now parsed through load_json: the
+    reason leaves that input's detail out, and the plan goes on."""
+    first = seeded.cli("apply", "--auto-approve")
+    assert first.returncode in (0, 2), first.output[-3000:]
+    record_path = seeded.state_dir / f"server-{seeded.name}.json"
+    record = json.loads(record_path.read_text())
+    record["components"][key] = "[" * 3000 + "]" * 3000
+    record["components"][key.split(".")[0]] = "0" * 16
+    record_path.write_text(json.dumps(record))
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"]["max-num-seqs"] = 7
+
+    run = seeded.cli("plan", spec=seeded.write_spec(edit))
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output[-3000:]
+    assert run.returncode == 2 and "restart" in run.output, run.output[-3000:]
+
+
+def test_a_json_flag_nested_past_the_bound_is_never_an_internal_error(demo: Demo) -> None:
+    """The same parse of a spec value: `[server] args` `hf-overrides` written as JSON text, which the
+    preflight merges into config.json as vLLM would (`limits.apply_hf_overrides`: `json.loads`). A
+    fleet repository's spec under review is read by `validate` too. main (seen): 3,000 levels of `[`
+    ended every plan in `internal error: RecursionError`. Now parsed through load_json: text that is
+    not JSON it takes leaves config.json as it is, as text that is not JSON did before."""
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"]["hf-overrides"] = "[" * 3000 + "]" * 3000
+
+    run = demo.cli("plan", spec=demo.write_spec(edit))
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output[-3000:]
