@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from reconcile.ownership.membership import uids
+from reconcile.ownership.sockets import OTHERS_FDS_MAX
 from tests.apply_support import Demo, demo_in, seed_venv
-from tests.ownership_support import listening_as_nobody
+from tests.ownership_support import NOBODY, as_nobody, listening_as_nobody
 from tests.test_hostile_reader12d import _proc_cmdlines, started_by_hand
 from tests.test_network_env import _nobodys_index, _ran
 
@@ -228,3 +231,60 @@ def test_a_json_flag_nested_past_the_bound_is_never_an_internal_error(demo: Demo
 
     run = demo.cli("plan", spec=demo.write_spec(edit))
     assert "internal error" not in run.output and "Traceback" not in run.output, run.output[-3000:]
+
+
+# --- classes 4, 6 (ownership): the holder lookup's bound, read past through a setuid program ------
+
+# nobody's processes that hold `fds` inheritable descriptors and exec su (setuid root: euid 0, the real
+# uid nobody's), left waiting at its password prompt on a pipe nobody keeps open; then nobody's listener
+# on 127.0.0.2 at `port`, the newest pid.
+SU_TREE = r"""
+import os, resource, signal, socket, sys, time
+forks, fds, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+prompt, keep = os.pipe()
+null = os.open("/dev/null", os.O_RDONLY)
+held = [os.dup(null) for _ in range(min(fds, hard - 16))]
+for fd in held:
+    os.set_inheritable(fd, True)
+for _ in range(forks):
+    if os.fork() == 0:
+        os.dup2(prompt, 0)
+        os.execv("/usr/bin/su", ["su", "root"])
+for fd in held:
+    os.close(fd)
+if os.fork() == 0:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.2", port))
+    s.listen()
+    signal.pause()
+time.sleep(0.5)
+print("ready", flush=True)
+signal.pause()
+"""
+
+
+@ROOT_ONLY
+@pytest.mark.skipif(not os.path.exists("/usr/bin/su"), reason="needs su (setuid root)")
+def test_a_setuid_program_of_another_user_does_not_lift_the_holder_lookups_bound(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """Round 12 bounded the descriptors the holder lookup reads of other users' processes, and read
+    root's whole; a process was root's when its effective uid was 0. nobody holds 19,000 inheritable
+    descriptors (its hard limit here) and execs `su`, setuid root, left waiting at its password prompt:
+    euid 0, real uid nobody's, every descriptor kept across the exec. main (seen): seven such processes
+    were read whole, and the listener nobody started after them was looked up past the bound (`held by
+    pid N (user nobody: ...)`); a few hundred of them make each look as slow as round 12 measured before
+    its bound. Now a process is root's or ours only when its real and effective uids both are."""
+    per = min(19_000, resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 16)  # nobody's hard limit is ours
+    forks = OTHERS_FDS_MAX // per + 2
+    top = as_nobody(["/usr/bin/python3", "-c", SU_TREE, str(forks), str(per), str(demo.port)], {}, strangers)
+    children = [int(c) for c in Path(f"/proc/{top.pid}/task/{top.pid}/children").read_text().split()]
+    strangers.extend(children)
+    assert len(children) == forks + 1 and all(uids(c) == (NOBODY, 0) for c in children[:forks]), children
+    plan = demo.cli("plan")
+    assert "internal error" not in plan.output, plan.output
+    [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
+    assert "user nobody" in row and "not looked up" in row, plan.output

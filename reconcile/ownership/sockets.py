@@ -128,8 +128,9 @@ def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dic
             break
         # Root's processes and ours are read whole (no one else can make them many); other users' up to
         # the budget. Their uid from status: a process that turns itself non-dumpable has a root-owned
-        # /proc/PID.
-        theirs = n >= len(early) and (ids := uids(pid)) is not None and ids[1] not in (0, os.geteuid())
+        # /proc/PID. Real and effective uid alike: another user's setuid program (su at its prompt, euid
+        # 0) keeps every descriptor they held across the exec (thirteenth round); status unread: theirs.
+        theirs = n >= len(early) and any(u not in (0, os.geteuid()) for u in uids(pid) or (-1,))
         if theirs and not whole:
             continue
         try:
