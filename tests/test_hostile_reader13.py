@@ -288,3 +288,39 @@ def test_a_setuid_program_of_another_user_does_not_lift_the_holder_lookups_bound
     assert "internal error" not in plan.output, plan.output
     [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
     assert "user nobody" in row and "not looked up" in row, plan.output
+
+
+# nobody's listener on 127.0.0.2 at `port`, inherited by su (setuid root) waiting at its password prompt;
+# nobody's own descriptor of it closed: su alone holds it.
+SU_LISTENER = r"""
+import os, signal, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.2", int(sys.argv[1])))
+s.listen()
+s.set_inheritable(True)
+prompt, keep = os.pipe()
+if os.fork() == 0:
+    os.dup2(prompt, 0)
+    os.execv("/usr/bin/su", ["su", "root"])
+s.close()
+time.sleep(0.5)
+print("ready", flush=True)
+signal.pause()
+"""
+
+
+@ROOT_ONLY
+@pytest.mark.skipif(not os.path.exists("/usr/bin/su"), reason="needs su (setuid root)")
+def test_another_users_listener_held_by_a_setuid_program_is_named_as_theirs(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """The holder of a listener was named by its effective uid. nobody listens on the spec's port and
+    hands the socket to `su` (setuid root, waiting at its prompt), keeping none itself. main (seen): the
+    plan said the port is held by `su root` of user root, an operator's own-looking process (the key
+    was not sent: membership asks for both uids). Now the holder is named by its real uid: nobody."""
+    top = as_nobody(["/usr/bin/python3", "-c", SU_LISTENER, str(demo.port)], {}, strangers)
+    strangers.extend(int(c) for c in Path(f"/proc/{top.pid}/task/{top.pid}/children").read_text().split())
+    plan = demo.cli("plan")
+    [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
+    assert "of user nobody" in row and "user root" not in row, plan.output

@@ -166,8 +166,8 @@ def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
         stat = read_stat(pid)
         raw = read_bytes(f"/proc/{pid}/cmdline", ARGV_MAX) or b""
         cmd = shown_argv(redact_argv([c for c in raw.decode(errors="replace").split("\0") if c]))
-        ids = uids(pid)
-        out.append(Listener(inode, pid, ids[1] if ids else None, stat.comm if stat else "?", cmd))
+        ids = uids(pid)  # named by its real uid: another user's setuid program (su, euid 0) is theirs
+        out.append(Listener(inode, pid, ids[0] if ids else None, stat.comm if stat else "?", cmd))
     return out
 
 
