@@ -324,3 +324,36 @@ def test_another_users_listener_held_by_a_setuid_program_is_named_as_theirs(
     plan = demo.cli("plan")
     [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
     assert "of user nobody" in row and "user root" not in row, plan.output
+
+
+# --- class 6: a spec document nested past the bound ------------------------------------------------
+
+
+def _nested_spec(doc: Any, depth: int) -> None:
+    inner: Any = 1
+    for _ in range(depth):
+        inner = {"a": inner}
+    doc.setdefault("model", {})["config"] = {"x": inner}
+
+
+@pytest.mark.parametrize("command", ["plan", "validate"])
+def test_a_spec_nested_past_the_bound_is_a_spec_error_never_an_internal_error(
+    demo: Demo, command: str
+) -> None:
+    """Round 12 bounded the nesting of JSON from outside and of state (64 levels), and left the spec's
+    own documents to their parser. A `[model] config` patch (or any table, or a dotted key) nested 900
+    deep is TOML tomllib reads; the loader's reference walk then recurses two frames a level. main
+    (seen): `reconcile plan` and `reconcile validate DIR` (a fleet repository's CI check, run on
+    specs under review) ended in `internal error: RecursionError`. Now a spec document nested past 64
+    levels is a spec error naming the file, the line and the key."""
+    path = demo.write_spec(lambda doc: _nested_spec(doc, 900))
+    if command == "plan":
+        run = demo.cli("plan", spec=path)
+        output = run.output
+    else:
+        argv = [sys.executable, "-m", "reconcile", "validate", str(path.parent)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=demo.env())
+        output, run = done.stdout + done.stderr, done  # type: ignore[assignment]
+    assert "internal error" not in output and "Traceback" not in output, output[-3000:]
+    assert run.returncode == 1 and f"{path.name}:" in output, output[-3000:]
+    assert "model.config.x.a" in output and "nested deeper than 64 levels" in output, output[-3000:]
