@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from reconcile.ownership.sockets import OTHERS_FDS_MAX, listeners
-from tests.apply_support import DEMO_MODEL, Demo, cmdlines
+from tests.apply_support import DEMO_MODEL, Demo, Run, cmdlines
 from tests.ownership_support import NOBODY, as_nobody, root_only
 from tests.test_init import make_vllm_venv
 from tests.test_server_support import free_port, wait_for
@@ -144,6 +144,15 @@ def test_a_secret_in_server_args_never_reaches_a_command_line_every_user_reads(
     key, secret, password, credential), a key so named inside a value, and a URL's user:password are
     refused at load, `FILE:LINE: server.args...` and the fix (the environment, through secret_files)."""
 
+    run, seen = applied_with_arg(demo, flag, value)
+    assert SECRET.encode() not in seen, run.output
+    assert run.returncode == 1 and "server.args" in run.output and "command line" in run.output, run.output
+
+
+def applied_with_arg(demo: Demo, flag: str, value: Any) -> tuple[Run, bytes]:
+    """`apply` of the demo spec with `[server] args` `flag` = `value`; its run, and every command line
+    on the machine as nobody reads them then (/proc/PID/cmdline)."""
+
     def edit(doc: Any) -> None:
         doc["server"]["args"][flag] = value
 
@@ -153,8 +162,7 @@ def test_a_secret_in_server_args_never_reaches_a_command_line_every_user_reads(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", *_proc_cmdlines()],
         capture_output=True,
     ).stdout
-    assert SECRET.encode() not in seen, run.output
-    assert run.returncode == 1 and "server.args" in run.output and "command line" in run.output, run.output
+    return run, seen
 
 
 def _proc_cmdlines() -> list[str]:

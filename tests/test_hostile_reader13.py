@@ -22,8 +22,8 @@ from reconcile.ownership.membership import uids
 from reconcile.ownership.sockets import OTHERS_FDS_MAX
 from tests.apply_support import Demo, demo_in, seed_venv
 from tests.ownership_support import NOBODY, as_nobody, listening_as_nobody
-from tests.test_hostile_reader12d import _proc_cmdlines, started_by_hand
-from tests.test_network_env import _nobodys_index, _ran
+from tests.test_hostile_reader12d import applied_with_arg, started_by_hand
+from tests.test_network_env import applied_with_nobodys_index
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another user's listener)")
 
@@ -50,16 +50,7 @@ def test_an_index_url_is_judged_by_the_host_the_installer_connects_to(
     `http://a,b@127.0.0.1:P/simple`, where the pattern saw `http://a` and nothing after it. main (seen):
     root's venv got nobody's ninja 99.0 from nobody's index, its `.pth` ran as uid 0 six times (uv and
     pip alike, no line)."""
-    port, marker = _nobodys_index(outside, strangers)
-    value = value.replace("PORT", str(port))
-    env = {name: value}
-    if name.startswith("UV_"):  # uv from reconcile's own venv: the "auto" installer then takes it
-        env["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    run = demo.cli("apply", env=env, timeout=300)
-    installed, ran = _ran(demo, marker)
-    assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
-    assert f"reconcile: environment {name} left out: {value}: port {port} on " in run.output, run.output
-    assert "Traceback" not in run.output, run.output
+    applied_with_nobodys_index(demo, outside, strangers, name, value)
 
 
 # (variable, value with PORT for nobody's port); each seen reaching a listener on loopback through the
@@ -145,15 +136,7 @@ def test_a_secret_spelled_as_vllm_reads_it_never_reaches_a_command_line(
     in it may be camelCase (`accessToken`). main (seen): each planned as a warning at most, apply
     started the server with the secret on its command line, where nobody read it in /proc/PID/cmdline."""
 
-    def edit(doc: Any) -> None:
-        doc["server"]["args"][flag] = value
-
-    demo.write_spec(edit)
-    run = demo.cli("apply", timeout=300)
-    read = subprocess.run(
-        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", *_proc_cmdlines()],
-        capture_output=True,
-    ).stdout
+    run, read = applied_with_arg(demo, flag, value)
     assert seen.encode() not in read, run.output
     assert run.returncode == 1 and "server.args" in run.output and "command line" in run.output, run.output
     assert "Traceback" not in run.output, run.output
@@ -235,12 +218,12 @@ def test_a_json_flag_nested_past_the_bound_is_never_an_internal_error(demo: Demo
 
 # --- classes 4, 6 (ownership): the holder lookup's bound, read past through a setuid program ------
 
-# nobody's processes that hold `fds` inheritable descriptors and exec su (setuid root: euid 0, the real
-# uid nobody's), left waiting at its password prompt on a pipe nobody keeps open; then nobody's listener
-# on 127.0.0.2 at `port`, the newest pid.
+# nobody's listener on 127.0.0.2 at `port`, and `forks` processes that hold `fds` inheritable descriptors
+# and exec su (setuid root: euid 0, the real uid nobody's), left waiting at its password prompt on a pipe
+# nobody keeps open. `handed` 0: the listener is held by nobody's newest process; 1: by su alone.
 SU_TREE = r"""
 import os, resource, signal, socket, sys, time
-forks, fds, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+forks, fds, port, handed = (int(a) for a in sys.argv[1:5])
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 prompt, keep = os.pipe()
@@ -248,26 +231,30 @@ null = os.open("/dev/null", os.O_RDONLY)
 held = [os.dup(null) for _ in range(min(fds, hard - 16))]
 for fd in held:
     os.set_inheritable(fd, True)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.2", port))
+s.listen()
+s.set_inheritable(bool(handed))
 for _ in range(forks):
     if os.fork() == 0:
         os.dup2(prompt, 0)
         os.execv("/usr/bin/su", ["su", "root"])
+if not handed and os.fork() == 0:
+    signal.pause()
+s.close()
 for fd in held:
     os.close(fd)
-if os.fork() == 0:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.2", port))
-    s.listen()
-    signal.pause()
 time.sleep(0.5)
 print("ready", flush=True)
 signal.pause()
 """
+NEEDS_SU = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/su"), reason="needs root and su (setuid root)"
+)
 
 
-@ROOT_ONLY
-@pytest.mark.skipif(not os.path.exists("/usr/bin/su"), reason="needs su (setuid root)")
+@NEEDS_SU
 def test_a_setuid_program_of_another_user_does_not_lift_the_holder_lookups_bound(
     demo: Demo, strangers: list[int]
 ) -> None:
@@ -280,38 +267,24 @@ def test_a_setuid_program_of_another_user_does_not_lift_the_holder_lookups_bound
     its bound. Now a process is root's or ours only when its real and effective uids both are."""
     per = min(19_000, resource.getrlimit(resource.RLIMIT_NOFILE)[1] - 16)  # nobody's hard limit is ours
     forks = OTHERS_FDS_MAX // per + 2
-    top = as_nobody(["/usr/bin/python3", "-c", SU_TREE, str(forks), str(per), str(demo.port)], {}, strangers)
+    children, row, output = _holder_row(demo, strangers, str(forks), str(per), str(demo.port), "0")
+    assert len(children) == forks + 1 and all(uids(c) == (NOBODY, 0) for c in children[:forks]), children
+    assert "user nobody" in row and "not looked up" in row, output
+
+
+def _holder_row(demo: Demo, strangers: list[int], *args: str) -> tuple[list[int], str, str]:
+    """SU_TREE run as nobody with `args` (its children strangers too), then `plan`: the children, the
+    plan's row naming who holds the spec's port, and the plan's output."""
+    top = as_nobody(["/usr/bin/python3", "-c", SU_TREE, *args], {}, strangers)
     children = [int(c) for c in Path(f"/proc/{top.pid}/task/{top.pid}/children").read_text().split()]
     strangers.extend(children)
-    assert len(children) == forks + 1 and all(uids(c) == (NOBODY, 0) for c in children[:forks]), children
     plan = demo.cli("plan")
     assert "internal error" not in plan.output, plan.output
     [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
-    assert "user nobody" in row and "not looked up" in row, plan.output
+    return children, row, plan.output
 
 
-# nobody's listener on 127.0.0.2 at `port`, inherited by su (setuid root) waiting at its password prompt;
-# nobody's own descriptor of it closed: su alone holds it.
-SU_LISTENER = r"""
-import os, signal, socket, sys, time
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.2", int(sys.argv[1])))
-s.listen()
-s.set_inheritable(True)
-prompt, keep = os.pipe()
-if os.fork() == 0:
-    os.dup2(prompt, 0)
-    os.execv("/usr/bin/su", ["su", "root"])
-s.close()
-time.sleep(0.5)
-print("ready", flush=True)
-signal.pause()
-"""
-
-
-@ROOT_ONLY
-@pytest.mark.skipif(not os.path.exists("/usr/bin/su"), reason="needs su (setuid root)")
+@NEEDS_SU
 def test_another_users_listener_held_by_a_setuid_program_is_named_as_theirs(
     demo: Demo, strangers: list[int]
 ) -> None:
@@ -319,11 +292,8 @@ def test_another_users_listener_held_by_a_setuid_program_is_named_as_theirs(
     hands the socket to `su` (setuid root, waiting at its prompt), keeping none itself. main (seen): the
     plan said the port is held by `su root` of user root, an operator's own-looking process (the key
     was not sent: membership asks for both uids). Now the holder is named by its real uid: nobody."""
-    top = as_nobody(["/usr/bin/python3", "-c", SU_LISTENER, str(demo.port)], {}, strangers)
-    strangers.extend(int(c) for c in Path(f"/proc/{top.pid}/task/{top.pid}/children").read_text().split())
-    plan = demo.cli("plan")
-    [row] = [line for line in plan.output.splitlines() if f"port {demo.port}" in line and "held by" in line]
-    assert "of user nobody" in row and "user root" not in row, plan.output
+    _children, row, output = _holder_row(demo, strangers, "1", "0", str(demo.port), "1")
+    assert "of user nobody" in row and "user root" not in row, output
 
 
 # --- class 6: a spec document nested past the bound ------------------------------------------------
