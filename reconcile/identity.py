@@ -13,7 +13,14 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 
 from reconcile.record import Record
-from reconcile.safety.sensitive import SENSITIVE, env_hashes, is_secret_flag, redact_url, shown_env
+from reconcile.safety.sensitive import (
+    SENSITIVE,
+    env_hashes,
+    is_secret_option,
+    json_holds_secret,
+    redact_url,
+    shown_env,
+)
 from reconcile.safety.shapes import within_last
 from reconcile.safety.untrusted import load_json
 
@@ -54,18 +61,25 @@ def _canonical_package(name: str) -> str:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """A command line fit to show: the value of a flag named for a secret (`--api-key`, `--hf-token`:
-    sensitive.is_secret_flag) replaced by (sensitive), and a URL's user:password wherever it is."""
+    """A command line fit to show: the value of a flag that takes a secret (`--api-key`, `--hf-token`,
+    `--hf-tok`: sensitive.is_secret_option) replaced by (sensitive), so is a JSON value holding a key
+    named for one (`{"api_key": ...}`), and a URL's user:password wherever it is."""
     out: list[str] = []
     hide = False
     for token in argv:
-        if hide and not token.startswith("--"):
+        option = token.startswith("--")
+        if hide and not option:
             out.append(SECRET)
             continue
-        flag, eq, _value = token.partition("=")
-        secret = token.startswith("--") and is_secret_flag(flag[2:])
+        flag, eq, value = token.partition("=")
+        secret = option and is_secret_option(flag[2:])
         hide = secret and not eq
-        out.append(f"{flag}={SECRET}" if secret and eq else redact_url(token))
+        if option and eq and (secret or json_holds_secret(value)):
+            out.append(f"{flag}={SECRET}")
+        elif not option and json_holds_secret(token):
+            out.append(SECRET)
+        else:
+            out.append(redact_url(token))
     return out
 
 
@@ -124,7 +138,7 @@ def explain_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
 
 def _loads(components: Mapping[str, str], key: str) -> object:
     try:
-        return json.loads(components[key])
+        return load_json(components[key])  # a state file's string: the nesting bound too
     except (KeyError, ValueError):
         return None
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from reconcile.ownership.sockets import OTHERS_FDS_MAX, listeners
-from tests.apply_support import DEMO_MODEL, Demo, cmdlines
+from tests.apply_support import DEMO_MODEL, Demo, Run, cmdlines
 from tests.ownership_support import NOBODY, as_nobody, root_only
 from tests.test_init import make_vllm_venv
 from tests.test_server_support import free_port, wait_for
@@ -144,6 +144,15 @@ def test_a_secret_in_server_args_never_reaches_a_command_line_every_user_reads(
     key, secret, password, credential), a key so named inside a value, and a URL's user:password are
     refused at load, `FILE:LINE: server.args...` and the fix (the environment, through secret_files)."""
 
+    run, seen = applied_with_arg(demo, flag, value)
+    assert SECRET.encode() not in seen, run.output
+    assert run.returncode == 1 and "server.args" in run.output and "command line" in run.output, run.output
+
+
+def applied_with_arg(demo: Demo, flag: str, value: Any) -> tuple[Run, bytes]:
+    """`apply` of the demo spec with `[server] args` `flag` = `value`; its run, and every command line
+    on the machine as nobody reads them then (/proc/PID/cmdline)."""
+
     def edit(doc: Any) -> None:
         doc["server"]["args"][flag] = value
 
@@ -153,8 +162,7 @@ def test_a_secret_in_server_args_never_reaches_a_command_line_every_user_reads(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat", *_proc_cmdlines()],
         capture_output=True,
     ).stdout
-    assert SECRET.encode() not in seen, run.output
-    assert run.returncode == 1 and "server.args" in run.output and "command line" in run.output, run.output
+    return run, seen
 
 
 def _proc_cmdlines() -> list[str]:
@@ -165,9 +173,16 @@ def _proc_cmdlines() -> list[str]:
 def hand_started(tmp_path: Path) -> Iterator[int]:
     """A `vllm serve` root started by hand (the fake, from a venv), with vLLM's --hf-token and a tracing
     endpoint with credentials on its command line, as `reconcile init` finds servers."""
+    args = ["--hf-token", SECRET, "--otlp-traces-endpoint", f"http://tracer:{SECRET}@127.0.0.1:4317"]
+    with started_by_hand(tmp_path, args, SECRET) as pid:
+        yield pid
+
+
+@contextlib.contextmanager
+def started_by_hand(tmp_path: Path, args: list[str], secret: str) -> Iterator[int]:
+    """The fake `vllm serve` of a venv, started by root with `args`, once `secret` shows in /proc."""
     venv = make_vllm_venv(tmp_path)
-    argv = [str(venv / "bin" / "vllm"), "serve", str(DEMO_MODEL), "--port", str(free_port())]
-    argv += ["--hf-token", SECRET, "--otlp-traces-endpoint", f"http://tracer:{SECRET}@127.0.0.1:4317"]
+    argv = [str(venv / "bin" / "vllm"), "serve", str(DEMO_MODEL), "--port", str(free_port()), *args]
     env = {
         "PATH": os.environ["PATH"],
         "FAKE_VLLM_HOLD": str(tmp_path / "gpus"),
@@ -177,7 +192,7 @@ def hand_started(tmp_path: Path) -> Iterator[int]:
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        wait_for(lambda: SECRET in "".join(cmdlines()), 20, "the server in /proc")
+        wait_for(lambda: secret in "".join(cmdlines()), 20, "the server in /proc")
         yield proc.pid
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.apply_support import Demo
+from tests.apply_support import Demo, Run
 from tests.ownership_support import SPY, as_nobody, listening_as_nobody, received
 from tests.test_hostile_reader8 import nobodys_index
 from tests.test_server_support import free_port
@@ -70,18 +70,25 @@ def test_an_index_nobody_listens_on_never_hands_root_their_wheel(
     start (pip and uv alike). uv maps a host as IDNA's UTS 46 does (fullwidth letters and digits, the
     ideographic full stop U+3002): the listener rule's first cut compared the host as written, and uv
     reached nobody's index through `http://ｌｏｃａｌｈｏｓｔ:PORT` and `http://１２７。０。０。１:PORT`."""
+    run = applied_with_nobodys_index(demo, outside, strangers, name, f"http://{host}:PORT/simple")
+    assert "listened on by nobody (uid 65534)" in run.output, run.output
+
+
+def applied_with_nobodys_index(demo: Demo, outside: Path, strangers: list[int], name: str, value: str) -> Run:
+    """`apply` with the environment's `name` = `value`, PORT in it nobody's index's port (uv, from
+    reconcile's own venv, on PATH for a UV_ name): root installed nothing of nobody's, and the variable
+    was left out with its line. Returns the run."""
     port, marker = _nobodys_index(outside, strangers)
-    url = f"http://{host}:{port}/simple"
-    env = {name: url}
+    value = value.replace("PORT", str(port))
+    env = {name: value}
     if name.startswith("UV_"):  # uv from reconcile's own venv: the "auto" installer then takes it
         env["PATH"] = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-
     run = demo.cli("apply", env=env, timeout=300)
     installed, ran = _ran(demo, marker)
     assert not installed and not ran, f"root installed nobody's wheel ({ran!r} ran): {run.output}"
-    assert f"reconcile: environment {name} left out: {url}: port {port} on " in run.output, run.output
-    assert "listened on by nobody (uid 65534)" in run.output, run.output
+    assert f"reconcile: environment {name} left out: {value}: port {port} on " in run.output, run.output
     assert "Traceback" not in run.output, run.output
+    return run
 
 
 PASSWORD = "s3cret-index-token"

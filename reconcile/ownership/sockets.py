@@ -128,8 +128,9 @@ def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dic
             break
         # Root's processes and ours are read whole (no one else can make them many); other users' up to
         # the budget. Their uid from status: a process that turns itself non-dumpable has a root-owned
-        # /proc/PID.
-        theirs = n >= len(early) and (ids := uids(pid)) is not None and ids[1] not in (0, os.geteuid())
+        # /proc/PID. Real and effective uid alike: another user's setuid program (su at its prompt, euid
+        # 0) keeps every descriptor they held across the exec (thirteenth round); status unread: theirs.
+        theirs = n >= len(early) and any(u not in (0, os.geteuid()) for u in uids(pid) or (-1,))
         if theirs and not whole:
             continue
         try:
@@ -165,8 +166,8 @@ def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
         stat = read_stat(pid)
         raw = read_bytes(f"/proc/{pid}/cmdline", ARGV_MAX) or b""
         cmd = shown_argv(redact_argv([c for c in raw.decode(errors="replace").split("\0") if c]))
-        ids = uids(pid)
-        out.append(Listener(inode, pid, ids[1] if ids else None, stat.comm if stat else "?", cmd))
+        ids = uids(pid)  # named by its real uid: another user's setuid program (su, euid 0) is theirs
+        out.append(Listener(inode, pid, ids[0] if ids else None, stat.comm if stat else "?", cmd))
     return out
 
 

@@ -14,33 +14,61 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ipaddress import IPv4Address, IPv6Address
 
-# A URL (any scheme but file:, whose paths the path rule judges), and a bare host:port as proxies are
-# often written (`https_proxy=127.0.0.1:3128`): a host with a letter, a dot or brackets, so that a time
-# (`12:30`) or a terminal's `DISPLAY=localhost:10.0` is not one.
-_URL = re.compile(r"(?<![A-Za-z0-9+.-])(?!file:)[A-Za-z][A-Za-z0-9+.-]*://[^\s\"',;]*", re.IGNORECASE)
-_HOST_PORT = re.compile(
-    r"(?<![\w.:/@%\[-])(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9-]*[A-Za-z.][A-Za-z0-9.-]*):(\d{1,5})(?![\w.:/\]])"
-)
+# A location is judged as each tool reads it, not as one parser does (thirteenth round: urlsplit read
+# hosts that pip, uv or huggingface_hub did not, and skipped URLs they took). A URL: its scheme (any but
+# file:, whose paths the path rule judges), then `//`, or for a scheme WHATWG calls special (uv's URL
+# parser) any run of `/` and `\`, or none (`http:127.0.0.1:8080/`). Its authority runs to `/?#` or a
+# space, and each piece of it between `@` (userinfo: last or first, by the tool), `\` (where WHATWG
+# ends it) and `,;'"` (a list's or JSON's separators, userinfo to a tool reading the whole value) is
+# judged as a host[:port]. Where the URL ends for the bare pattern below: at a space or `"',;`.
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.-])(?!file:)([A-Za-z][A-Za-z0-9+.-]*):([/\\]*)", re.IGNORECASE)
+_SPECIAL = frozenset({"http", "https", "ws", "wss", "ftp"})
+_AUTHORITY_END = re.compile(r"[/?#\s]")
+_PIECE_SPLIT = re.compile(r"[@\\,;'\"]")
+_URL_END = re.compile(r"[\s\"',;]")
+# A bare host:port, as proxies are written (`127.0.0.1:3128`, `user@localhost:3128`, `//0:3128/`): a
+# host, not preceded by a host's character, and a port not followed by a digit or `.digit` (a
+# terminal's `DISPLAY=localhost:10.0`). A host of digits alone is an address to inet_aton (`0` is
+# 0.0.0.0, `2130706433` 127.0.0.1); a time (`12:30`) reads as 0.0.0.12, not this machine.
+_HOST_PORT = re.compile(r"(?<![\w.%\[\]-])(\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.%-]+):(\d{1,5})(?!\d)(?!\.\d)")
+# WHATWG's URL parser and Python's urlsplit drop an ASCII tab, CR or LF anywhere in a URL.
+_DROPPED = re.compile(r"[\t\r\n]")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "socks4": 1080, "socks4a": 1080, "socks5": 1080, "socks5h": 1080}
 
 
 def local_locations(value: str) -> list[tuple[str, int | None]]:
-    """(host as written, port) for each location in `value` whose host is this machine; the port None
-    where the URL names none and its scheme has no known default."""
-    from urllib.parse import urlsplit  # here, not at start-up: most values hold no URL
-
-    found = []
-    for url in _URL.findall(value):
-        try:
-            parts = urlsplit(url)
-            host, port = parts.hostname or "", parts.port
-        except ValueError:
-            continue  # no tool reaches a port past 65535 either
-        scheme = parts.scheme.lower().rsplit("+", 1)[-1]  # pip's VCS URLs: git+https, hg+http
-        found.append((host, port if port is not None else _default_port(scheme)))
-    for host, port in _HOST_PORT.findall(_URL.sub(" ", value)):
-        found.append((host.strip("[]"), int(port)))
+    """(host as written, port) for each location in `value` whose host is this machine, in every
+    reading a tool makes of it (above); the port None where the URL names none and its scheme has no
+    known default."""
+    found: list[tuple[str, int | None]] = []
+    for form in dict.fromkeys((value, _DROPPED.sub("", value))):
+        bare = form
+        for m in _SCHEME.finditer(form):
+            scheme, slashes = m.group(1).lower().rsplit("+", 1)[-1], m.group(2)  # pip's git+https
+            if scheme not in _SPECIAL and not slashes.startswith("//"):
+                continue
+            rest = form[m.end() :]
+            for piece in _PIECE_SPLIT.split(_AUTHORITY_END.split(rest, maxsplit=1)[0]):
+                found += _host_port(piece, scheme)
+            end = m.end() + len(_URL_END.split(rest, maxsplit=1)[0])
+            bare = bare[: m.start()] + " " * (end - m.start()) + bare[end:]
+        found += [(host.strip("[]"), int(port)) for host, port in _HOST_PORT.findall(bare)]
     return [(h, p) for h, p in dict.fromkeys(found) if _is_this_machine(h)]
+
+
+def _host_port(piece: str, scheme: str) -> list[tuple[str, int | None]]:
+    """`host[:port]` (a bracketed IPv6 host too) as (host, port): the scheme's default port where the
+    piece names none (or junk WHATWG would refuse); none past 65535 (no tool reaches it)."""
+    if piece.startswith("["):
+        host, _, rest = piece[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port = piece.partition(":")
+    if not host:
+        return []
+    if port.isascii() and port.isdigit():
+        return [(host, int(port))] if int(port) <= 65535 else []
+    return [(host, _default_port(scheme))]
 
 
 def _default_port(scheme: str) -> int | None:
@@ -94,7 +122,37 @@ def _address(text: str) -> IPv4Address | IPv6Address | None:
     try:
         return ipaddress.IPv4Address(_socket.inet_aton(text))
     except OSError:
+        pass
+    number = _whatwg_ipv4(text)
+    return None if number is None else ipaddress.IPv4Address(number)
+
+
+_DIGITS = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
+
+
+def _whatwg_ipv4(text: str) -> int | None:
+    """An IPv4 host as WHATWG's URL standard reads it (uv's parser), where it differs from inet_aton: a
+    part `0x` with no digits is 0 (`0x7f.0x.0x.0x1` is 127.0.0.1 to uv; inet_aton refuses it)."""
+    parts = text.split(".")
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()
+    if not 1 <= len(parts) <= 4:
         return None
+    numbers = []
+    for part in parts:
+        if part[:2] in ("0x", "0X"):
+            base, digits = 16, part[2:]
+        elif len(part) > 1 and part[0] == "0":
+            base, digits = 8, part[1:]
+        else:
+            base, digits = 10, part
+        if (base == 10 and not digits) or any(c not in _DIGITS[base] for c in digits):
+            return None
+        numbers.append(int(digits, base) if digits else 0)
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (5 - len(numbers)):
+        return None
+    return sum(n << (8 * (3 - i)) for i, n in enumerate(head)) + last
 
 
 def _local_address(address: IPv4Address | IPv6Address) -> bool:

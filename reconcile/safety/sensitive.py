@@ -23,6 +23,8 @@ _SECRET_WORDS = frozenset(
     | {"CREDENTIAL", "CREDENTIALS"}
 )
 _WORD = re.compile(r"[^A-Za-z0-9]+")
+# Where a camelCase or PascalCase name starts a word: accessToken, APIKey, hfToken (thirteenth round).
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 # scheme://userinfo@ — the userinfo of a URL is a credential (pip's and uv's index URLs).
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s?#]+)@")
 # Where a spec document holds values that are secret by position (see secret_paths).
@@ -32,7 +34,12 @@ PLACEHOLDER_PREFIX = "(sensitive sha256:"
 def is_secret_name(name: str, marked: Collection[str] = ()) -> bool:
     """True when the env name says it holds a secret (a word TOKEN, KEY, SECRET, PASSWORD,
     CREDENTIAL, any case) or the spec marks it (`[server] secret_env`, `secret_files`)."""
-    return name in marked or any(word.upper() in _SECRET_WORDS for word in _WORD.split(name))
+    return name in marked or any(word.upper() in _SECRET_WORDS for word in _words(name))
+
+
+def _words(name: str) -> list[str]:
+    """The words of a name as it is written: snake_case, kebab-case, dotted, camelCase alike."""
+    return [w for part in _WORD.split(name) for w in _CAMEL.split(part) if w]
 
 
 # A flag, or a key inside a flag's JSON value, named for one secret: its last word is a secret word in
@@ -41,30 +48,77 @@ def is_secret_name(name: str, marked: Collection[str] = ()) -> bool:
 _ONE_SECRET = frozenset({"TOKEN", "KEY", "APIKEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"})
 
 
+# vLLM's flags that take a secret: every flag of reconcile/data/vllm_flags.json that is_secret_flag
+# names (tests/test_hostile_reader13.py keeps the two in step). vLLM's argparse reads `_` as `-` and any
+# prefix of a long flag as the flag (`--hf-tok` is --hf-token; one that two flags share is refused, after
+# the process has shown it): a prefix of one of these names it too.
+VLLM_SECRET_FLAGS = ("api-key", "hf-token")
+
+
 def is_secret_flag(name: str) -> bool:
-    words = [w for w in _WORD.split(name) if w]
+    words = _words(name)
     return bool(words) and words[-1].upper() in _ONE_SECRET
+
+
+def is_secret_option(flag: str) -> bool:
+    """Whether vLLM's command-line flag `flag` (without its dashes) takes a secret: named for one
+    (is_secret_flag), or as vLLM's argparse reads it, a prefix of one that does (VLLM_SECRET_FLAGS)."""
+    canonical = flag.replace("_", "-")
+    return is_secret_flag(flag) or (
+        bool(canonical) and any(f.startswith(canonical) for f in VLLM_SECRET_FLAGS)
+    )
 
 
 def secret_args(args: Mapping[str, object]) -> list[tuple[str, ...]]:
     """Where a server's `args` hold a secret, which on vLLM's command line every local user would read
-    (/proc/PID/cmdline): the text value of a flag named for one (is_secret_flag), a key so named inside
-    a value, a URL's user:password anywhere. Each as its path of keys, outermost first."""
-    found: list[tuple[str, ...]] = []
+    (/proc/PID/cmdline): any value but true/false of a flag that takes one (is_secret_option) or of a
+    key named for one inside a value (is_secret_flag: `api_key`, `accessToken`), a table written as
+    JSON text included (vLLM parses it the same), a URL's user:password anywhere. Each as its path of
+    keys, outermost first."""
+    return [p for flag, value in args.items() for p in _secrets_in(value, (flag,), is_secret_option(flag))]
 
-    def walk(value: object, path: tuple[str, ...], name: str) -> None:
-        if isinstance(value, str) and (is_secret_flag(name) or has_credentials(value)):
-            found.append(path)
-        elif isinstance(value, Mapping):
-            for key, inner in value.items():
-                walk(inner, (*path, str(key)), str(key))
-        elif isinstance(value, list):
-            for inner in value:
-                walk(inner, path, name)
 
-    for flag, value in args.items():
-        walk(value, (flag,), flag)
-    return found
+def json_holds_secret(text: str) -> bool:
+    """Whether `text`, a JSON flag's value on a command line, holds a key named for a secret."""
+    inner = _json_text(text)
+    return inner is not None and bool(_secrets_in(inner, (), secret=False))
+
+
+# How deep a value is searched for a secret: the bound untrusted.JSON_DEPTH_MAX puts on JSON from outside
+# (this layer may not import it). A value nested deeper (a foreign command line's `[[[[...`, a fleet
+# repository's spec under review) counts as holding one: refused, or hidden, never a RecursionError.
+_DEPTH_MAX = 64
+
+
+def _secrets_in(value: object, path: tuple[str, ...], secret: bool, depth: int = 0) -> list[tuple[str, ...]]:
+    if depth > _DEPTH_MAX:
+        return [path]
+    if isinstance(value, str) and (inner := _json_text(value)) is not None:
+        return _secrets_in(inner, path, secret, depth)
+    if secret and value is not None and not isinstance(value, bool):
+        return [path]
+    if isinstance(value, str) and has_credentials(value):
+        return [path]
+    if isinstance(value, Mapping):
+        return [
+            p
+            for k, v in value.items()
+            for p in _secrets_in(v, (*path, str(k)), is_secret_flag(str(k)), depth + 1)
+        ]
+    if isinstance(value, list):
+        return [p for v in value for p in _secrets_in(v, path, secret, depth + 1)]
+    return []
+
+
+def _json_text(value: str) -> object | None:
+    """A JSON object or array written as text (vLLM's JSON flags parse it), else None."""
+    if not value.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        parsed: object = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, (dict, list)) else None
 
 
 def digest(value: str) -> str:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from reconcile.errors import SpecError
 from reconcile.record import Record
 from reconcile.safety.names import control_char
+from reconcile.safety.untrusted import JSON_DEPTH_MAX
 from reconcile.spec.errors import describe, schema_text, show, unwrap
 from reconcile.spec.lines import Part, dotted, syntax_error
 from reconcile.spec.lines import Scan as _Scan  # tests reach the scanner here too
@@ -73,7 +74,34 @@ def _read(display: str, abspath: str, within: str | None) -> _File:
             doc = tomlkit.parse(text).unwrap()
         except (TOMLKitError, ValueError) as e:
             raise syntax_error(display, text, e) from None
-    return _File(display, abspath, text, doc, _Scan(text).lines)
+        except RecursionError:
+            raise SpecError(display, None, "", _TOO_DEEP) from None
+    lines = _Scan(text).lines
+    deep = _nested_past(doc, JSON_DEPTH_MAX)
+    if deep is not None:
+        at = next((lines[k] for n in range(len(deep), 0, -1) if (k := dotted(deep[:n])) in lines), None)
+        raise SpecError(display, at, dotted(deep[:4]), _TOO_DEEP)
+    return _File(display, abspath, text, doc, lines)
+
+
+# The bound untrusted.load_json puts on JSON from outside and on state: the code that walks a spec (its
+# references, the preflight memo's key, DeepDiff) recurses a frame or more a level, and a spec nested
+# 900 deep ended plan and validate in RecursionError (thirteenth round).
+_TOO_DEEP = (
+    f"nested deeper than {JSON_DEPTH_MAX} levels (tables, lists, dotted keys): no spec needs that; flatten it"
+)
+
+
+def _nested_past(doc: Any, limit: int) -> list[Part] | None:
+    """The path to the first value nested past `limit` levels, found without recursion; None if none."""
+    stack: list[tuple[Any, list[Part]]] = [(doc, [])]
+    while stack:
+        node, parts = stack.pop()
+        if len(parts) > limit:
+            return parts
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack += [(v, [*parts, k]) for k, v in items]
+    return None
 
 
 def _standard_toml(text: str) -> dict[str, Any] | None:

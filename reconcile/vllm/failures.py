@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 
 from reconcile.record import Record
+from reconcile.safety.untrusted import load_json
 from reconcile.vllm.flags import canonical
 from reconcile.vllm.toolchain import cuda_suffix, header_package
 
@@ -33,7 +34,7 @@ def rope_parameters_from(flag: str, value: object) -> dict[str, object] | None:
         return {"rope_theta": value}
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = load_json(value)
         except ValueError:
             return None
     if not isinstance(value, Mapping):

@@ -6,13 +6,13 @@ Used by the preflight's `max-model-len.derived` rule and by the memory math.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from reconcile.record import Record
+from reconcile.safety.untrusted import load_json
 from reconcile.vllm.families import resolve, text_part
 from reconcile.vllm.flags import release
 
@@ -261,7 +261,7 @@ def apply_hf_overrides(config: Mapping[str, Any], overrides: object) -> Mapping[
     """config.json as vLLM sees it with --hf-overrides (a dict or its JSON text) merged one level deep."""
     if isinstance(overrides, str):
         try:
-            overrides = json.loads(overrides)
+            overrides = load_json(overrides)
         except ValueError:
             return config
     if not isinstance(overrides, Mapping):
