@@ -272,3 +272,29 @@ def test_no_pattern_that_judges_a_name_lets_a_trailing_newline_through() -> None
         for line, pattern in _dollar_patterns(ast.parse(path.read_text(), str(path)))
     ]
     assert found == [], "\n".join(found)
+
+
+def test_uvs_shared_cache_lock_is_no_reason_to_leave_its_cache_out(tmp_path: Path) -> None:
+    """uv makes its cache's `.lock` 0666 whatever the umask (users may share a cache); the three-level
+    rule above left every uv cache out at every start after the first `reconcile lock` (seen in
+    tests/test_lock_closure.py: `XDG_CACHE_HOME left out: .../cache/uv/.lock is writable by others`).
+    An empty lock is flocked, never read: it passes; one that holds bytes is judged as any file is."""
+    import shutil
+    import subprocess
+    import sys
+
+    from reconcile.safety.filesafety import trusted_environment
+
+    cache = tmp_path / "cache"
+    uv = shutil.which("uv", path=os.path.dirname(sys.executable)) or "uv"
+    env = {**os.environ, "UV_CACHE_DIR": str(cache)}
+    subprocess.run(
+        [uv, "pip", "compile", "--no-index", "-"], input="", env=env, capture_output=True, timeout=9
+    )
+
+    lock = cache / ".lock"
+    assert lock.stat().st_mode & 0o777 == 0o666, oct(lock.stat().st_mode)
+    assert trusted_environment({"UV_CACHE_DIR": str(cache)}) == ({}, [])
+    lock.write_text("x")
+    changes, notes = trusted_environment({"UV_CACHE_DIR": str(cache)})
+    assert changes == {"UV_CACHE_DIR": None} and f"{lock} is writable by others" in notes[0], notes

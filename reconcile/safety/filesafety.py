@@ -350,7 +350,7 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
                 if est.st_uid not in ok:
                     entry = os.path.join(top, e.name)
                     return f"{entry} is owned by {_who(est.st_uid)}, who could change what root reads there"
-                if est.st_mode & 0o022:
+                if est.st_mode & 0o022 and not _a_lock(e.name, est):
                     return _loose(os.path.join(top, e.name), est)
                 if stat.S_ISDIR(est.st_mode) and (entries < 0 or depth < entries):
                     below.append(os.path.join(top, e.name))
@@ -358,6 +358,13 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
             os.close(fd)
         stack.extend((d, depth + 1) for d in reversed(below))
     return None
+
+
+def _a_lock(name: str, st: os.stat_result) -> bool:
+    """An empty lock file, which its tool only flocks and never reads: uv makes its cache's `.lock`
+    0666 whatever the umask, so that users can share a cache (seen: uv 0.13.9, `<cache>/.lock`). What
+    another user writes into it changes nothing a tool reads; a lock that is not empty is judged."""
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0 and (name == ".lock" or name.endswith(".lock"))
 
 
 def search_path(value: str) -> tuple[str, list[str]]:
