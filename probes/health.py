@@ -204,7 +204,17 @@ def _message(data: Any) -> dict[str, Any]:
 # the template renders and the model generates, and a model that never stops early (the lab's random
 # weights) is not made to write 512, which took most of a rollback's own time on the H200 (issue 26).
 # With one, the answer comes after the reasoning: room for both.
-ANSWER_TOKENS, REASONING_TOKENS = 16, 512
+# A forced tool call's JSON takes more than 16 (about 30 tokens for get_weather(location) in Hermes'
+# format); cut by max_tokens it is no tool call at all, and the acceptance check rolled every tool
+# deployment back (seen on the H200 lab after issue 26 gave the tool step the chat's 16).
+ANSWER_TOKENS, REASONING_TOKENS, TOOL_TOKENS = 16, 512, 256
+
+
+def _room(wanted: int, limit: int | None) -> int:
+    """New tokens to ask for: `wanted`, leaving half of the smallest served context to the prompt (a
+    512-token context cannot take 512 new tokens: seen on vLLM 0.26, "This model's maximum context
+    length is 512 tokens")."""
+    return wanted if limit is None else max(16, min(wanted, limit // 2))
 
 
 def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
@@ -224,11 +234,8 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
     try:
         seen = probe(spec)
         version = seen.version
-        # Room for the prompt: a 512-token context cannot take 512 new tokens (seen on vLLM 0.26:
-        # "This model's maximum context length is 512 tokens").
         limit = min((c.max_model_len for c in seen.models if c.max_model_len), default=None)
-        wanted = REASONING_TOKENS if server.args.get("reasoning-parser") else ANSWER_TOKENS
-        budget = wanted if limit is None else max(16, min(wanted, limit // 2))
+        budget = _room(REASONING_TOKENS if server.args.get("reasoning-parser") else ANSWER_TOKENS, limit)
         status, data, raw = _chat(
             spec,
             {
@@ -263,7 +270,7 @@ def chat_check(spec: Spec, *, timeout: float | None = None) -> CheckResult:
                 )
             )
         if server.args.get("enable-auto-tool-choice") is True:
-            steps.append(_tool_step(spec, model, timeout, min(256, budget)))
+            steps.append(_tool_step(spec, model, timeout, _room(TOOL_TOKENS, limit)))
     except ForeignListener as exc:
         steps.append(CheckStep("chat", False, f"cannot verify the server: {exc}"))
     except HttpUnreachable as exc:

@@ -220,21 +220,25 @@ def test_reasoning_text_is_in_the_field_of_the_release(
     assert "Paris" in message["content"]
 
 
-def test_forced_tool_choice_returns_a_tool_call_with_json_arguments(deployment: Deployment) -> None:
-    d = deployment
-    serve(d, "--served-model-name", "m")
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"location": {"type": "string"}, "days": {"type": "integer"}},
-                "required": ["location", "days"],
-            },
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["location", "days"],
         },
-    }
-    body = {"model": "m", "messages": [{"role": "user", "content": "Weather in Tokyo?"}], "tools": [tool]}
+    },
+}
+
+
+def test_forced_tool_choice_returns_a_tool_call_with_json_arguments(deployment: Deployment) -> None:
+    """With a tool parser, a named choice is a call whose arguments are JSON; without one, vLLM 0.26.0
+    answers 400 (as "auto" without --enable-auto-tool-choice); cut by max_tokens, it is no call."""
+    d = deployment
+    serve(d, "--served-model-name", "m", "--tool-call-parser", "hermes")
+    body = {"model": "m", "messages": [{"role": "user", "content": "Weather in Tokyo?"}], "tools": [WEATHER]}
     code, data = chat(
         d, {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, d.key
     )
@@ -242,8 +246,27 @@ def test_forced_tool_choice_returns_a_tool_call_with_json_arguments(deployment: 
     call = data["choices"][0]["message"]["tool_calls"][0]["function"]  # type: ignore[index]
     assert call["name"] == "get_weather"
     assert json.loads(call["arguments"]) == {"location": "Tokyo", "days": 1}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    code, data = chat(d, {**body, "tool_choice": named, "max_tokens": 1}, d.key)
+    choice = data["choices"][0]  # type: ignore[index]
+    assert code == 200 and choice["finish_reason"] == "length" and choice["message"]["tool_calls"] == []
     code, data = chat(d, {**body, "tool_choice": "auto"}, d.key)
     assert code == 400 and "--enable-auto-tool-choice" in json.dumps(data)
+
+
+def test_a_named_tool_choice_without_a_tool_parser_is_refused(deployment: Deployment) -> None:
+    d = deployment
+    serve(d, "--served-model-name", "m")
+    body = {"model": "m", "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]}
+    code, data = chat(
+        d, {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, d.key
+    )
+    assert code == 400, data
+    assert (
+        data["error"]["message"] == 'tool_choice=function "get_weather" requires --tool-call-parser to be set'
+    )  # type: ignore[index]
+    code, data = chat(d, {**body, "tool_choice": "required"}, d.key)
+    assert code == 400 and "--tool-call-parser" in json.dumps(data), data
 
 
 def test_sigkill_of_the_api_server_leaves_engine_core_holding_the_gpu(deployment: Deployment) -> None:

@@ -142,6 +142,20 @@ def test_chat_check_reads_reasoning_by_version_and_forces_a_tool_call(deployment
         assert result.steps[2].message == 'get_weather({"location": "Tokyo"})'
 
 
+def test_the_acceptance_tool_call_has_room_for_its_json_without_a_reasoning_parser(
+    deployment: Deployment,
+) -> None:
+    """The chat asks for 16 new tokens (issue 26); the forced tool call was given the same 16, and a
+    call cut by max_tokens is no call: on the H200 lab every tool deployment failed its acceptance check
+    and was rolled back (`no tool call with JSON arguments in the answer`, its content `<tool_call>
+    {"nam`). The fake writes the call as Hermes' text at about 4 characters a token (19 tokens here)."""
+    spec = deployment.spec({"enable-auto-tool-choice": True, "tool-call-parser": "hermes"})
+    server_action.ensure_running(spec, INPUTS)
+    result = health.chat_check(spec)
+    assert result.ok, result
+    assert result.steps[-1].message == 'get_weather({"location": "Tokyo"})'
+
+
 def test_chat_check_fails_when_the_served_name_is_not_the_one_asked_for(deployment: Deployment) -> None:
     d = deployment
     server_action.ensure_running(d.spec(), INPUTS)

@@ -520,6 +520,12 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
             "BadRequestError",
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
         )
+    if choice not in (None, "none", "auto") and not getattr(args, "tool_call_parser", None):
+        # vLLM 0.26.0's renderer refuses a named or required choice without a parser before structured
+        # outputs are reached (seen on the H200 lab: a named get_weather answered 400 with this message)
+        named = isinstance(choice, dict) and (choice.get("function") or {}).get("name")
+        desc = f'function "{named}"' if isinstance(choice, dict) else f'"{choice}"'
+        return 400, error(400, "BadRequestError", f"tool_choice={desc} requires --tool-call-parser to be set")
     forced = None
     if isinstance(choice, dict):
         wanted = (choice.get("function") or {}).get("name")
@@ -565,8 +571,13 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
     max_tokens, err = max_tokens_of(req, st, prompt_tokens)
     if err:
         return 400, err
-    spoken = message["content"] or message["tool_calls"][0]["function"]["arguments"]
-    words, reason = spoken.split() or ["."], "tool_calls" if forced is not None else "stop"
+    if forced is not None:  # the model writes the call as Hermes' text; JSON takes about 4 characters a token
+        call = message["tool_calls"][0]["function"]
+        text = json.dumps({"name": call["name"], "arguments": json.loads(call["arguments"])})
+        text = f"<tool_call>\n{text}\n</tool_call>"
+        words, reason = [text[i : i + 4] for i in range(0, len(text), 4)], "tool_calls"
+    else:
+        words, reason = message["content"].split() or ["."], "stop"
     completion_tokens, said = 0, ""
     try:
         ignore_eos = bool(req.get("ignore_eos"))
@@ -578,6 +589,8 @@ def chat(st: object, req: dict, v: tuple) -> tuple:
         return 500, error(500, "EngineDeadError", "EngineCore encountered an issue. See stack trace")
     if message["content"]:
         message["content"] = said
+    elif reason == "length":  # a call cut by max_tokens is text the parser cannot read, not a tool call
+        message["content"], message["tool_calls"] = said, []
     return 200, {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
