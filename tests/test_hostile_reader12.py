@@ -288,10 +288,10 @@ def test_uvs_shared_cache_lock_is_no_reason_to_leave_its_cache_out(tmp_path: Pat
     cache = tmp_path / "cache"
     uv = shutil.which("uv", path=os.path.dirname(sys.executable)) or "uv"
     env = {**os.environ, "UV_CACHE_DIR": str(cache)}
-    subprocess.run(
-        [uv, "pip", "compile", "--no-index", "-"], input="", env=env, capture_output=True, timeout=9
+    made = subprocess.run(
+        [uv, "pip", "compile", "--no-index", "-"], input="", env=env, capture_output=True, timeout=60
     )
-
+    assert made.returncode == 0, made
     lock = cache / ".lock"
     assert lock.stat().st_mode & 0o777 == 0o666, oct(lock.stat().st_mode)
     assert trusted_environment({"UV_CACHE_DIR": str(cache)}) == ({}, [])
