@@ -15,12 +15,14 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.apply_support import FAKE_VLLM, Demo
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
 from tests.test_hostile_reader9 import refused_as_server
+from tests.test_hostile_reader10 import shebang_refused
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
@@ -58,7 +60,7 @@ def test_an_assignment_env_s_makes_on_a_shebang_line_is_judged_as_a_servers_valu
     else:
         source = lib / "preload.c"
         source.write_text(
-            '#include <stdio.h>\n#include <unistd.h>\n__attribute__((constructor)) static void r(void)'
+            "#include <stdio.h>\n#include <unistd.h>\n__attribute__((constructor)) static void r(void)"
             f' {{ FILE *f = fopen("{marker}", "a"); if (f) {{ fprintf(f, "uid=%d\\n", getuid());'
             " fclose(f); } }\n"
         )
@@ -118,3 +120,54 @@ def test_a_module_an_option_names_from_the_servers_working_directory_is_judged(
     os.chown(main, NOBODY, NOGROUP)
     server = _server(outside, f"{sys.executable} -m{top_level.name}")
     refused_as_server(demo, server, marker, "[server].executable", f"{main} is owned by nobody")
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        pytest.param("-Stheirpython", id="attached -S"),
+        pytest.param("-vStheirpython", id="attached after another option"),
+        pytest.param("--split-string=theirpython", id="long form"),
+    ],
+)
+def test_a_program_an_option_names_is_judged_whatever_the_interpreter_is_called(
+    demo: Demo, outside: Path, words: str
+) -> None:
+    """Round 12 knows env by the name on the line or the one its links lead to, and reads env's own
+    forms (`-S<name>`, `--split-string=<name>`) only then; any other interpreter gets "options only".
+    A copy of env (or a hard link: no link to follow) is env under another name: `#!<dir>/run
+    -Stheirpython` hands it one option, which runs `theirpython` found on the server's PATH, nobody's
+    (in a root directory, a tarball's owners kept). main: planned clean; root's server ran nobody's
+    program (it recorded uid 0)."""
+    shutil.copy2("/usr/bin/env", outside / "run")  # root's copy, in root's directory
+    env = {"PATH": f"{outside / 'bin'}:{os.environ['PATH']}"}
+    shebang_refused(
+        demo, outside, f"{{outside}}/run {words}", "{server}", "{theirs} is owned by nobody", env=env
+    )
+
+
+# --- class 1: the value role's whole-tree walk (what a link in the tree leads to) ------------------------
+
+
+def test_a_directory_a_link_in_a_walked_tree_leads_to_is_walked_too(demo: Demo, outside: Path) -> None:
+    """Round 12 holds a directory a `[server] env` value names to the read role over its whole tree, each
+    link in it "judged as the path itself, not descended into": the link, its directory and its target
+    root's and not writable by others, but not what a target directory holds. `PYTHONPATH=<lib>`, root's,
+    holds root's link `sitecustomize -> <pkg>`, a root directory holding nobody's `__init__.py` (a
+    tarball's owners kept, round 3's premise): python imports the package `sitecustomize` through the
+    link. main: planned clean; root's server ran nobody's module (it recorded uid 0)."""
+    marker = outside / "ran-as"
+    lib, pkg = outside / "lib", outside / "pkg"
+    lib.mkdir()
+    pkg.mkdir()
+    init = pkg / "__init__.py"
+    init.write_text(_RECORD.format(marker=str(marker)))
+    os.chown(init, NOBODY, NOGROUP)
+    os.symlink(pkg, lib / "sitecustomize")
+
+    def edit(doc: Any) -> None:
+        doc["server"]["env"]["PYTHONPATH"] = str(lib)
+
+    refused_as_server(
+        demo, None, marker, "[server].env.PYTHONPATH", f"{init} is owned by nobody", edit_more=edit
+    )
