@@ -905,7 +905,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
                 )
             real_interp = _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
             arg = rest.strip(b" \t").decode("utf-8", "replace")
-            _shebang_values(arg.split(), ok, name, what, path)
+            _shebang_values(arg.split(), ok, name, what, path, depth, search)
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
             # first, then [server] env PATH's directories where the spec sets it, then ours). env is
@@ -935,22 +935,39 @@ def _only_options(args: list[str], runner: str, what: str, path: str) -> None:
             )
 
 
-def _shebang_values(words: list[str], ok: frozenset[int], runner: str, what: str, path: str) -> None:
+def _shebang_values(
+    words: list[str], ok: frozenset[int], runner: str, what: str, path: str, depth: int, search: str
+) -> None:
     """Each word a `#!` line hands its interpreter (options, env -S's NAME=VALUE assignments and its
-    program's words) is a value handed to a program, as a `[server] env` value is: the paths it names
-    are held to the value role, a directory with its whole tree (fourteenth round: env -S
-    `PYTHONPATH=<dir>` or `LD_PRELOAD=<file>`, python's `-Xpycache_prefix=<dir>`, perl's `-I<dir>`).
-    An option's value may be attached to its letter (`-I/x`, `-m<module>`, whose dots are
-    directories), and a relative one is read from the working directory of whoever runs it ("/" for
-    the server, ours for what reconcile runs)."""
+    program's words) is a value handed to a program, as a `[server] env` value is (fourteenth round):
+    the paths it names are held to the value role, a directory with its whole tree (env -S
+    `PYTHONPATH=<dir>` or `LD_PRELOAD=<file>`, python's `-Xpycache_prefix=<dir>`), and a name it gives
+    that is a program on the PATH it runs with, to the exec role (a copy of env under another name:
+    `-S<name>`, `--split-string=<name>`). An option's value may be attached to its letter, after any
+    other letters (`-vS<name>`, `-I/x`, `-m<module>`, whose dots are directories): each tail of a
+    cluster is read as one. A relative path is read from the working directory of whoever runs it
+    ("/" for the server, ours for what reconcile runs)."""
+    import shutil
+
     bases = ("/", os.getcwd())
     for word in words:
-        attached = word[2:] if word.startswith("-") and not word.startswith("--") else ""
-        for form in dict.fromkeys((word, attached, attached.replace(".", "/"))):
-            if form and (problem := env_value_problem(form, ok, bases, depth=-1)) is not None:
+        cluster = word[1:] if word.startswith("-") and not word.startswith("--") else ""
+        tails = [cluster[i:] for i in range(1, len(cluster))]
+        forms = dict.fromkeys([word, *tails, *(t.replace(".", "/") for t in tails)])
+        for form in forms:
+            problem = env_value_problem(form, ok, bases, depth=-1)
+            for name in [] if problem else [n for n in form.split("=") if n and "/" not in n]:
+                program = shutil.which(name, path=search)
+                if program is not None:
+                    try:
+                        _resolve_exec(program, ok, "the program", depth + 1, search)
+                    except UnsafePath as exc:
+                        problem = str(exc)
+                        break
+            if problem is not None:
                 raise UnsafePath(
-                    f"{what} {path}: its `#!` line hands {runner} {shown(word, 120)}, which names a path "
-                    f"another user could change: {problem}"
+                    f"{what} {path}: its `#!` line hands {runner} {shown(word, 120)}, which names a path or "
+                    f"program another user could change: {problem}"
                 )
 
 
