@@ -326,8 +326,11 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
 def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
     """read_problem's check of each entry below the directory `real` (`entries` levels; -1: all), in
     name order. Each directory is listed by a descriptor and its entries stat'ed relative to it
-    (fstatat: no path looked up again per entry); a link is judged as a path itself, never entered."""
+    (fstatat: no path looked up again per entry); a link is judged as a path itself, and a directory it
+    leads to is walked as the link's own entries (python imports a package through a link: fourteenth
+    round), each directory once (a link to an ancestor ends nothing)."""
     stack = [(real, 1)]
+    listed: set[tuple[int, int]] = set()
     while stack:
         top, depth = stack.pop()
         try:
@@ -336,6 +339,10 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
             continue  # unreadable, or gone meanwhile: as walk_tree passes it over
         below: list[str] = []
         try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in listed:
+                continue
+            listed.add((st.st_dev, st.st_ino))
             with os.scandir(fd) as listing:
                 found = sorted(listing, key=lambda e: e.name)
             for e in found:
@@ -344,8 +351,11 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
                 except OSError:
                     continue  # gone meanwhile: whoever removed it could write here, which was checked
                 if stat.S_ISLNK(est.st_mode):
-                    if (problem := read_problem(os.path.join(top, e.name), ok)) is not None:
+                    link = os.path.join(top, e.name)
+                    if (problem := read_problem(link, ok)) is not None:
                         return problem
+                    if (entries < 0 or depth < entries) and os.path.isdir(link):
+                        below.append(os.path.realpath(link))
                     continue
                 if est.st_uid not in ok:
                     entry = os.path.join(top, e.name)
