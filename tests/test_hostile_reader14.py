@@ -122,14 +122,8 @@ def test_a_module_an_option_names_from_the_servers_working_directory_is_judged(
     refused_as_server(demo, server, marker, "[server].executable", f"{main} is owned by nobody")
 
 
-@pytest.mark.parametrize(
-    "words",
-    [
-        pytest.param("-Stheirpython", id="attached -S"),
-        pytest.param("-vStheirpython", id="attached after another option"),
-        pytest.param("--split-string=theirpython", id="long form"),
-    ],
-)
+# env's -S with its argument attached, after another option, and in its long form.
+@pytest.mark.parametrize("words", ["-Stheirpython", "-vStheirpython", "--split-string=theirpython"])
 def test_a_program_an_option_names_is_judged_whatever_the_interpreter_is_called(
     demo: Demo, outside: Path, words: str
 ) -> None:
