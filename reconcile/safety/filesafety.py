@@ -297,7 +297,7 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
     (a wheelhouse pip installs from: 1, its top level; a site-packages python imports from: -1, the
     whole tree), each entry below it too: root's or ours, not writable by group or others, and a
-    link judged as the path itself (not descended into)."""
+    link judged as the path itself, a directory it leads to walked as its entries (_tree_problem)."""
     ok = owners() if allowed is None else frozenset(allowed)
     # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
     problem = parent_problem(path, ok, follow=True, made_later=True)
