@@ -297,7 +297,7 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
     (a wheelhouse pip installs from: 1, its top level; a site-packages python imports from: -1, the
     whole tree), each entry below it too: root's or ours, not writable by group or others, and a
-    link judged as the path itself (not descended into)."""
+    link judged as the path itself, a directory it leads to walked as its entries (_tree_problem)."""
     ok = owners() if allowed is None else frozenset(allowed)
     # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
     problem = parent_problem(path, ok, follow=True, made_later=True)
@@ -326,8 +326,11 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
 def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
     """read_problem's check of each entry below the directory `real` (`entries` levels; -1: all), in
     name order. Each directory is listed by a descriptor and its entries stat'ed relative to it
-    (fstatat: no path looked up again per entry); a link is judged as a path itself, never entered."""
+    (fstatat: no path looked up again per entry); a link is judged as a path itself, and a directory it
+    leads to is walked as the link's own entries (python imports a package through a link: fourteenth
+    round), each directory once (a link to an ancestor ends nothing)."""
     stack = [(real, 1)]
+    listed: set[tuple[int, int]] = set()
     while stack:
         top, depth = stack.pop()
         try:
@@ -336,6 +339,10 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
             continue  # unreadable, or gone meanwhile: as walk_tree passes it over
         below: list[str] = []
         try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in listed:
+                continue
+            listed.add((st.st_dev, st.st_ino))
             with os.scandir(fd) as listing:
                 found = sorted(listing, key=lambda e: e.name)
             for e in found:
@@ -344,8 +351,11 @@ def _tree_problem(real: str, ok: frozenset[int], entries: int) -> str | None:
                 except OSError:
                     continue  # gone meanwhile: whoever removed it could write here, which was checked
                 if stat.S_ISLNK(est.st_mode):
-                    if (problem := read_problem(os.path.join(top, e.name), ok)) is not None:
+                    link = os.path.join(top, e.name)
+                    if (problem := read_problem(link, ok)) is not None:
                         return problem
+                    if (entries < 0 or depth < entries) and os.path.isdir(link):
+                        below.append(os.path.realpath(link))
                     continue
                 if est.st_uid not in ok:
                     entry = os.path.join(top, e.name)
@@ -912,6 +922,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
                 )
             real_interp = _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
             arg = rest.strip(b" \t").decode("utf-8", "replace")
+            _shebang_values(arg.split(), ok, name, what, path, depth, search)
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
             # first, then [server] env PATH's directories where the spec sets it, then ours). env is
@@ -939,6 +950,42 @@ def _only_options(args: list[str], runner: str, what: str, path: str) -> None:
                 "may run as a program or read as code: cannot check what it runs; name the interpreter "
                 "by its path (`#!/path/to/python`), with options only"
             )
+
+
+def _shebang_values(
+    words: list[str], ok: frozenset[int], runner: str, what: str, path: str, depth: int, search: str
+) -> None:
+    """Each word a `#!` line hands its interpreter (options, env -S's NAME=VALUE assignments and its
+    program's words) is a value handed to a program, as a `[server] env` value is (fourteenth round):
+    the paths it names are held to the value role, a directory with its whole tree (env -S
+    `PYTHONPATH=<dir>` or `LD_PRELOAD=<file>`, python's `-Xpycache_prefix=<dir>`), and a name it gives
+    that is a program on the PATH it runs with, to the exec role (a copy of env under another name:
+    `-S<name>`, `--split-string=<name>`). An option's value may be attached to its letter, after any
+    other letters (`-vS<name>`, `-I/x`, `-m<module>`, whose dots are directories): each tail of a
+    cluster is read as one. A relative path is read from the working directory of whoever runs it
+    ("/" for the server, ours for what reconcile runs)."""
+    import shutil
+
+    bases = ("/", os.getcwd())
+    for word in words:
+        cluster = word[1:] if word.startswith("-") and not word.startswith("--") else ""
+        tails = [cluster[i:] for i in range(1, len(cluster))]
+        forms = dict.fromkeys([word, *tails, *(t.replace(".", "/") for t in tails)])
+        for form in forms:
+            problem = env_value_problem(form, ok, bases, depth=-1)
+            for name in [] if problem else [n for n in form.split("=") if n and "/" not in n]:
+                program = shutil.which(name, path=search)
+                if program is not None:
+                    try:
+                        _resolve_exec(program, ok, "the program", depth + 1, search)
+                    except UnsafePath as exc:
+                        problem = str(exc)
+                        break
+            if problem is not None:
+                raise UnsafePath(
+                    f"{what} {path}: its `#!` line hands {runner} {shown(word, 120)}, which names a path or "
+                    f"program another user could change: {problem}"
+                )
 
 
 # How many `#!` lines the exec role follows (a script's interpreter, that one's, ...; `env` runs its
