@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo
+from tests.test_hostile_reader import nobody_runs
 from tests.test_hostile_reader12d import applied_with_arg
+from tests.test_untrusted_trees import Tree, tree
+
+__all__ = ["tree"]  # the fixture, from the source-tree attacks
 
 # --- class 4 and 6: a location's reading bounded in time and memory --------------------------------
 
@@ -106,8 +110,8 @@ def test_a_url_password_in_the_servers_environment_is_never_kept_or_shown(demo: 
     """A URL's user:password is a secret in `[venv]` index URLs and anywhere in `[server] args` (rounds
     12-13). In `[server] env` a value was secret only by its name: `https_proxy = "http://user:PW@proxy:
     3128"` or `HF_ENDPOINT = "https://user:PW@mirror"`, the credentials vLLM's hub client sends, were
-    neither. main (seen): the password was printed by plan and apply and kept in the state directory (the
-    generation's spec and spec text, the launch record)."""
+    neither. main (seen): plan, apply, status and history did not show it, but it was kept in the state
+    directory, in generations/1.json and profile/1.json (the resolved spec and the spec text)."""
 
     def edit(doc: Any) -> None:
         doc["server"].setdefault("env", {})["https_proxy"] = (
@@ -121,3 +125,38 @@ def test_a_url_password_in_the_servers_environment_is_never_kept_or_shown(demo: 
         assert PROXY_PASSWORD not in run.output, run.output
     kept = [p for p in demo.state_dir.rglob("*") if p.is_file() and PROXY_PASSWORD.encode() in p.read_bytes()]
     assert kept == [], kept
+
+
+# --- class 2: the trust-remote-code rule reads the flag as vLLM does ----------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "{ trust-remote = true }",
+        "{ trust_remote-code = true }",
+        "{ config = 'CONFIG' }",
+    ],
+    ids=["prefix", "mixed-separators", "config-file"],
+)
+def test_remote_code_spelled_as_vllm_reads_it_holds_the_source_to_the_read_role(
+    tree: Tree, args: str
+) -> None:
+    """Round 13 taught the secret rule that vLLM's argparse takes a unique prefix of a long flag and reads
+    `_` as `-`. The trust-remote-code rule (nobody's `[model] source` becomes code root's server imports)
+    still looked the flag up by its two exact spellings: `trust-remote = true` (vLLM: --trust-remote-code,
+    the only flag it prefixes), `trust_remote-code` (one `_`, one `-`), and `config = FILE`, whose YAML
+    vLLM reads as flags (`trust-remote-code: true` in a root-owned file), each passed. main (seen): the
+    plan went ahead without a word, nobody's modeling_x.py in the source."""
+    nobody_runs(f"printf 'import os\\nos.system(\"id > /tmp/x\")\\n' > {tree.source}/modeling_x.py")
+    config = tree.root / "vllm.yaml"
+    config.write_text("trust-remote-code: true\n")
+    tree.spec.write_text(
+        tree.spec.read_text()
+        + f'\n[server]\nname = "m"\nexecutable = "/bin/true"\nlog = "{tree.root / "m.log"}"\n'
+        + f"args = {args.replace('CONFIG', str(config))}\n"
+    )
+    plan = tree.cli("plan")
+    assert "Traceback" not in plan.output, plan.output
+    assert "trust-remote-code" in plan.output and str(tree.source) in plan.output, plan.output
+    assert plan.returncode == 1 or "✗" in plan.output, plan.output
