@@ -74,7 +74,8 @@ def local_locations(value: str) -> list[tuple[str, int | None]]:
                 url_end = _end(_URL_END, form, start)
             bare[blank:url_end] = " " * (url_end - blank)
         found += [(host.strip("[]"), int(port)) for host, port in _HOST_PORT.findall("".join(bare))]
-    return [(h, p) for h, p in dict.fromkeys(found) if _is_this_machine(h)]
+    machine = _Machine()
+    return [(h, p) for h, p in dict.fromkeys(found) if _is_this_machine(h, machine)]
 
 
 def _end(pattern: re.Pattern[str], text: str, start: int, end: int | None = None) -> int:
@@ -111,7 +112,30 @@ def _default_port(scheme: str) -> int | None:
         return None
 
 
-def _is_this_machine(host: str) -> bool:
+class _Machine:
+    """What makes a host this machine, each read once for a value however many hosts it names (a value
+    of thousands: fourteenth round): the interfaces' addresses (psutil, loaded only when an address is
+    not a loopback or wildcard one), and /etc/hosts."""
+
+    def __init__(self) -> None:
+        self._addresses: set[IPv4Address | IPv6Address] | None = None
+        self._names: dict[str, list[IPv4Address | IPv6Address]] | None = None
+
+    def addresses(self) -> set[IPv4Address | IPv6Address]:
+        if self._addresses is None:
+            import psutil
+
+            nics = psutil.net_if_addrs().values()
+            self._addresses = {a for a in (_address(n.address) for ns in nics for n in ns if n.address) if a}
+        return self._addresses
+
+    def names(self) -> dict[str, list[IPv4Address | IPv6Address]]:
+        if self._names is None:
+            self._names = _hosts_file()
+        return self._names
+
+
+def _is_this_machine(host: str, machine: _Machine) -> bool:
     """A loopback or wildcard address (in any form inet_aton reads: `127.1`, `2130706433`), an address
     of one of this machine's interfaces, `localhost` or a `.localhost` name, this machine's hostname,
     or a name /etc/hosts gives one of those addresses (what the resolver answers without asking DNS).
@@ -120,13 +144,13 @@ def _is_this_machine(host: str) -> bool:
     name = _ascii(host).lower().rstrip(".")
     address = _address(name)
     if address is not None:
-        return _local_address(address)
+        return _local_address(address, machine)
     if name == "localhost" or name.endswith(".localhost"):
         return True
     hostname = os.uname().nodename.lower()
     if name in (hostname, hostname.split(".")[0]):
         return True
-    return any(_local_address(a) for a in _hosts_file().get(name, ()))
+    return any(_local_address(a, machine) for a in machine.names().get(name, ()))
 
 
 def _ascii(host: str) -> str:
@@ -184,15 +208,11 @@ def _whatwg_ipv4(text: str) -> int | None:
     return sum(n << (8 * (3 - i)) for i, n in enumerate(head)) + last
 
 
-def _local_address(address: IPv4Address | IPv6Address) -> bool:
+def _local_address(address: IPv4Address | IPv6Address, machine: _Machine) -> bool:
     address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
     if address.is_loopback or address.is_unspecified:  # a connect to 0.0.0.0 or :: reaches this machine
         return True
-    import psutil
-
-    return any(
-        _address(a.address) == address for nics in psutil.net_if_addrs().values() for a in nics if a.address
-    )
+    return address in machine.addresses()
 
 
 def _hosts_file() -> dict[str, list[IPv4Address | IPv6Address]]:
@@ -211,10 +231,10 @@ def _hosts_file() -> dict[str, list[IPv4Address | IPv6Address]]:
     return names
 
 
-def listener_uids(port: int) -> list[int]:
-    """The owner uid of each TCP socket listening on `port`, on any address of this machine (the
-    kernel's tables, /proc/net/tcp and tcp6: their uid column is the socket's owner)."""
-    uids = []
+def listeners() -> dict[int, list[int]]:
+    """Each port some TCP socket listens on, on any address of this machine, and the owner uid of each
+    such socket (the kernel's tables, /proc/net/tcp and tcp6: their uid column is the socket's owner)."""
+    uids: dict[int, list[int]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii", errors="replace") as f:
@@ -224,8 +244,8 @@ def listener_uids(port: int) -> list[int]:
         for line in lines:
             cols = line.split()
             # local_address is ADDR:PORT in hex; st 0A is LISTEN
-            if len(cols) > 7 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                uids.append(int(cols[7]))
+            if len(cols) > 7 and cols[3] == "0A":
+                uids.setdefault(int(cols[1].rsplit(":", 1)[1], 16), []).append(int(cols[7]))
     return uids
 
 
