@@ -123,8 +123,9 @@ def _remote_code_problem(spec: Spec) -> Finding | None:
     return Finding(
         "paths.remote-code",
         "error",
-        f"[model].source {model.source}: {problem}; with trust-remote-code the server runs the "
-        "model's own Python code from it",
+        f"[model].source {model.source}: {problem}; with trust-remote-code (set in [server] args, in any "
+        "spelling vLLM reads, or maybe by its --config file) the server runs the model's own Python "
+        "code from it",
         "copy the model into a directory only root can write and name that as the source, or drop "
         "trust-remote-code",
         {"path": model.source, "key": "[model].source"},
