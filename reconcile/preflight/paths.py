@@ -23,7 +23,7 @@ from reconcile.safety.filesafety import (
 )
 from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
-from reconcile.vllm.flags import read_as
+from reconcile.spec.values import read_as
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,9 +112,7 @@ def _remote_code_problem(spec: Spec) -> Finding | None:
         return None
     # As vLLM reads the flag (fourteenth round): any spelling its argparse takes, or a --config file,
     # whose YAML vLLM reads as flags of its own.
-    values = [
-        v for k, v in server.args.items() if read_as(k, "--trust-remote-code") or read_as(k, "--config")
-    ]
+    values = [v for k, v in server.args.items() if read_as(k, "trust-remote-code") or read_as(k, "config")]
     if all(v in (False, "false") for v in values):
         return None
     problem = read_problem(model.source, entries=-1)

@@ -80,13 +80,6 @@ def canonical(flag: str) -> str:
     return "--" + flag.replace("_", "-")
 
 
-def read_as(name: str, flag: str) -> bool:
-    """Whether vLLM's argparse reads the `[server] args` key `name` as the long flag `flag`: its `_` as
-    `-`, or a prefix of it (argparse's abbreviation: `trust-remote` is --trust-remote-code)."""
-    given = canonical(name)
-    return len(given) > 2 and flag.startswith(given)
-
-
 def _lookup(flag: str) -> str | None:
     """The table's name for a flag, or None when no listed release has it (a `--no-x` form maps to `--x`)."""
     name = canonical(flag)
