@@ -23,6 +23,7 @@ from reconcile.safety.filesafety import (
 )
 from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
+from reconcile.spec.values import read_as
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,8 +110,10 @@ def _remote_code_problem(spec: Spec) -> Finding | None:
     server, model = spec.server, spec.model
     if server is None or model is None or not model.source:
         return None
-    flag = server.args.get("trust-remote-code", server.args.get("trust_remote_code"))
-    if flag in (None, False, "false"):
+    # As vLLM reads the flag (fourteenth round): any spelling its argparse takes, or a --config file,
+    # whose YAML vLLM reads as flags of its own.
+    values = [v for k, v in server.args.items() if read_as(k, "trust-remote-code") or read_as(k, "config")]
+    if all(v in (False, "false") for v in values):
         return None
     problem = read_problem(model.source, entries=-1)
     if problem is None:
@@ -118,8 +121,9 @@ def _remote_code_problem(spec: Spec) -> Finding | None:
     return Finding(
         "paths.remote-code",
         "error",
-        f"[model].source {model.source}: {problem}; with trust-remote-code the server runs the "
-        "model's own Python code from it",
+        f"[model].source {model.source}: {problem}; with trust-remote-code (set in [server] args, in any "
+        "spelling vLLM reads, or maybe by its --config file) the server runs the model's own Python "
+        "code from it",
         "copy the model into a directory only root can write and name that as the source, or drop "
         "trust-remote-code",
         {"path": model.source, "key": "[model].source"},

@@ -539,13 +539,15 @@ def listener_problem(value: str, allowed: Collection[int] | None = None) -> str 
     listener on its port of another user's (it serves the wheels, model files or answers root takes, or
     reads what root sends a proxy: a token, an index's password), or none on a port any user may bind
     after this check. A remote host is the network's to trust, not judged here."""
-    from reconcile.safety.locations import listener_uids, local_locations, only_root_binds
+    from reconcile.safety.locations import listeners, local_locations, only_root_binds
 
     ok = owners() if allowed is None else frozenset(allowed)
+    table: dict[int, list[int]] | None = None  # read once, for however many locations
     for host, port in dict.fromkeys(loc for form in _decoded_forms(value) for loc in local_locations(form)):
         if port is None:
             return f"{host} is this machine, and which port the URL names is not known: write the port"
-        uids = listener_uids(port)
+        table = listeners() if table is None else table
+        uids = table.get(port, [])
         if not uids and not only_root_binds(port):
             return f"nothing listens on port {port} on {host}: anyone may bind it before root connects"
         if (other := next((u for u in uids if u not in ok), None)) is not None:

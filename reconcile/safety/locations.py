@@ -26,6 +26,13 @@ _SPECIAL = frozenset({"http", "https", "ws", "wss", "ftp"})
 _AUTHORITY_END = re.compile(r"[/?#\s]")
 _PIECE_SPLIT = re.compile(r"[@\\,;'\"]")
 _URL_END = re.compile(r"[\s\"',;]")
+# One piece of an authority (between `@\,;'"`, before `/?#` or a space): a bracketed host (to its `]`,
+# else to the piece's end: an IPv6 address and its zone fit in 256) or one to its first `:`, then a
+# port of ASCII digits that runs to the piece's end (else junk: the scheme's default port).
+_PIECE = re.compile(
+    r"""(?:\[(?P<bracketed>[^\]@\\,;'"/?#\s]{0,256})\]?|(?P<host>[^:@\\,;'"/?#\s]*))"""
+    r"""(?::(?P<port>[0-9]+)(?=[@\\,;'"/?#\s]|\Z))?"""
+)
 # A bare host:port, as proxies are written (`127.0.0.1:3128`, `user@localhost:3128`, `//0:3128/`): a
 # host, not preceded by a host's character, and a port not followed by a digit or `.digit` (a
 # terminal's `DISPLAY=localhost:10.0`). A host of digits alone is an address to inet_aton (`0` is
@@ -42,33 +49,56 @@ def local_locations(value: str) -> list[tuple[str, int | None]]:
     known default."""
     found: list[tuple[str, int | None]] = []
     for form in dict.fromkeys((value, _DROPPED.sub("", value))):
-        bare = form
+        bare = list(form)
+        # A URL inside another's authority (`http:@http:@...`) shares its end, and the pieces after its
+        # first were split there: judged again only for another scheme (its default port), so a value
+        # of many URLs is read in one pass, not once per URL before them (fourteenth round).
+        authority_end = url_end = -1
+        judged: set[str] = set()
         for m in _SCHEME.finditer(form):
             scheme, slashes = m.group(1).lower().rsplit("+", 1)[-1], m.group(2)  # pip's git+https
             if scheme not in _SPECIAL and not slashes.startswith("//"):
                 continue
-            rest = form[m.end() :]
-            for piece in _PIECE_SPLIT.split(_AUTHORITY_END.split(rest, maxsplit=1)[0]):
-                found += _host_port(piece, scheme)
-            end = m.end() + len(_URL_END.split(rest, maxsplit=1)[0])
-            bare = bare[: m.start()] + " " * (end - m.start()) + bare[end:]
-        found += [(host.strip("[]"), int(port)) for host, port in _HOST_PORT.findall(bare)]
-    return [(h, p) for h, p in dict.fromkeys(found) if _is_this_machine(h)]
+            start = m.end()
+            if authority_end < start:
+                authority_end, judged = _end(_AUTHORITY_END, form, start), set()
+            at = start
+            while at <= authority_end:  # each piece; only the first where this scheme read the rest
+                found += _host_port(form, at, scheme)
+                at = (
+                    authority_end + 1 if scheme in judged else _end(_PIECE_SPLIT, form, at, authority_end) + 1
+                )
+            judged.add(scheme)
+            blank = max(m.start(), url_end)  # what an earlier URL left unblanked
+            if url_end < start:
+                url_end = _end(_URL_END, form, start)
+            bare[blank:url_end] = " " * (url_end - blank)
+        found += [(host.strip("[]"), int(port)) for host, port in _HOST_PORT.findall("".join(bare))]
+    machine = _Machine()
+    return [(h, p) for h, p in dict.fromkeys(found) if _is_this_machine(h, machine)]
 
 
-def _host_port(piece: str, scheme: str) -> list[tuple[str, int | None]]:
-    """`host[:port]` (a bracketed IPv6 host too) as (host, port): the scheme's default port where the
-    piece names none (or junk WHATWG would refuse); none past 65535 (no tool reaches it)."""
-    if piece.startswith("["):
-        host, _, rest = piece[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, _, port = piece.partition(":")
+def _end(pattern: re.Pattern[str], text: str, start: int, end: int | None = None) -> int:
+    """Where `pattern` first matches in `text[:end]` at or after `start`, else `end` (the text's end)."""
+    end = len(text) if end is None else end
+    m = pattern.search(text, start, end)
+    return end if m is None else m.start()
+
+
+def _host_port(text: str, at: int, scheme: str) -> list[tuple[str, int | None]]:
+    """The piece of an authority at `at` in `text`, `host[:port]` (a bracketed IPv6 host too), as (host,
+    port): the scheme's default port where the piece names none (or junk WHATWG would refuse); none past
+    65535 (no tool reaches it). Read by a pattern from `at`, never by copying the rest of the text: a
+    value of many URLs is read in one pass (fourteenth round)."""
+    m = _PIECE.match(text, at)
+    assert m is not None  # every part of the pattern is optional
+    host = m.group("bracketed") if m.group("bracketed") is not None else m.group("host")
     if not host:
         return []
-    if port.isascii() and port.isdigit():
-        return [(host, int(port))] if int(port) <= 65535 else []
-    return [(host, _default_port(scheme))]
+    port = m.group("port")
+    if port is None:
+        return [(host, _default_port(scheme))]
+    return [(host, int(port))] if len(port) <= 5 and int(port) <= 65535 else []
 
 
 def _default_port(scheme: str) -> int | None:
@@ -82,7 +112,30 @@ def _default_port(scheme: str) -> int | None:
         return None
 
 
-def _is_this_machine(host: str) -> bool:
+class _Machine:
+    """What makes a host this machine, each read once for a value however many hosts it names (a value
+    of thousands: fourteenth round): the interfaces' addresses (psutil, loaded only when an address is
+    not a loopback or wildcard one), and /etc/hosts."""
+
+    def __init__(self) -> None:
+        self._addresses: set[IPv4Address | IPv6Address] | None = None
+        self._names: dict[str, list[IPv4Address | IPv6Address]] | None = None
+
+    def addresses(self) -> set[IPv4Address | IPv6Address]:
+        if self._addresses is None:
+            import psutil
+
+            nics = psutil.net_if_addrs().values()
+            self._addresses = {a for a in (_address(n.address) for ns in nics for n in ns if n.address) if a}
+        return self._addresses
+
+    def names(self) -> dict[str, list[IPv4Address | IPv6Address]]:
+        if self._names is None:
+            self._names = _hosts_file()
+        return self._names
+
+
+def _is_this_machine(host: str, machine: _Machine) -> bool:
     """A loopback or wildcard address (in any form inet_aton reads: `127.1`, `2130706433`), an address
     of one of this machine's interfaces, `localhost` or a `.localhost` name, this machine's hostname,
     or a name /etc/hosts gives one of those addresses (what the resolver answers without asking DNS).
@@ -91,13 +144,13 @@ def _is_this_machine(host: str) -> bool:
     name = _ascii(host).lower().rstrip(".")
     address = _address(name)
     if address is not None:
-        return _local_address(address)
+        return _local_address(address, machine)
     if name == "localhost" or name.endswith(".localhost"):
         return True
     hostname = os.uname().nodename.lower()
     if name in (hostname, hostname.split(".")[0]):
         return True
-    return any(_local_address(a) for a in _hosts_file().get(name, ()))
+    return any(_local_address(a, machine) for a in machine.names().get(name, ()))
 
 
 def _ascii(host: str) -> str:
@@ -155,15 +208,11 @@ def _whatwg_ipv4(text: str) -> int | None:
     return sum(n << (8 * (3 - i)) for i, n in enumerate(head)) + last
 
 
-def _local_address(address: IPv4Address | IPv6Address) -> bool:
+def _local_address(address: IPv4Address | IPv6Address, machine: _Machine) -> bool:
     address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
     if address.is_loopback or address.is_unspecified:  # a connect to 0.0.0.0 or :: reaches this machine
         return True
-    import psutil
-
-    return any(
-        _address(a.address) == address for nics in psutil.net_if_addrs().values() for a in nics if a.address
-    )
+    return address in machine.addresses()
 
 
 def _hosts_file() -> dict[str, list[IPv4Address | IPv6Address]]:
@@ -182,10 +231,10 @@ def _hosts_file() -> dict[str, list[IPv4Address | IPv6Address]]:
     return names
 
 
-def listener_uids(port: int) -> list[int]:
-    """The owner uid of each TCP socket listening on `port`, on any address of this machine (the
-    kernel's tables, /proc/net/tcp and tcp6: their uid column is the socket's owner)."""
-    uids = []
+def listeners() -> dict[int, list[int]]:
+    """Each port some TCP socket listens on, on any address of this machine, and the owner uid of each
+    such socket (the kernel's tables, /proc/net/tcp and tcp6: their uid column is the socket's owner)."""
+    uids: dict[int, list[int]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii", errors="replace") as f:
@@ -195,8 +244,8 @@ def listener_uids(port: int) -> list[int]:
         for line in lines:
             cols = line.split()
             # local_address is ADDR:PORT in hex; st 0A is LISTEN
-            if len(cols) > 7 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                uids.append(int(cols[7]))
+            if len(cols) > 7 and cols[3] == "0A":
+                uids.setdefault(int(cols[1].rsplit(":", 1)[1], 16), []).append(int(cols[7]))
     return uids
 
 

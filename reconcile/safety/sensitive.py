@@ -147,7 +147,8 @@ def redact_text(text: str, values: Iterable[str] = ()) -> str:
 
 def secret_paths(doc: Mapping[str, Any]) -> dict[tuple[str | int, ...], str]:
     """Every secret value a spec document holds inline, by its path: `[server] env` values whose
-    name is secret (or listed in `secret_env`), and index URLs that carry credentials."""
+    name is secret (or listed in `secret_env`), and any value holding a URL's user:password (an index,
+    a proxy or a hub endpoint in `[server] env`, an apt repository: fourteenth round)."""
     found: dict[tuple[str | int, ...], str] = {}
     server = doc.get("server")
     if isinstance(server, Mapping):
@@ -156,15 +157,9 @@ def secret_paths(doc: Mapping[str, Any]) -> dict[tuple[str | int, ...], str]:
             for name, value in env.items():
                 if isinstance(value, str) and is_secret_name(str(name), marked):
                     found[("server", "env", str(name))] = value
-    venv = doc.get("venv")
-    if isinstance(venv, Mapping):
-        url = venv.get("index_url")
-        if isinstance(url, str) and has_credentials(url):
-            found[("venv", "index_url")] = url
-        extra = venv.get("extra_index_urls")
-        for i, url in enumerate(extra if isinstance(extra, list) else []):
-            if isinstance(url, str) and has_credentials(url):
-                found[("venv", "extra_index_urls", i)] = url
+    for path, value in _leaves(doc):
+        if isinstance(value, str) and has_credentials(value):
+            found[path] = value
     return found
 
 
@@ -225,12 +220,18 @@ def restore_document(
     return out, notes
 
 
-def _placeholders(doc: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], str]]:
-    if isinstance(doc, dict):
-        return [p for k, v in doc.items() for p in _placeholders(v, (*path, k))]
+def _placeholders(doc: Any) -> list[tuple[tuple[str | int, ...], str]]:
+    return [(path, value) for path, value in _leaves(doc) if is_placeholder(value)]
+
+
+def _leaves(doc: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], Any]]:
+    """Each value of a document that is not a table or a list, by its path (the spec loader bounds the
+    nesting: reconcile.spec.loader)."""
+    if isinstance(doc, Mapping):
+        return [p for k, v in doc.items() for p in _leaves(v, (*path, k))]
     if isinstance(doc, list):
-        return [p for i, v in enumerate(doc) for p in _placeholders(v, (*path, i))]
-    return [(path, doc)] if is_placeholder(doc) else []
+        return [p for i, v in enumerate(doc) for p in _leaves(v, (*path, i))]
+    return [(path, doc)]
 
 
 def _get(doc: Any, path: tuple[str | int, ...]) -> Any:

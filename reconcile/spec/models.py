@@ -36,6 +36,7 @@ from reconcile.spec.values import (
     apt_word,
     env_name,
     flag_names,
+    flag_values,
     locked_line,
     no_bool,
     own_dir,
@@ -405,7 +406,7 @@ class Server(_Model):
     pidfile: WritePath | None = Field(None, description="Pidfile (default: <state_dir>/<name>.pid).")
     startup_timeout: Duration = Field(900.0, description="How long to wait for /health = 200.")
     stop_timeout: Duration = Field(30.0, description="Grace period between SIGTERM and SIGKILL.")
-    args: Annotated[dict[str, ArgValue], AfterValidator(flag_names)] = Field(
+    args: Annotated[dict[str, ArgValue], AfterValidator(flag_names), AfterValidator(flag_values)] = Field(
         default_factory=dict,
         description="vLLM flags without the leading --; true renders a bare flag, false --no-<flag>.",
     )

@@ -197,3 +197,36 @@ def flag_names(value: dict[str, Any]) -> dict[str, Any]:
 
 
 FLAG_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+
+
+def flag_values(value: dict[str, Any]) -> dict[str, Any]:
+    """Each text a flag's value renders as one argv token (a list: one per element), which vLLM's argparse
+    reads as a flag of its own when it starts with '-' and is not a number: `lora-modules = ["a=/x",
+    "--hf-token", "S"]` ends the list there and sets --hf-token, past every rule that judges a flag by its
+    key (the secret rule, trust-remote-code's; fourteenth round)."""
+    for key, v in value.items():
+        for text in v if isinstance(v, list) else [v]:
+            if isinstance(text, str) and text.startswith("-") and not _is_number(text):
+                message = (
+                    "{text} starts with '-': vLLM reads it as a flag of its own, not as this flag's value; "
+                    "write each flag as its own key ({name} = ...)"
+                )
+                name = re.split(r"[=\s]", text.lstrip("-"))[0] or "flag"
+                raise PydanticCustomError("spec", message, {"at": (key,), "text": quoted(text), "name": name})
+    return value
+
+
+def read_as(name: str, flag: str) -> bool:
+    """Whether vLLM's argparse reads the `[server] args` key `name` as its long flag `flag` (without
+    dashes): its `_` as `-`, or a prefix of it (argparse's abbreviation: `trust-remote` is
+    trust-remote-code)."""
+    given = name.replace("_", "-")
+    return bool(given) and flag.startswith(given)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
