@@ -171,7 +171,7 @@ def test_hostile_apt_fields_give_no_trusted_source(fields: dict[str, object]) ->
 def test_nasty_server_values_come_back_exactly_from_the_unit_and_the_environment_file(tmp_path: Path) -> None:
     log = f"{tmp_path}/{NASTY}.log"
     state = f"{tmp_path}/st {NASTY}"
-    args = {"chat-template": NASTY, "tokenizer-mode": ";", "tokenizer": "-x"}
+    args = {"chat-template": NASTY, "tokenizer-mode": ";", "tokenizer": "x -y", "seed": "-1"}
     spec = server_spec(tmp_path, log=log, state=state, args=args, env={"ODD": NASTY, "EMPTY": ""})
     command = launch_command(spec, LaunchInputs(), base_env={"PATH": "/usr/bin"})
     text = systemd_unit.render_unit(spec, command, systemd_unit.env_file_path(spec))
