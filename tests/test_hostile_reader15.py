@@ -104,15 +104,16 @@ def test_a_shebang_word_is_judged_as_the_bytes_the_interpreter_gets(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
-@pytest.mark.parametrize("blank", [" ", "\xa0"], ids=["space", "nbsp"])
+@pytest.mark.parametrize("blank", [" ", "\xa0", "=", ","], ids=["space", "nbsp", "equals", "comma"])
 def test_a_servers_value_is_judged_whole_where_a_tool_reads_it_whole(
     demo: Demo, outside: Path, top_level: Path, blank: str
 ) -> None:
     """The value role reads the paths in a `[server] env` value word by word, splitting at blanks (and
     `:=,;` quotes and brackets) and skipping a word that starts with `-` (a flag). python splits
     PYTHONPATH at `:` only: `PYTHONPATH = "/<top>/ok -lib"` is the one directory `/<top>/ok -lib`, here
-    nobody's, holding a sitecustomize.py, beside root's empty `/<top>/ok`. main (seen): planned clean,
-    judged as `/<top>/ok` and the flag `-lib`; root's server imported nobody's module (uid 0)."""
+    nobody's, holding a sitecustomize.py, beside root's empty `/<top>/ok` (and the same with U+00A0, `=`
+    or `,` for the blank). main (seen): planned clean, judged as `/<top>/ok` and the flag `-lib`; root's
+    server imported nobody's module (uid 0)."""
     marker = outside / "ran-as"
     (top_level / "ok").mkdir()
     lib = top_level / f"ok{blank}-lib"

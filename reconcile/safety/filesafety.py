@@ -434,10 +434,10 @@ ENV_INERT = (
 _FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)", re.IGNORECASE)  # FILE:/// too (RFC 3986 3.1)
 _OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"',;]*")
 _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
-# A tool reads a path whole, blanks and all (python's PYTHONPATH splits at `:` only): each piece between
-# the other separators is a word too, so `/a -b` is judged as itself, not only as `/a` and the flag `-b`
-# (fifteenth round).
-_PIECE_SPLIT = re.compile(r"[:=,;\"'{}\[\]()]+")
+# A tool reads a path whole, blanks, `=` and `,` and all (python's PYTHONPATH splits at `:` only): each
+# piece between the separators other than blanks, and each between `:` alone, is a word too, so `/a -b`
+# and `/a=-b` are judged as themselves, not only as `/a` and the flag `-b` (fifteenth round).
+_PIECE_SPLITS = (re.compile(r"[:=,;\"'{}\[\]()]+"), re.compile(r":+"))
 
 
 def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
@@ -449,7 +449,7 @@ def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     paths: list[str] = []
     for form in _decoded_forms(value):
         text = _OTHER_URL.sub(" ", _FILE_URL.sub(" ", form))
-        for w in dict.fromkeys([*_WORD_SPLIT.split(text), *_PIECE_SPLIT.split(text)]):
+        for w in dict.fromkeys(w for split in (_WORD_SPLIT, *_PIECE_SPLITS) for w in split.split(text)):
             if w.startswith(("/", "~")):
                 paths.append(w)
             elif w and not w.startswith("-"):
