@@ -434,6 +434,10 @@ ENV_INERT = (
 _FILE_URL = re.compile(r"file:(?://[^/\s\"',;]*)?(?=/)", re.IGNORECASE)  # FILE:/// too (RFC 3986 3.1)
 _OTHER_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"',;]*")
 _WORD_SPLIT = re.compile(r"[\s:=,;\"'{}\[\]()]+")
+# A tool reads a path whole, blanks, `=` and `,` and all (python's PYTHONPATH splits at `:` only): each
+# piece between the separators other than blanks, and each between `:` alone, is a word too, so `/a -b`
+# and `/a=-b` are judged as themselves, not only as `/a` and the flag `-b` (fifteenth round).
+_PIECE_SPLITS = (re.compile(r"[:=,;\"'{}\[\]()]+"), re.compile(r":+"))
 
 
 def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
@@ -444,8 +448,8 @@ def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     form a tool reads it."""
     paths: list[str] = []
     for form in _decoded_forms(value):
-        words = _WORD_SPLIT.split(_OTHER_URL.sub(" ", _FILE_URL.sub(" ", form)))
-        for w in words:
+        text = _OTHER_URL.sub(" ", _FILE_URL.sub(" ", form))
+        for w in dict.fromkeys(w for split in (_WORD_SPLIT, *_PIECE_SPLITS) for w in split.split(text)):
             if w.startswith(("/", "~")):
                 paths.append(w)
             elif w and not w.startswith("-"):
@@ -915,7 +919,9 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             interp, _, more = interp.partition(b"\t")
             rest = more + b" " + rest
         if interp:
-            name = interp.decode("utf-8", "replace")
+            # Bytes as the kernel hands them (fifteenth round): a byte that is not UTF-8 is judged as
+            # itself, never as U+FFFD, and os's calls open that very name.
+            name = os.fsdecode(interp)
             if not name.startswith("/"):  # the kernel looks it up from the runner's cwd ("/" for the server)
                 raise UnsafePath(
                     f"{what} {path}: its `#!` interpreter {shown(name, 80)} is a relative path, which the "
@@ -923,8 +929,8 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
                     "absolute path"
                 )
             real_interp = _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
-            arg = rest.strip(b" \t").decode("utf-8", "replace")
-            _shebang_values(arg.split(), ok, name, what, path, depth, search)
+            arg = os.fsdecode(rest.strip(b" \t"))
+            _shebang_values(_shebang_words(arg), ok, name, what, path, depth, search)
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
             # first, then [server] env PATH's directories where the spec sets it, then ours). env is
@@ -936,8 +942,16 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
                     _only_options(args, program, what, path)
                     _resolve_exec(program, ok, runs, depth + 1, search)
             else:
-                _only_options(arg.split(), name, what, path)
+                _only_options(_shebang_words(arg), name, what, path)
     return real
+
+
+def _shebang_words(arg: str) -> list[str]:
+    """The words of a `#!` line's argument, split where the kernel and env -S split: at a space or a
+    tab only. str.split also splits at \\v, \\f, \\x1c-\\x1f, U+00A0 and the other Unicode blanks, which
+    no interpreter does: `-Xpycache_prefix=/a<\\x1f>-b` was judged as `/a` and `-b`, while python read
+    the directory `/a<\\x1f>-b` (fifteenth round)."""
+    return [word for word in re.split(r"[ \t]+", arg) if word]
 
 
 def _only_options(args: list[str], runner: str, what: str, path: str) -> None:

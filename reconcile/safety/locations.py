@@ -28,7 +28,8 @@ _PIECE_SPLIT = re.compile(r"[@\\,;'\"]")
 _URL_END = re.compile(r"[\s\"',;]")
 # One piece of an authority (between `@\,;'"`, before `/?#` or a space): a bracketed host (to its `]`,
 # else to the piece's end: an IPv6 address and its zone fit in 256) or one to its first `:`, then a
-# port of ASCII digits that runs to the piece's end (else junk: the scheme's default port).
+# port of ASCII digits that runs to the piece's end (else junk: the scheme's default port); its leading
+# zeros are read as every tool reads them, as nothing (`:000008000` is 8000: fifteenth round).
 _PIECE = re.compile(
     r"""(?:\[(?P<bracketed>[^\]@\\,;'"/?#\s]{0,256})\]?|(?P<host>[^:@\\,;'"/?#\s]*))"""
     r"""(?::(?P<port>[0-9]+)(?=[@\\,;'"/?#\s]|\Z))?"""
@@ -36,8 +37,9 @@ _PIECE = re.compile(
 # A bare host:port, as proxies are written (`127.0.0.1:3128`, `user@localhost:3128`, `//0:3128/`): a
 # host, not preceded by a host's character, and a port not followed by a digit or `.digit` (a
 # terminal's `DISPLAY=localhost:10.0`). A host of digits alone is an address to inet_aton (`0` is
-# 0.0.0.0, `2130706433` 127.0.0.1); a time (`12:30`) reads as 0.0.0.12, not this machine.
-_HOST_PORT = re.compile(r"(?<![\w.%\[\]-])(\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.%-]+):(\d{1,5})(?!\d)(?!\.\d)")
+# 0.0.0.0, `2130706433` 127.0.0.1); a time (`12:30`) reads as 0.0.0.12, not this machine. A port's
+# leading zeros are skipped, as urlsplit and urllib3 skip them (`127.0.0.1:000008000` is port 8000).
+_HOST_PORT = re.compile(r"(?<![\w.%\[\]-])(\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.%-]+):0*(\d{1,5})(?!\d)(?!\.\d)")
 # WHATWG's URL parser and Python's urlsplit drop an ASCII tab, CR or LF anywhere in a URL.
 _DROPPED = re.compile(r"[\t\r\n]")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "socks4": 1080, "socks4a": 1080, "socks5": 1080, "socks5h": 1080}
@@ -88,8 +90,8 @@ def _end(pattern: re.Pattern[str], text: str, start: int, end: int | None = None
 def _host_port(text: str, at: int, scheme: str) -> list[tuple[str, int | None]]:
     """The piece of an authority at `at` in `text`, `host[:port]` (a bracketed IPv6 host too), as (host,
     port): the scheme's default port where the piece names none (or junk WHATWG would refuse); none past
-    65535 (no tool reaches it). Read by a pattern from `at`, never by copying the rest of the text: a
-    value of many URLs is read in one pass (fourteenth round)."""
+    65535 (no tool reaches it), however many leading zeros it has. Read by a pattern from `at`, never
+    by copying the rest of the text: a value of many URLs is read in one pass (fourteenth round)."""
     m = _PIECE.match(text, at)
     assert m is not None  # every part of the pattern is optional
     host = m.group("bracketed") if m.group("bracketed") is not None else m.group("host")
@@ -98,7 +100,8 @@ def _host_port(text: str, at: int, scheme: str) -> list[tuple[str, int | None]]:
     port = m.group("port")
     if port is None:
         return [(host, _default_port(scheme))]
-    return [(host, int(port))] if len(port) <= 5 and int(port) <= 65535 else []
+    digits = port.lstrip("0") or "0"  # WHATWG and urllib3 read any number of leading zeros
+    return [(host, int(digits))] if len(digits) <= 5 and int(digits) <= 65535 else []
 
 
 def _default_port(scheme: str) -> int | None:
