@@ -238,3 +238,16 @@ def test_rotating_only_hf_token_names_hf_token_not_the_api_key() -> None:
     assert reason == "env changed: HF_TOKEN (sensitive) changed"
     assert "hf_first" not in json.dumps(dict(old.components))
     assert "hf_rotated" not in json.dumps(dict(new.components))
+
+
+def test_rotating_a_proxys_password_names_the_proxy_not_the_api_key() -> None:
+    """Round 15 saw it: a URL's password is a secret since round 14b (kept as a hash, shown as
+    `(sensitive)@`), but only secret names were hashed one by one, so a new proxy password read as
+    `one of VLLM_API_KEY (sensitive) changed`."""
+    env = {**ENV, "https_proxy": "http://user:first-pass@proxy:3128"}
+    secret = {"VLLM_API_KEY"}
+    old = ident(env=env, secret_env_keys=secret)
+    new = ident(env={**env, "https_proxy": "http://user:second-pass@proxy:3128"}, secret_env_keys=secret)
+    assert explain_change(old.components, new.components) == "env changed: https_proxy (sensitive) changed"
+    assert "first-pass" not in json.dumps(dict(old.components))
+    assert "second-pass" not in json.dumps(dict(new.components))

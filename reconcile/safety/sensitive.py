@@ -261,8 +261,9 @@ def shown_env(env: Mapping[str, str], marked: Collection[str] = ()) -> dict[str,
 
 
 def env_hashes(env: Mapping[str, str], marked: Collection[str] = ()) -> dict[str, str]:
-    """name -> digest of each secret value: how a record tells which secret was rotated."""
-    return {k: digest(v) for k, v in sorted(env.items()) if is_secret_name(k, marked)}
+    """name -> digest of each secret value (a secret name's, or a URL's with a password in it): how a
+    record tells which secret was rotated."""
+    return {k: digest(v) for k, v in sorted(env.items()) if is_secret_name(k, marked) or has_credentials(v)}
 
 
 def redact_generation(record: Mapping[str, Any]) -> dict[str, Any]:
