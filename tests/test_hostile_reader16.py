@@ -23,7 +23,11 @@ def _errors(tmp_path: Path, spec_text: str) -> list[str]:
 
     spec = tmp_path / "spec.toml"
     spec.write_text(spec_text)
-    return [f"{f.evidence['key']}: {f.message}" for f in path_findings(load_spec(str(spec)).spec) if f.severity == "error"]
+    return [
+        f"{f.evidence['key']}: {f.message}"
+        for f in path_findings(load_spec(str(spec)).spec)
+        if f.severity == "error"
+    ]
 
 
 def _nobodys_file(path: Path) -> None:
@@ -59,7 +63,9 @@ def test_an_unsigned_local_apt_repository_of_nobodys_is_refused(tmp_path: Path, 
         repo = tmp_path / "repo"
         _nobodys_file(repo / "pool" / "Packages")
     found = _errors(tmp_path, _unsigned_repo_spec(tmp_path, f"file:{repo}"))
-    assert any(e.startswith("[apt].repositories") and "uri" in e and "owned by nobody" in e for e in found), found
+    assert any(e.startswith("[apt].repositories") and "uri" in e and "owned by nobody" in e for e in found), (
+        found
+    )
 
 
 def test_a_signed_local_apt_repository_of_roots_is_not_refused(tmp_path: Path) -> None:
