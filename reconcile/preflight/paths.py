@@ -133,14 +133,8 @@ def _remote_code_problem(spec: Spec) -> Finding | None:
 # What of a CUDA toolkit root uses beyond bin/nvcc (checked by the exec role when it runs): the headers
 # FlashInfer's JIT compiles into the server's kernels (whole trees), nvcc's own helpers (cicc, ptxas,
 # nvvm), the libraries the kernels link (the top level). (relative glob, entries as in read_problem)
-TOOLKIT_PARTS = (
-    ("include", -1),
-    ("targets/*/include", -1),
-    ("nvvm", -1),
-    ("bin", 1),
-    ("lib64", 1),
-    ("targets/*/lib", 1),
-)
+# Each walked whole: nvcc reads below bin (bin/crt/link.stub) and links below lib (lib64/stubs/libcuda.so).
+TOOLKIT_PARTS = ("include", "targets/*/include", "nvvm", "bin", "lib64", "targets/*/lib")
 
 
 def _toolkit_problem(spec: Spec) -> Finding | None:
@@ -154,9 +148,9 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
     key = "[cuda].target" if spec.cuda.target else "[cuda].home"
     top = spec.cuda.target or spec.cuda.home
     real = os.path.realpath(top)
-    for part, entries in TOOLKIT_PARTS:
+    for part in TOOLKIT_PARTS:
         for path in sorted(glob.glob(os.path.join(glob.escape(real), part))):
-            if (problem := read_problem(path, entries=entries)) is not None:
+            if (problem := read_problem(path, entries=-1)) is not None:
                 return Finding(
                     "paths.owner",
                     "error",
@@ -165,6 +159,20 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
                     f"{key} at a toolkit only root can write",
                     {"path": path, "key": key},
                 )
+    return None
+
+
+def _unsigned_repo_problem(spec: Spec) -> Finding | None:
+    """A repository no keyring vouches for (`trusted = true`: `[trusted=yes]`) is a local package index:
+    dpkg runs its packages' maintainer scripts as root. Each local path its uri names (`file:`) is held
+    to the index role (the read role, its whole tree), as `[venv] index_url`'s is."""
+    for repo in spec.apt.repositories if spec.apt is not None else ():
+        if repo.trusted and (problem := index_problem(repo.uri)) is not None:
+            key = f"[apt].repositories.{repo.name}.uri"
+            fix = f"make {repo.uri} root's alone, or give {key[:-4]} a keyring instead of trusted = true"
+            return Finding(
+                "paths.owner", "error", f"{key} {repo.uri}: {problem}", fix, {"path": repo.uri, "key": key}
+            )
     return None
 
 
@@ -313,6 +321,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(remote)
     if (toolkit := _toolkit_problem(spec)) is not None:
         out.append(toolkit)
+    if (unsigned := _unsigned_repo_problem(spec)) is not None:
+        out.append(unsigned)
     if (pth := _pth_problem(spec)) is not None:
         out.append(pth)
     if (site := _venv_tree_problem(spec)) is not None:
