@@ -21,9 +21,9 @@ from reconcile.safety.filesafety import (
     read_problem,
     resolve_exec,
 )
+from reconcile.safety.names import read_as  # pure: not spec.values, which loads pydantic_core
 from reconcile.safety.untrusted import not_regular
 from reconcile.spec.roles import EXEC, spec_paths
-from reconcile.spec.values import read_as
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -67,3 +67,11 @@ def is_inside(path: str, root: str) -> bool:
     """Whether `path` is `root` or below it once symlinks are resolved (in both)."""
     real, top = os.path.realpath(path), os.path.realpath(root)
     return real == top or real.startswith(top.rstrip("/") + "/")
+
+
+def read_as(name: str, flag: str) -> bool:
+    """Whether vLLM's argparse reads the `[server] args` key `name` as its long flag `flag` (without
+    dashes): its `_` as `-`, or a prefix of it (argparse's abbreviation: `trust-remote` is
+    trust-remote-code)."""
+    given = name.replace("_", "-")
+    return bool(given) and flag.startswith(given)

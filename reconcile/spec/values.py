@@ -216,14 +216,6 @@ def flag_values(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def read_as(name: str, flag: str) -> bool:
-    """Whether vLLM's argparse reads the `[server] args` key `name` as its long flag `flag` (without
-    dashes): its `_` as `-`, or a prefix of it (argparse's abbreviation: `trust-remote` is
-    trust-remote-code)."""
-    given = name.replace("_", "-")
-    return bool(given) and flag.startswith(given)
-
-
 def _is_number(text: str) -> bool:
     try:
         float(text)
