@@ -467,12 +467,22 @@ def test_structured_outputs_need_lm_format_enforcer_plan_catches_it_and_check_sh
         "max_tokens": 32,
     }
 
-    fixed = variant("tools-fixed", TOOL_ARGS)  # the lab spec lists both
+    # The lab spec lists both. The tiny model's weights are random: under the tool call's grammar (vLLM
+    # 0.26 forces `<tool_call>\n{"name": "get_weather", "arguments": ` and then the parameters' JSON
+    # schema, which allows any whitespace) greedy decoding writes whitespace until max_tokens, so the
+    # acceptance check rightly finds no tool call (seen on the lab 2026-12-02, 256 tokens of "\n\r").
+    # Without auto_rollback the new server stays up for the requests below; a trained model passes.
+    no_rollback = {"[server]\n": "[server]\nauto_rollback = false\n"}
+    fixed = variant("tools-fixed", {**TOOL_ARGS, **no_rollback})
     data = plan_json(fixed)
     assert not [f for f in data["findings"] if f["rule"] == "venv.features" and f["severity"] == "error"]
-    code, _out, _err, took = cli("apply", "--spec", fixed)
+    code, out, err, took = cli("apply", "--spec", fixed)
     FIGURES["apply_with_lmfe_s"] = round(took, 1)
-    assert code == 2
+    FIGURES["apply_with_lmfe_tail"] = (out + err).strip().splitlines()[-25:]
+    assert "installed with pip: lm-format-enforcer 0.11.3, interegular 0.3.3" in out, out + err
+    assert code in (2, 4) and "rollback:server" not in out, out + err  # the server kept
+    if code == 4:  # the grammar held the answer to the forced call's shape; the model never closed it
+        assert "acceptance check failed: tool_call: no tool call" in out and "get_weather" in out, out
     status, raw = post_chat(body)
     FIGURES["named_tool_call_with_lmfe"] = {"status": status, "body": raw[:300].decode(errors="replace")}
     assert status == 200, raw

@@ -8,7 +8,8 @@
 set -u
 cd "$(dirname "$0")/.."
 WHEELS=${RECONCILE_WHEELS:-.whl}
-SITE=${RECONCILE_SITE:-/tmp/reconcile-site}
+# Not under /tmp: reconcile judges its own environment, and a world-writable dir is left out of it.
+SITE=${RECONCILE_SITE:-/opt/reconcile-lab/site}
 TINY=${TINY_MODEL_SCRIPT:-../shared/gpu-lab/make_tiny_model.py}
 # reconcile's own dependencies beside the image's python3, in a --target dir that only reconcile's
 # interpreter puts on sys.path (never PYTHONPATH: the venv and vLLM must not see it).
