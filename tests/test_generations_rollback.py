@@ -93,5 +93,7 @@ def test_with_automatic_rollback_off_the_failed_switch_stays(good: Demo, wheels:
     bad = good.cli("apply")
     assert bad.returncode == 4, bad.output
     assert "acceptance check failed" in bad.stdout and "automatic rollback to" not in bad.stdout
+    verdict = [line for line in bad.stdout.splitlines() if line.startswith("Apply ")]
+    assert len(verdict) == 1 and verdict[0].endswith("; failed: acceptance."), bad.stdout  # as exit 4 says
     assert good.server_environ("RECONCILE_IDENTITY") != identity
     assert good.cli("check").returncode == 1

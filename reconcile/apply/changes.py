@@ -454,4 +454,8 @@ def render_report(report: ApplyReport, stream: TextIO, *, as_json: bool, quiet: 
         render_text(report.final_plan, stream, title="plan after apply", verbose_info=False)
     gen = f", generation {report.generation}" if report.generation else ""
     verdict = "converged" if report.converged else "NOT converged"
-    stream.write(f"Apply {verdict} in {report.seconds:.1f}s{gen}.\n")
+    # A plan can converge while a step failed (an acceptance check, with or without the rollback):
+    # the last line says so, as the exit code (4) does.
+    failed = [r.resource for r in report.results if r.result in Result.FAILURES]
+    but = f"; failed: {', '.join(failed)}" if failed else ""
+    stream.write(f"Apply {verdict} in {report.seconds:.1f}s{gen}{but}.\n")
