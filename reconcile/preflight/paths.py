@@ -91,10 +91,11 @@ def symlinked_model_dir(model_dir: str) -> str | None:
     )
 
 
-# What root reads below a read-role directory: pip the wheelhouse's top level, python a whole
+# What root reads below a read-role directory: a wheelhouse's whole tree (pip lists its top level, and
+# reads each HTML file there as a page whose links may lead below it: seventeenth round), python a whole
 # site-packages tree (any module, and .pth files where it is a site dir).
 # Keyed by the spec key without a list index ("[venv].extra_site_packages[0]").
-READ_ENTRIES = {"[venv].wheelhouse": 1, "[venv].extra_site_packages": -1}
+READ_ENTRIES = {"[venv].wheelhouse": -1, "[venv].extra_site_packages": -1}
 
 
 def _unindexed(key: str) -> str:

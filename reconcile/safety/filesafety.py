@@ -295,8 +295,8 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     """The read role (root reads `path` and trusts what it says): parent_problem(follow=True), and
     what the path leads to not writable by group or others either (a root-owned 0666 apt key or a
     0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
-    (a wheelhouse pip installs from: 1, its top level; a site-packages python imports from: -1, the
-    whole tree), each entry below it too: root's or ours, not writable by group or others, and a
+    (1: its top level; -1: the whole tree, as for a wheelhouse pip installs from, whose pages may link
+    below its top level, or a site-packages python imports from), each entry below it too: root's or ours, not writable by group or others, and a
     link judged as the path itself, a directory it leads to walked as its entries (_tree_problem)."""
     ok = owners() if allowed is None else frozenset(allowed)
     # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
