@@ -15,6 +15,7 @@ from reconcile.safety.filesafety import (
     data_problem,
     env_value_problem,
     index_problem,
+    installer_config_files,
     listener_problem,
     owners,
     parent_problem,
@@ -251,6 +252,27 @@ def _base_site_dirs(python: str, venv: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _installer_config_problem(spec: Spec) -> Finding | None:
+    """pip and uv read config files no variable names (filesafety.installer_config_files: /etc/pip.conf,
+    ~/.config/pip/pip.conf, ~/.config/uv/uv.toml, ...), and each chooses the index root installs from:
+    held to the read role, as a file the environment names is (seventeenth round: HOME is judged as a
+    directory only, and the defaults were not judged at all)."""
+    if spec.venv is None:
+        return None
+    for path in installer_config_files(os.environ):
+        if (problem := read_problem(path)) is not None:
+            tool = "uv" if path.endswith(".toml") else "pip"
+            return Finding(
+                "paths.owner",
+                "error",
+                f"[venv] {path}: {problem} (root's {tool} reads it for its own config: the index, find-links "
+                "and constraints it installs from)",
+                f"chown root: {path} and make it writable by root alone, or remove it",
+                {"path": path, "key": "[venv].installer"},
+            )
+    return None
+
+
 def _pth_problem(spec: Spec) -> Finding | None:
     """Each path line of a .pth file in the venv's site-packages is a directory every Python start
     puts on sys.path, and then imports `sitecustomize` from: root's server (and every python root
@@ -326,6 +348,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(unsigned)
     if (pth := _pth_problem(spec)) is not None:
         out.append(pth)
+    if (config := _installer_config_problem(spec)) is not None:
+        out.append(config)
     if (site := _venv_tree_problem(spec)) is not None:
         out.append(site)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():

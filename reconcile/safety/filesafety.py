@@ -410,6 +410,26 @@ ENV_DIRS = (
 # entries here) would be walked at every start; what lies deeper is left open (docs/security.md).
 ENV_DEPTH = 3
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
+
+
+def installer_config_files(environ: Mapping[str, str]) -> list[str]:
+    """The config files pip and uv read for themselves where no variable names one (PIP_CONFIG_FILE and
+    UV_CONFIG_FILE are the environment's rule's), as `environ` (after trusted_environment) places them:
+    pip's site-wide files (each XDG_CONFIG_DIRS entry's pip/pip.conf, /etc/pip.conf) and per-user ones
+    (~/.pip/pip.conf, XDG_CONFIG_HOME's pip/pip.conf); uv's (XDG_CONFIG_DIRS' uv/uv.toml,
+    /etc/uv/uv.toml, XDG_CONFIG_HOME's uv/uv.toml) and the project files it finds from its working
+    directory up, "/" (uv.toml, pyproject.toml's [tool.uv]). Each chooses the index, find-links or
+    constraints root installs from. (The venv's own pip.conf is the venv's walk's.)"""
+    home = environ.get("HOME") or "/"
+    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    config_dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
+    pip = [*(os.path.join(d, "pip", "pip.conf") for d in config_dirs), "/etc/pip.conf"]
+    pip += [os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf")]
+    uv = [*(os.path.join(d, "uv", "uv.toml") for d in config_dirs), "/etc/uv/uv.toml"]
+    uv += [os.path.join(config_home, "uv", "uv.toml"), "/uv.toml", "/pyproject.toml"]
+    return list(dict.fromkeys(p for p in (*pip, *uv) if p.startswith("/")))
+
+
 # Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
 # relative word that exists, or a list of them) is held to the same rule, a directory to the write-dir
 # role and a file to the read role. The sixth and seventh rounds held the tools' namespaces (UV_, PIP_,
