@@ -296,8 +296,9 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     what the path leads to not writable by group or others either (a root-owned 0666 apt key or a
     0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
     (1: its top level; -1: the whole tree, as for a wheelhouse pip installs from, whose pages may link
-    below its top level, or a site-packages python imports from), each entry below it too: root's or ours, not writable by group or others, and a
-    link judged as the path itself, a directory it leads to walked as its entries (_tree_problem)."""
+    below its top level, or a site-packages python imports from), each entry below it too: root's or
+    ours, not writable by group or others, and a link judged as the path itself, a directory it leads
+    to walked as its entries (_tree_problem)."""
     ok = owners() if allowed is None else frozenset(allowed)
     # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
     problem = parent_problem(path, ok, follow=True, made_later=True)
