@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
 from tests.test_hostile_reader8 import _wheel, never_installed, nobodys_index
-from tests.test_hostile_reader9 import _standalone_python
+from tests.test_hostile_reader9 import _as_nobody, _standalone_python
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
@@ -117,6 +118,40 @@ def test_a_config_file_of_nobodys_that_roots_installer_reads_by_default_never_ch
             result.output
         )
         assert result.returncode == 1 and "Traceback" not in result.output, result.output
+
+
+def test_a_cache_of_nobodys_in_roots_home_never_hands_root_their_files(demo: Demo, outside: Path) -> None:
+    """uv installs a wheel it has unpacked before from its cache (`archive-v0/<id>/`, found again by the
+    wheel's location), and links what that directory holds into the venv: it never reads the wheel again.
+    With no UV_CACHE_DIR nor XDG_CACHE_HOME its cache is `$HOME/.cache/uv`; under `sudo -E` HOME is a
+    directory of root's (it passes the environment's rule, which judges the directory only) whose `.cache`
+    is nobody's, who adds a `.pth` to the unpacked ninja there. Seen on this branch before its fix (main's
+    code for it): root's venv got nobody's `.pth` with ninja from root's own wheelhouse, run as uid 0."""
+    home = _home(outside)
+    cache = nobodys_dir(home, ".cache")
+    wheelhouse = outside / "wheelhouse"
+    wheelhouse.mkdir()
+    shutil.copy(next(Path("/opt/pypi/files").glob("ninja-*.whl")), wheelhouse)
+    scratch = outside / "scratch"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(scratch)], check=True)
+    uv = [f"{UV_BIN}/uv", "pip", "install", "--python", f"{scratch}/bin/python", "--no-index"]
+    env = {"HOME": str(home), "PATH": f"{UV_BIN}:{os.environ['PATH']}"}
+    subprocess.run([*uv, "--find-links", str(wheelhouse), "ninja"], check=True, env={**os.environ, **env})
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(cache)], check=True)  # nobody's cache, as theirs
+    marker = outside / "ran-as"
+    unpacked = next(cache.glob("uv/archive-v0/*/ninja")).parent
+    line = f"import os; open({str(marker)!r}, 'a').write('uid=%d' % os.getuid())"
+    _as_nobody("sh", "-c", f'printf "%s\\n" "$1" > {unpacked}/zz_theirs.pth', "sh", line)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["installer"] = "uv"
+        doc["venv"]["wheelhouse"] = str(wheelhouse)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300, env=env)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's .pth ran ({ran!r}): {run.output}"
+    assert f"{cache} is owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output
 
 
 # --- the wheelhouse, as pip reads it ---------------------------------------------------------------------

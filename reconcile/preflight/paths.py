@@ -15,12 +15,14 @@ from reconcile.safety.filesafety import (
     data_problem,
     env_value_problem,
     index_problem,
+    installer_cache_dirs,
     installer_config_files,
     listener_problem,
     owners,
     parent_problem,
     read_problem,
     resolve_exec,
+    tool_dir_problem,
 )
 from reconcile.safety.names import read_as  # pure: not spec.values, which loads pydantic_core
 from reconcile.safety.untrusted import not_regular
@@ -254,20 +256,23 @@ def _base_site_dirs(python: str, venv: str) -> list[str]:
 
 def _installer_config_problem(spec: Spec) -> Finding | None:
     """pip and uv read config files no variable names (filesafety.installer_config_files: /etc/pip.conf,
-    ~/.config/pip/pip.conf, ~/.config/uv/uv.toml, ...), and each chooses the index root installs from:
-    held to the read role, as a file the environment names is (seventeenth round: HOME is judged as a
-    directory only, and the defaults were not judged at all)."""
+    ~/.config/pip/pip.conf, ~/.config/uv/uv.toml, ...), each choosing the index root installs from, and
+    keep caches root installs from (installer_cache_dirs: ~/.cache/uv, ...): held to the read role, and
+    a cache to the rule for a directory the environment names (seventeenth round: HOME was judged as a
+    directory only, and the defaults not at all)."""
     if spec.venv is None:
         return None
-    for path in installer_config_files(os.environ):
-        if (problem := read_problem(path)) is not None:
-            tool = "uv" if path.endswith(".toml") else "pip"
+    config = "reads it for its own config: the index, find-links and constraints it installs from"
+    cache = "keeps its cache there: wheels it installs again without reading them anew"
+    files = [(tool, p, read_problem, config) for tool, p in installer_config_files(os.environ)]
+    caches = [(tool, p, tool_dir_problem, cache) for tool, p in installer_cache_dirs(os.environ)]
+    for tool, path, rule, why in [*files, *caches]:
+        if (problem := rule(path)) is not None:
             return Finding(
                 "paths.owner",
                 "error",
-                f"[venv] {path}: {problem} (root's {tool} reads it for its own config: the index, find-links "
-                "and constraints it installs from)",
-                f"chown root: {path} and make it writable by root alone, or remove it",
+                f"[venv] {path}: {problem} (root's {tool} {why})",
+                f"chown -R root: {path} and make it writable by root alone, or remove it",
                 {"path": path, "key": "[venv].installer"},
             )
     return None

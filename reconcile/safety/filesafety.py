@@ -413,14 +413,14 @@ ENV_DEPTH = 3
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
 
 
-def installer_config_files(environ: Mapping[str, str]) -> list[str]:
+def installer_config_files(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """The config files pip and uv read for themselves where no variable names one (PIP_CONFIG_FILE and
-    UV_CONFIG_FILE are the environment's rule's), as `environ` (after trusted_environment) places them:
-    pip's site-wide files (each XDG_CONFIG_DIRS entry's pip/pip.conf, /etc/pip.conf) and per-user ones
-    (~/.pip/pip.conf, XDG_CONFIG_HOME's pip/pip.conf); uv's (XDG_CONFIG_DIRS' uv/uv.toml,
-    /etc/uv/uv.toml, XDG_CONFIG_HOME's uv/uv.toml) and the project files it finds from its working
-    directory up, "/" (uv.toml, pyproject.toml's [tool.uv]). Each chooses the index, find-links or
-    constraints root installs from. (The venv's own pip.conf is the venv's walk's.)"""
+    UV_CONFIG_FILE are the environment's rule's), as `environ` (after trusted_environment) places them,
+    as (tool, path): pip's site-wide files (each XDG_CONFIG_DIRS entry's pip/pip.conf, /etc/pip.conf)
+    and per-user ones (~/.pip/pip.conf, XDG_CONFIG_HOME's pip/pip.conf); uv's (XDG_CONFIG_DIRS'
+    uv/uv.toml, /etc/uv/uv.toml, XDG_CONFIG_HOME's uv/uv.toml) and the project files it finds from its
+    working directory up, "/" (uv.toml, pyproject.toml's [tool.uv]). Each chooses the index, find-links
+    or constraints root installs from. (The venv's own pip.conf is the venv's walk's.)"""
     home = environ.get("HOME") or "/"
     config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     config_dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
@@ -428,7 +428,25 @@ def installer_config_files(environ: Mapping[str, str]) -> list[str]:
     pip += [os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf")]
     uv = [*(os.path.join(d, "uv", "uv.toml") for d in config_dirs), "/etc/uv/uv.toml"]
     uv += [os.path.join(config_home, "uv", "uv.toml"), "/uv.toml", "/pyproject.toml"]
-    return list(dict.fromkeys(p for p in (*pip, *uv) if p.startswith("/")))
+    found = [*(("pip", p) for p in pip), *(("uv", p) for p in uv)]
+    return [(tool, p) for tool, p in dict.fromkeys(found) if p.startswith("/")]
+
+
+def installer_cache_dirs(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The caches pip and uv keep, as (tool, path), as `environ` places them (PIP_CACHE_DIR, UV_CACHE_DIR,
+    else XDG_CACHE_HOME's or ~/.cache's pip and uv): uv installs a wheel it unpacked there before from
+    what that directory holds, never reading the wheel again; pip takes index pages and downloads from
+    it."""
+    cache_home = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or "/", ".cache")
+    pip = environ.get("PIP_CACHE_DIR") or os.path.join(cache_home, "pip")
+    uv = environ.get("UV_CACHE_DIR") or os.path.join(cache_home, "uv")
+    return [(tool, p) for tool, p in (("pip", pip), ("uv", uv)) if p.startswith("/")]
+
+
+def tool_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
+    """A directory a tool keeps its config or cache in (ENV_DIRS' values, the installers' caches): the
+    write-dir role (env_dir_problem), and what it holds, ENV_DEPTH levels of it, the read role."""
+    return env_dir_problem(path, allowed) or read_problem(path, allowed, entries=ENV_DEPTH)
 
 
 # Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
@@ -619,10 +637,8 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
         value = environ.get(name)
         if not value:
             continue
-        if name in ENV_DIRS:
-            problem = env_dir_problem(value)
-            if problem is None and name != "HOME":  # HOME left out is our own: the tools' defaults anyway
-                problem = read_problem(value, entries=ENV_DEPTH)
+        if name in ENV_DIRS:  # HOME left out is our own: the tools' defaults anyway
+            problem = env_dir_problem(value) if name == "HOME" else tool_dir_problem(value)
         elif name in ENV_FILES:
             problem = read_problem(value)
             if problem is None and not value.startswith("/"):
