@@ -70,9 +70,46 @@ def trusted_python(venv: Venv, *, missing_ok: bool = False) -> str | None:
             f"(e.g. apt-get install {os.path.basename(venv.python)}-venv) or name one on PATH"
         )
     try:
-        return resolve_exec(found, what="[venv].python")
+        real = resolve_exec(found, what="[venv].python")
     except UnsafePath as exc:
         raise ActionError(f"[venv].python {found}: {exc}; {FIX}") from None
+    if (problem := library_problem(real)) is not None:
+        raise ActionError(
+            f"[venv].python {found}: {problem} (the interpreter imports its standard library at every start, "
+            "`-m venv` and ensurepip's bundled pip included); chown -R root: that install (a copy keeps its "
+            "owners), or name an interpreter only root can change"
+        )
+    return real
+
+
+# Where a python's own library lives, as getpath finds it without PYTHONHOME: lib/python3.X (with
+# os.py, its landmark) or lib/python3X.zip under the prefix above its real bin/, or a pyvenv.cfg
+# beside the program or one up, whose `home` moves it. Site directories are left to the rules that
+# judge them (root runs the spec's interpreter with -S; system_site_packages walks the base's).
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def library_problem(python: str) -> str | None:
+    """Why what `python` (a real path, checked by the exec role) reads at start is not root's or ours
+    alone: its standard library, whole tree but the site directories, and a pyvenv.cfg that would
+    redirect it (seventeenth round: a standalone install whose `venv/__init__.py` is nobody's ran as
+    uid 0 at `python -I -S -m venv`)."""
+    import glob
+
+    from reconcile.safety.filesafety import read_problem
+
+    bindir = os.path.dirname(python)
+    prefix = os.path.dirname(bindir)
+    for cfg in (os.path.join(bindir, "pyvenv.cfg"), os.path.join(prefix, "pyvenv.cfg")):
+        if (problem := read_problem(cfg)) is not None:
+            return problem
+    for lib in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*"))):
+        if lib.endswith(".zip") or os.path.isfile(os.path.join(lib, "os.py")):
+            parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
+            for part in parts if os.path.isdir(lib) else [lib]:
+                if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
+                    return problem
+    return None
 
 
 # How root runs the spec's interpreter (the venv's creation, its release check, `reconcile lock`'s

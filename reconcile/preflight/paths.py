@@ -15,11 +15,14 @@ from reconcile.safety.filesafety import (
     data_problem,
     env_value_problem,
     index_problem,
+    installer_cache_dirs,
+    installer_config_files,
     listener_problem,
     owners,
     parent_problem,
     read_problem,
     resolve_exec,
+    tool_dir_problem,
 )
 from reconcile.safety.names import read_as  # pure: not spec.values, which loads pydantic_core
 from reconcile.safety.untrusted import not_regular
@@ -91,10 +94,11 @@ def symlinked_model_dir(model_dir: str) -> str | None:
     )
 
 
-# What root reads below a read-role directory: pip the wheelhouse's top level, python a whole
+# What root reads below a read-role directory: a wheelhouse's whole tree (pip lists its top level, and
+# reads each HTML file there as a page whose links may lead below it: seventeenth round), python a whole
 # site-packages tree (any module, and .pth files where it is a site dir).
 # Keyed by the spec key without a list index ("[venv].extra_site_packages[0]").
-READ_ENTRIES = {"[venv].wheelhouse": 1, "[venv].extra_site_packages": -1}
+READ_ENTRIES = {"[venv].wheelhouse": -1, "[venv].extra_site_packages": -1}
 
 
 def _unindexed(key: str) -> str:
@@ -250,6 +254,30 @@ def _base_site_dirs(python: str, venv: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _installer_config_problem(spec: Spec) -> Finding | None:
+    """pip and uv read config files no variable names (filesafety.installer_config_files: /etc/pip.conf,
+    ~/.config/pip/pip.conf, ~/.config/uv/uv.toml, ...), each choosing the index root installs from, and
+    keep caches root installs from (installer_cache_dirs: ~/.cache/uv, ...): held to the read role, and
+    a cache to the rule for a directory the environment names (seventeenth round: HOME was judged as a
+    directory only, and the defaults not at all)."""
+    if spec.venv is None:
+        return None
+    config = "reads it for its own config: the index, find-links and constraints it installs from"
+    cache = "keeps its cache there: wheels it installs again without reading them anew"
+    files = [(tool, p, read_problem, config) for tool, p in installer_config_files(os.environ)]
+    caches = [(tool, p, tool_dir_problem, cache) for tool, p in installer_cache_dirs(os.environ)]
+    for tool, path, rule, why in [*files, *caches]:
+        if (problem := rule(path)) is not None:
+            return Finding(
+                "paths.owner",
+                "error",
+                f"[venv] {path}: {problem} (root's {tool} {why})",
+                f"chown -R root: {path} and make it writable by root alone, or remove it",
+                {"path": path, "key": "[venv].installer"},
+            )
+    return None
+
+
 def _pth_problem(spec: Spec) -> Finding | None:
     """Each path line of a .pth file in the venv's site-packages is a directory every Python start
     puts on sys.path, and then imports `sitecustomize` from: root's server (and every python root
@@ -325,6 +353,8 @@ def path_findings(spec: Spec) -> tuple[Finding, ...]:
         out.append(unsigned)
     if (pth := _pth_problem(spec)) is not None:
         out.append(pth)
+    if (config := _installer_config_problem(spec)) is not None:
+        out.append(config)
     if (site := _venv_tree_problem(spec)) is not None:
         out.append(site)
     for name, path in sorted(spec.server.secret_files.items()) if spec.server is not None else ():

@@ -295,9 +295,10 @@ def read_problem(path: str, allowed: Collection[int] | None = None, *, entries: 
     """The read role (root reads `path` and trusts what it says): parent_problem(follow=True), and
     what the path leads to not writable by group or others either (a root-owned 0666 apt key or a
     0777 wheelhouse is anyone's to change). `entries`: for a directory whose files root reads in turn
-    (a wheelhouse pip installs from: 1, its top level; a site-packages python imports from: -1, the
-    whole tree), each entry below it too: root's or ours, not writable by group or others, and a
-    link judged as the path itself, a directory it leads to walked as its entries (_tree_problem)."""
+    (1: its top level; -1: the whole tree, as for a wheelhouse pip installs from, whose pages may link
+    below its top level, or a site-packages python imports from), each entry below it too: root's or
+    ours, not writable by group or others, and a link judged as the path itself, a directory it leads
+    to walked as its entries (_tree_problem)."""
     ok = owners() if allowed is None else frozenset(allowed)
     # A missing path is read later by whoever made it first: its directory must be root's or ours alone.
     problem = parent_problem(path, ok, follow=True, made_later=True)
@@ -410,6 +411,44 @@ ENV_DIRS = (
 # entries here) would be walked at every start; what lies deeper is left open (docs/security.md).
 ENV_DEPTH = 3
 ENV_FILES = ("PIP_CONFIG_FILE", "UV_CONFIG_FILE", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "APT_CONFIG")
+
+
+def installer_config_files(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The config files pip and uv read for themselves where no variable names one (PIP_CONFIG_FILE and
+    UV_CONFIG_FILE are the environment's rule's), as `environ` (after trusted_environment) places them,
+    as (tool, path): pip's site-wide files (each XDG_CONFIG_DIRS entry's pip/pip.conf, /etc/pip.conf)
+    and per-user ones (~/.pip/pip.conf, XDG_CONFIG_HOME's pip/pip.conf); uv's (XDG_CONFIG_DIRS'
+    uv/uv.toml, /etc/uv/uv.toml, XDG_CONFIG_HOME's uv/uv.toml) and the project files it finds from its
+    working directory up, "/" (uv.toml, pyproject.toml's [tool.uv]). Each chooses the index, find-links
+    or constraints root installs from. (The venv's own pip.conf is the venv's walk's.)"""
+    home = environ.get("HOME") or "/"
+    config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    config_dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
+    pip = [*(os.path.join(d, "pip", "pip.conf") for d in config_dirs), "/etc/pip.conf"]
+    pip += [os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf")]
+    uv = [*(os.path.join(d, "uv", "uv.toml") for d in config_dirs), "/etc/uv/uv.toml"]
+    uv += [os.path.join(config_home, "uv", "uv.toml"), "/uv.toml", "/pyproject.toml"]
+    found = [*(("pip", p) for p in pip), *(("uv", p) for p in uv)]
+    return [(tool, p) for tool, p in dict.fromkeys(found) if p.startswith("/")]
+
+
+def installer_cache_dirs(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The caches pip and uv keep, as (tool, path), as `environ` places them (PIP_CACHE_DIR, UV_CACHE_DIR,
+    else XDG_CACHE_HOME's or ~/.cache's pip and uv): uv installs a wheel it unpacked there before from
+    what that directory holds, never reading the wheel again; pip takes index pages and downloads from
+    it."""
+    cache_home = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or "/", ".cache")
+    pip = environ.get("PIP_CACHE_DIR") or os.path.join(cache_home, "pip")
+    uv = environ.get("UV_CACHE_DIR") or os.path.join(cache_home, "uv")
+    return [(tool, p) for tool, p in (("pip", pip), ("uv", uv)) if p.startswith("/")]
+
+
+def tool_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
+    """A directory a tool keeps its config or cache in (ENV_DIRS' values, the installers' caches): the
+    write-dir role (env_dir_problem), and what it holds, ENV_DEPTH levels of it, the read role."""
+    return env_dir_problem(path, allowed) or read_problem(path, allowed, entries=ENV_DEPTH)
+
+
 # Not a list of names: every variable whose value names a path (an absolute path, a file:// URL, a
 # relative word that exists, or a list of them) is held to the same rule, a directory to the write-dir
 # role and a file to the read role. The sixth and seventh rounds held the tools' namespaces (UV_, PIP_,
@@ -598,10 +637,8 @@ def trusted_environment(environ: Mapping[str, str]) -> tuple[dict[str, str | Non
         value = environ.get(name)
         if not value:
             continue
-        if name in ENV_DIRS:
-            problem = env_dir_problem(value)
-            if problem is None and name != "HOME":  # HOME left out is our own: the tools' defaults anyway
-                problem = read_problem(value, entries=ENV_DEPTH)
+        if name in ENV_DIRS:  # HOME left out is our own: the tools' defaults anyway
+            problem = env_dir_problem(value) if name == "HOME" else tool_dir_problem(value)
         elif name in ENV_FILES:
             problem = read_problem(value)
             if problem is None and not value.startswith("/"):

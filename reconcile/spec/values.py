@@ -140,12 +140,21 @@ def apt_keyring(value: str) -> str:
     return value
 
 
+# What a specifier may hold besides its operators: a version's own characters (PEP 440's, and `*`).
+# PEP 440's arbitrary equality (`===`) takes any string without blanks, `;` or `)`, and pip reads a
+# requirement holding `/` as a path from its working directory: `ninja===1/../var/tmp/x/y.whl` installed
+# that file, which no path role judged (seventeenth round).
+_SPECIFIER_CHARS = re.compile(r"[A-Za-z0-9.*+!_\-<>=~, ]*\Z")
+
+
 def specifier(value: str) -> str:
     if value.strip() in ("*", ""):
         return "*"
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     try:
+        if not _SPECIFIER_CHARS.match(value):
+            raise InvalidSpecifier(value)
         SpecifierSet(value)
     except InvalidSpecifier:
         raise ValueError(
