@@ -31,6 +31,7 @@ from reconcile.identity import (
 from reconcile.ownership.membership import front_master, read_bytes
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
+from reconcile.spec import values
 from reconcile.spec.fronting import FrontMember, SharedFront, shared_front
 
 if TYPE_CHECKING:
@@ -40,8 +41,11 @@ BACKEND = "vllm"
 
 
 def _host_word(host: str) -> str:
-    if not host or any(c.isspace() or c in "#\\'\"" for c in host):
-        raise ActionError(f"[server] host {host!r} cannot be written in an HAProxy bind line")
+    """The address of a `bind` line: a host alone (spec.values.host, checked at load too)."""
+    try:
+        values.host(host)
+    except ValueError as exc:
+        raise ActionError(f"[server] host: {exc}") from None
     return f"[{host}]" if ":" in host else host
 
 
@@ -124,6 +128,9 @@ def without(text: str, server: str, deployment: str) -> str:
 
 
 def _head(sock: str, hard_stop: int) -> list[str]:
+    problem = values.haproxy_word_problem("the front's runtime socket", sock)  # checked at load too
+    if problem is not None:
+        raise ActionError(f"[machine] state_dir: {problem}")
     return [
         "global",
         "    master-worker",
