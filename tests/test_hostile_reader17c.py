@@ -17,6 +17,7 @@ import pytest
 
 from reconcile.errors import SpecError
 from reconcile.spec.loader import load_spec
+from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, as_nobody, nobodys_dir
 from tests.test_front import needs_haproxy
 from tests.test_hostile_reader13 import ROOT_ONLY
@@ -140,3 +141,119 @@ def test_a_state_dir_with_blanks_never_adds_options_to_the_fronts_admin_socket(
     spy = as_nobody(["/usr/bin/python3", "-c", NOBODY_ON_THE_RUNTIME_API, f"{outside}/s"], {}, strangers)
     out, _ = spy.communicate(timeout=10)
     assert b"answer" not in out, f"nobody used the front's admin socket: {out.decode(errors='replace')}"
+
+
+# --- class 4: what the front forwards to a color's loopback port --------------------------------------
+
+
+@ROOT_ONLY
+@needs_haproxy
+@pytest.mark.xfail(
+    strict=True,
+    reason="left open (round 17c): HAProxy reaches a color by a loopback TCP port, which any user may bind "
+    "while that color's server is down; the class fix (each color on a Unix socket in the 0700 state dir, "
+    "`vllm serve --uds`) is larger than this round",
+)
+def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_colors_port(
+    tmp_path: Path, strangers: list[int], front_of: list[Spec]
+) -> None:
+    """The front holds the public port whatever happens to the server behind it, and forwards each client
+    connection to the active color's loopback port (`server blue 127.0.0.1:P`), whoever listens there.
+    The active color's server is down (it crashed, or apply stops it to restart it in place when the GPUs
+    hold one server only) and nobody binds 127.0.0.1:P. main (seen): a client's request to the public
+    port, its `Authorization: Bearer` header with it, reached nobody's listener through root's HAProxy,
+    which answered it."""
+    from tests.ownership_support import SPY, received
+    from tests.test_server_support import free_port
+
+    public, blue, green = free_port(), free_port(), free_port()
+    path = _fronted(tmp_path, str(tmp_path / "state"))
+    path.write_text(
+        path.read_text().replace("port = 8000", f"port = {public}") + f"ports = [{blue}, {green}]\n"
+    )
+    assert _front_started(path, front_of) is None
+    spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(blue)], {}, strangers)
+    with socket.create_connection(("127.0.0.1", public), timeout=5) as client:
+        client.sendall(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-the-deployments\r\n\r\n"
+        )
+        client.recv(100)
+    assert "sk-the-deployments" not in received(spy)
+
+
+# --- class 6: a listener of nobody's beside the server, on another address of its port -----------------
+
+BESIDE = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.2", int(sys.argv[1])))  # the server holds 127.0.0.1:PORT: no clash
+s.listen(1)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _health(port: int) -> int | None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+@ROOT_ONLY
+def test_a_listener_beside_the_server_on_its_port_never_leaves_the_deployment_down(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """Already refused on main, kept as a new member (a listener that does not clash with the server):
+    nobody listens on 127.0.0.2:PORT while the deployment's server holds 127.0.0.1:PORT, then a spec
+    change asks for a restart. Read in the code, the restart stops the server before it looks at the
+    port's holders (actions.server.ensure_running), so a start refused for nobody's listener would leave
+    the deployment down. main (seen): the plan's `host.port` preflight names nobody's process and
+    blocks the apply before anything is stopped; the server keeps serving."""
+    first = demo.cli("apply")
+    assert first.returncode == 2, first.output
+    as_nobody(["/usr/bin/python3", "-c", BESIDE, str(demo.port)], {}, strangers)
+    demo.write_spec(lambda doc: doc["server"]["args"].__setitem__("max-num-seqs", 9))
+    run = demo.cli("apply")
+    assert "internal error" not in run.output and "Traceback" not in run.output, run.output
+    assert "nobody" in run.output, run.output  # the holder is named
+    assert _health(demo.port) == 200, f"the deployment's server was left down:\n{run.output}"
+
+
+# --- class 6 (and 1): two deployments that name one key file with other settings ------------------------
+
+
+def test_two_deployments_never_name_one_key_file_with_two_owners(tmp_path: Path) -> None:
+    """Deployment chat names `[api_key] file = K` (root's, 0600); deployment draft names the same K with
+    `owner = "nobody"` (a table copied from another machine). Each apply's key step puts K in its own
+    deployment's settings, one after the other. main (seen): chat's step made K root's, draft's step then
+    chowned it to nobody:nogroup ("key kept"): the key chat's server is started with was nobody's to read,
+    and every apply flipped it back and forth (the plan never converged)."""
+    from actions.api_key import ensure_key
+    from reconcile.spec.deployments import deployments
+
+    key = tmp_path / "keys" / "api.key"
+    path = tmp_path / "box.toml"
+    tables = ""
+    for n, (name, owner) in enumerate((("chat", "root"), ("draft", "nobody"))):
+        tables += (
+            f'[deployments.{name}.server]\nexecutable = "/bin/true"\nmodel = "/m"\nport = {18000 + n}\n'
+            f'log = "{tmp_path}/{name}.log"\n\n[deployments.{name}.api_key]\nfile = "{key}"\n'
+            f'owner = "{owner}"\n\n'
+        )
+    path.write_text(f'[machine]\nstate_dir = "{tmp_path / "state"}"\n\n{tables}')
+    try:
+        every = deployments(load_spec(str(path)))
+    except SpecError as exc:
+        assert "deployments.draft.api_key.file" in str(exc) and "chat" in str(exc), exc
+        return
+    for d in every:
+        assert d.loaded.spec.api_key is not None
+        ensure_key(d.loaded.spec.api_key)
+    assert key.stat().st_uid == 0, "the key chat's server is started with is nobody's"

@@ -626,6 +626,23 @@ class Spec(_Model):
         if problem is not None:
             raise _at("machine.state_dir", problem)
 
+    def _one_key_file_one_setting(self) -> None:
+        """Deployments that share a key file say the same of it (owner, group, mode): else each apply's
+        key step undoes the other's, and between them the key one deployment serves with is the other
+        owner's to read."""
+        first: dict[str, tuple[str, ApiKey]] = {}
+        for key, d in self.deployments.items():
+            table = d.api_key or self.api_key
+            if table is None:
+                continue
+            name, said = first.setdefault(table.file, (key, table))
+            if said != table:
+                raise _at_parts(
+                    ("deployments", key, "api_key", "file"),
+                    f"{quoted(table.file)} is deployment {name}'s key file too, with another owner, group "
+                    "or mode (give both the same settings, or each its own file)",
+                )
+
     def _deployments_need(self) -> Spec:
         for section in ("model", "server"):
             if getattr(self, section) is not None:
@@ -645,6 +662,7 @@ class Spec(_Model):
             )
         if self.front is not None:
             self._front_socket_dir()
+        self._one_key_file_one_setting()
         names: dict[str, str] = {}
         for key, d in self.deployments.items():
             if d.server.executable is None and d.venv is None and self.venv is None:
