@@ -257,3 +257,40 @@ def test_two_deployments_never_name_one_key_file_with_two_owners(tmp_path: Path)
         assert d.loaded.spec.api_key is not None
         ensure_key(d.loaded.spec.api_key)
     assert key.stat().st_uid == 0, "the key chat's server is started with is nobody's"
+
+
+# --- class 4: the new color's port taken before a blue/green switch binds it ----------------------------
+
+
+@ROOT_ONLY
+@needs_haproxy
+def test_a_blue_green_switch_never_moves_traffic_to_a_listener_that_took_the_new_colors_port(
+    demo: Demo, strangers: list[int]
+) -> None:
+    """Already refused on main, kept as a new member (the switch's own port): blue serves behind the
+    front; nobody binds green's loopback port and answers everything with 200 (a chat answer too);
+    then a spec change asks for a blue/green switch. main (seen): the plan said nothing of green's port
+    (its `host.port` rule looks at the serving color's), and the switch's `ensure_running` found
+    nobody's process on green's port before launching anything ("port P is held by pid N (user nobody
+    ...), which is not deployment ...-green"): the server row failed, apply rolled back by itself, blue
+    kept serving through the front and nobody's listener got no request (the acceptance chat is
+    guarded too)."""
+    from tests.ownership_support import SPY, received
+    from tests.switch_load_support import stop_front
+    from tests.test_server_support import free_port
+    from tests.test_switch_load import _spec
+
+    ports = [free_port(), free_port()]
+    _spec(demo, 8, ports)
+    try:
+        first = demo.cli("apply")
+        assert first.returncode == 2 and "started haproxy" in first.output, first.output
+        spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(ports[1])], {}, strangers)
+        _spec(demo, 9, ports)
+        run = demo.cli("apply")
+        assert "internal error" not in run.output and "Traceback" not in run.output, run.output
+        assert "traffic moved to green" not in run.output, run.output
+        assert _health(demo.port) == 200, run.output  # through the front: blue still serves
+        assert received(spy) == "", "nobody's listener on green's port got a request"
+    finally:
+        stop_front(str(demo.spec_path))
