@@ -294,3 +294,28 @@ def test_a_blue_green_switch_never_moves_traffic_to_a_listener_that_took_the_new
         assert received(spy) == "", "nobody's listener on green's port got a request"
     finally:
         stop_front(str(demo.spec_path))
+
+
+# --- class 1: a deployment's server named as another deployment's color --------------------------------
+
+
+def test_a_server_name_is_never_another_fronted_deployments_color(tmp_path: Path) -> None:
+    """Behind the front, deployment chat's server runs as `chat-blue` and `chat-green`: their own
+    pidfiles, records and, under `supervisor = "systemd"`, their own units, named by the server's name
+    alone (`reconcile-chat-blue.service`, machine-wide). Deployment draft's server named `chat-blue`
+    (systemd) is then the same unit: a switch of chat writes and starts draft's unit as its blue color,
+    and draft's apply takes it back. main (seen): loaded (server names were held apart, colors not);
+    the unit's fight itself read, not run (no systemd on this machine)."""
+    path = tmp_path / "box.toml"
+    tables = ""
+    for n, (name, server, front) in enumerate((("chat", "chat", True), ("draft", "chat-blue", False))):
+        tables += (
+            f'[deployments.{name}.server]\nname = "{server}"\nexecutable = "/bin/true"\nmodel = "/m"\n'
+            f'port = {18000 + 10 * n}\nsupervisor = "systemd"\nlog = "{tmp_path}/{name}.log"\n\n'
+        )
+        tables += f"[deployments.{name}.front]\n\n" if front else ""
+    path.write_text(f'[machine]\nstate_dir = "{tmp_path / "state"}"\n\n[front]\n\n{tables}')
+    with pytest.raises(SpecError) as refused:
+        load_spec(str(path))
+    said = str(refused.value)
+    assert "deployments.draft.server.name" in said and '"chat-blue" is deployment chat' in said, said

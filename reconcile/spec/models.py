@@ -674,13 +674,17 @@ class Spec(_Model):
                 raise _at_parts(
                     ("deployments", key, "server"), "nothing to serve (set model, or add its [model] table)"
                 )
-            if d.server.name in names:
-                raise _at_parts(
-                    ("deployments", key, "server", "name"),
-                    f"{quoted(d.server.name)} is deployment {names[d.server.name]}'s server name too "
-                    "(one name each)",
-                )
-            names[d.server.name] = key
+            # Behind the front its server runs as <name>-blue and <name>-green (their own pidfiles, records
+            # and systemd units, a unit named by the name alone): those are taken too.
+            colors = [f"{d.server.name}-{c}" for c in ("blue", "green")] if d.front is not None else []
+            for name in (d.server.name, *colors):
+                if name in names:
+                    raise _at_parts(
+                        ("deployments", key, "server", "name"),
+                        f"{quoted(name)} is deployment {names[name]}'s server name too (one name each; "
+                        "behind [front] a deployment's server also runs as <name>-blue and <name>-green)",
+                    )
+                names[name] = key
             count = self.gpu.count if self.gpu is not None else None
             for n, index in enumerate(d.gpus or ()):
                 if count is not None and index >= count:
