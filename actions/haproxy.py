@@ -41,7 +41,9 @@ BACKEND = "vllm"
 
 
 def _host_word(host: str) -> str:
-    """The address of a `bind` line: a host alone (spec.values.host, checked at load too)."""
+    """The address of a `bind` line: a host alone (spec.values.host, checked at load too), not ""."""
+    if not host:
+        raise ActionError('[server] host = "": HAProxy binds an address (write "0.0.0.0" for every one)')
     try:
         values.host(host)
     except ValueError as exc:

@@ -150,8 +150,11 @@ _ZONE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # an IPv6 address's %zone: an inter
 
 
 def host(value: str) -> str:
+    """`value`, an address or a DNS name; "" (every address, as vLLM reads it) too."""
     from ipaddress import ip_address
 
+    if value == "":
+        return value
     address, percent, zone = value.partition("%")
     try:
         ip_address(address)
