@@ -319,3 +319,23 @@ def test_a_server_name_is_never_another_fronted_deployments_color(tmp_path: Path
         load_spec(str(path))
     said = str(refused.value)
     assert "deployments.draft.server.name" in said and '"chat-blue" is deployment chat' in said, said
+
+
+# --- class 6: a front that can never start, and says nothing of why -------------------------------------
+
+
+@needs_haproxy
+def test_a_state_dir_too_long_for_the_fronts_socket_is_named_with_its_fix(
+    tmp_path: Path, front_of: list[Spec]
+) -> None:
+    """Not an attack of another user's: a careless value. HAProxy takes a Unix socket's path of at most
+    97 bytes; the front's runtime socket lives in the state dir. main (seen): every apply failed with
+    "haproxy -c refused the front's config: " and nothing after it (`-q` kept HAProxy's reason quiet),
+    for good."""
+    from reconcile.errors import ActionError
+
+    state = tmp_path / ("s" * (100 - len(str(tmp_path))))
+    with pytest.raises(ActionError) as refused:
+        _front_started(_fronted(tmp_path, str(state)), front_of)
+    said = str(refused.value)
+    assert "[machine] state_dir" in said and "at most 97" in said, said
