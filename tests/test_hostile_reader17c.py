@@ -20,10 +20,14 @@ from reconcile.spec.loader import load_spec
 from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, as_nobody, nobodys_dir
 from tests.test_front import needs_haproxy
+from tests.test_hostile_reader5b import live
 from tests.test_hostile_reader13 import ROOT_ONLY
+from tests.test_liveness import engine_core, server_pid, stop
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
+
+__all__ = ["live"]  # the fixture, from the fifth round: a seeded demo whose one liveness look decides
 
 # --- class 1 and 5: a spec value HAProxy's config reads as more than what its key means -------------
 
@@ -339,3 +343,26 @@ def test_a_state_dir_too_long_for_the_fronts_socket_is_named_with_its_fix(
         _front_started(_fronted(tmp_path, str(state)), front_of)
     said = str(refused.value)
     assert "[machine] state_dir" in said and "at most 97" in said, said
+
+
+@ROOT_ONLY
+@pytest.mark.xfail(
+    strict=True,
+    reason="left open (round 17c): the port's guard and the host.port rule count every listener on the "
+    "port, whatever its address; narrowing them to the listeners a connection can reach is a change to "
+    "the key's one guard, not made in this round",
+)
+def test_a_listener_beside_the_server_never_keeps_a_hung_engine_from_its_restart(
+    live: Demo, strangers: list[int]
+) -> None:
+    """The engine is hung (its EngineCore stopped) and nobody listens on 127.0.0.2:PORT beside the
+    server (no clash). main (seen): the apply's plan names nobody's process (`host.port`) and is
+    blocked, and the liveness look sends nothing (the guard refuses a port with a foreign listener):
+    the hung engine stays, for as long as nobody's listener does."""
+    first = live.cli("apply")
+    assert first.returncode == 2, first.output
+    hung = server_pid(live)
+    stop(engine_core(live))
+    as_nobody(["/usr/bin/python3", "-c", BESIDE, str(live.port)], {}, strangers)
+    run = live.cli("apply")
+    assert server_pid(live) != hung, run.output
