@@ -31,6 +31,7 @@ from reconcile.identity import (
 from reconcile.ownership.membership import front_master, read_bytes
 from reconcile.safety import statefiles
 from reconcile.safety.filesafety import PRIVATE_DIR, ensure_dir, open_append
+from reconcile.spec import values
 from reconcile.spec.fronting import FrontMember, SharedFront, shared_front
 
 if TYPE_CHECKING:
@@ -40,8 +41,13 @@ BACKEND = "vllm"
 
 
 def _host_word(host: str) -> str:
-    if not host or any(c.isspace() or c in "#\\'\"" for c in host):
-        raise ActionError(f"[server] host {host!r} cannot be written in an HAProxy bind line")
+    """The address of a `bind` line: a host alone (spec.values.host, checked at load too), not ""."""
+    if not host:
+        raise ActionError('[server] host = "": HAProxy binds an address (write "0.0.0.0" for every one)')
+    try:
+        values.host(host)
+    except ValueError as exc:
+        raise ActionError(f"[server] host: {exc}") from None
     return f"[{host}]" if ":" in host else host
 
 
@@ -123,7 +129,18 @@ def without(text: str, server: str, deployment: str) -> str:
     return "\n\n".join(kept) + "\n"
 
 
+SOCKET_PATH_MAX = 97  # HAProxy 2.6's bound on a Unix socket's path (sun_path, less its temp suffix)
+
+
 def _head(sock: str, hard_stop: int) -> list[str]:
+    problem = values.haproxy_word_problem("the front's runtime socket", sock)  # checked at load too
+    if problem is None and len(sock.encode()) > SOCKET_PATH_MAX:
+        problem = (
+            f"the front's runtime socket {sock} is {len(sock.encode())} bytes, HAProxy takes at most "
+            f"{SOCKET_PATH_MAX}: a shorter state_dir"
+        )
+    if problem is not None:
+        raise ActionError(f"[machine] state_dir: {problem}")
     return [
         "global",
         "    master-worker",
@@ -148,11 +165,11 @@ def write_config(spec: Spec, text: str) -> bool:
     ensure_dir(os.path.dirname(config), PRIVATE_DIR)
     if statefiles.read_state(config, max_bytes=65536) == text.encode():
         return False
-    check = _haproxy(spec, "-c", "-q", "-f", "/dev/stdin", input=text)
+    check = _haproxy(spec, "-c", "-f", "/dev/stdin", input=text)  # not -q: it hides the reason too
     if check.returncode != 0:
-        raise ActionError(
-            f"haproxy -c refused the front's config: {(check.stdout + check.stderr).strip()[-400:]}"
-        )
+        out = (check.stdout + check.stderr).strip()
+        said = " | ".join(line for line in out.splitlines() if "[ALERT]" in line) or out
+        raise ActionError(f"haproxy -c refused the front's config: {said[-400:]}")
     atomic_write(config, text.encode(), mode=0o600)
     return True
 

@@ -27,6 +27,7 @@ from reconcile.spec import roles
 from reconcile.spec.values import (
     DURATION_PATTERN,
     DURATIONS,
+    HOST_RULE,
     INSIDE,
     ONE_WORD,
     absolute,
@@ -37,6 +38,8 @@ from reconcile.spec.values import (
     env_name,
     flag_names,
     flag_values,
+    haproxy_word_problem,
+    host,
     locked_line,
     no_bool,
     own_dir,
@@ -93,6 +96,7 @@ AptPackage = Annotated[
     str, AfterValidator(apt_name), Expect("an apt package", 'a lowercase name or "name=version"')
 ]
 Port = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=65535), Expect("a port", "an integer 1-65535")]
+Host = Annotated[str, AfterValidator(host), Expect("a host", HOST_RULE)]
 Scalar = str | int | float | bool
 ArgValue = Annotated[
     Scalar | list[Scalar] | dict[str, Any],
@@ -399,7 +403,7 @@ class Server(_Model):
     )
     executable: ExecPath | None = Field(None, description="The vllm executable (default: <venv>/bin/vllm).")
     model: str | None = Field(None, description="What `vllm serve` is given (default: model.dir).")
-    host: str = Field("127.0.0.1", description="--host.")
+    host: Host = Field("127.0.0.1", description="--host (behind [front]: the address HAProxy binds).")
     port: Port = Field(8000, description="--port.")
     served_model_name: str | None = Field(None, description="--served-model-name.")
     log: WritePath = Field(description="Log file the server appends to.")
@@ -609,10 +613,35 @@ class Spec(_Model):
         if self.front is not None:
             if self.server is None:
                 raise _at("front", "needs a [server] to stand in front of")
+            self._front_socket_dir()
             ports = self.front.ports or [self.server.port + 1, self.server.port + 2]
             if len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports or max(ports) > 65535:
                 raise _at("front.ports", "two different ports, neither of them [server] port: [8001, 8002]")
         return self
+
+    def _front_socket_dir(self) -> None:
+        """HAProxy's config names its runtime socket under the state dir: one word there, else the rest
+        of the path is read as options of the socket (`uid`, `level`, `mode`)."""
+        problem = haproxy_word_problem("the front's runtime socket's directory", self.machine.state_dir)
+        if problem is not None:
+            raise _at("machine.state_dir", problem)
+
+    def _one_key_file_one_setting(self) -> None:
+        """Deployments that share a key file say the same of it (owner, group, mode): else each apply's
+        key step undoes the other's, and between them the key one deployment serves with is the other
+        owner's to read."""
+        first: dict[str, tuple[str, ApiKey]] = {}
+        for key, d in self.deployments.items():
+            table = d.api_key or self.api_key
+            if table is None:
+                continue
+            name, said = first.setdefault(table.file, (key, table))
+            if said != table:
+                raise _at_parts(
+                    ("deployments", key, "api_key", "file"),
+                    f"{quoted(table.file)} is deployment {name}'s key file too, with another owner, group "
+                    "or mode (give both the same settings, or each its own file)",
+                )
 
     def _deployments_need(self) -> Spec:
         for section in ("model", "server"):
@@ -631,6 +660,9 @@ class Spec(_Model):
                 "no deployment stands behind it (add a [deployments.<name>.front] table to each deployment "
                 "HAProxy fronts)",
             )
+        if self.front is not None:
+            self._front_socket_dir()
+        self._one_key_file_one_setting()
         names: dict[str, str] = {}
         for key, d in self.deployments.items():
             if d.server.executable is None and d.venv is None and self.venv is None:
@@ -642,13 +674,17 @@ class Spec(_Model):
                 raise _at_parts(
                     ("deployments", key, "server"), "nothing to serve (set model, or add its [model] table)"
                 )
-            if d.server.name in names:
-                raise _at_parts(
-                    ("deployments", key, "server", "name"),
-                    f"{quoted(d.server.name)} is deployment {names[d.server.name]}'s server name too "
-                    "(one name each)",
-                )
-            names[d.server.name] = key
+            # Behind the front its server runs as <name>-blue and <name>-green (their own pidfiles, records
+            # and systemd units, a unit named by the name alone): those are taken too.
+            colors = [f"{d.server.name}-{c}" for c in ("blue", "green")] if d.front is not None else []
+            for name in (d.server.name, *colors):
+                if name in names:
+                    raise _at_parts(
+                        ("deployments", key, "server", "name"),
+                        f"{quoted(name)} is deployment {names[name]}'s server name too (one name each; "
+                        "behind [front] a deployment's server also runs as <name>-blue and <name>-green)",
+                    )
+                names[name] = key
             count = self.gpu.count if self.gpu is not None else None
             for n, index in enumerate(d.gpus or ()):
                 if count is not None and index >= count:

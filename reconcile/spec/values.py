@@ -140,6 +140,45 @@ def apt_keyring(value: str) -> str:
     return value
 
 
+# `[server] host`, as vLLM (--host) and HAProxy (`bind HOST:PORT`) read it: an address or a DNS name,
+# nothing else. HAProxy reads more in that word: `unix@PATH` and `abns@NAME` (a socket, at a path no
+# role judges), `fd@N`, a comma (a second address), a blank (an option).
+HOST_RULE = 'an IP address or a DNS name, e.g. "127.0.0.1", "0.0.0.0", "::1" or "gpu1.example.com"'
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"(?!.{{254}}){_LABEL}(?:\.{_LABEL})*\.?")
+_ZONE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # an IPv6 address's %zone: an interface's name
+
+
+def host(value: str) -> str:
+    """`value`, an address or a DNS name; "" (every address, as vLLM reads it) too."""
+    from ipaddress import ip_address
+
+    if value == "":
+        return value
+    address, percent, zone = value.partition("%")
+    try:
+        ip_address(address)
+        is_address = not percent or _ZONE.fullmatch(zone) is not None
+    except ValueError:
+        is_address = False
+    if not is_address and not _DNS_NAME.fullmatch(value):
+        raise ValueError(f"{quoted(value)} is not a host ({HOST_RULE})")
+    return value
+
+
+# One word of HAProxy's config (a path written in it): a blank starts the next word (another option),
+# # a comment, quotes and \ are its quoting, $ its variables, a control character another line.
+HAPROXY_WORD = "a path without blanks, quotes, #, \\, $ or control characters"
+_HAPROXY_WORD = re.compile(r'[^\s\x00-\x1f\x7f-\x9f\u2028\u2029#\'"\\$]+')
+
+
+def haproxy_word_problem(what: str, value: str) -> str | None:
+    """Why `value` cannot be written as one word of HAProxy's config; None when it can."""
+    if _HAPROXY_WORD.fullmatch(value):
+        return None
+    return f"{quoted(value)} cannot be written in HAProxy's config as {what} ({HAPROXY_WORD})"
+
+
 # What a specifier may hold besides its operators: a version's own characters (PEP 440's, and `*`).
 # PEP 440's arbitrary equality (`===`) takes any string without blanks, `;` or `)`, and pip reads a
 # requirement holding `/` as a path from its working directory: `ninja===1/../var/tmp/x/y.whl` installed
