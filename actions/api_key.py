@@ -148,6 +148,14 @@ def ensure_key(api_key: ApiKey) -> ActionResult:
     except OSError as exc:
         raise ActionError(f"{api_key.file}: cannot open ({exc.strerror})") from None
     try:
+        if st.st_nlink > 1:
+            # A hard link put in the key's place by whoever owns its directory (the key's owner may):
+            # root's fchmod and fchown would change the file behind every other name (seventeenth round).
+            raise ActionError(
+                f"{api_key.file} has {st.st_nlink} names (a hard link): changing its mode or owner would "
+                f"change the file behind the others; remove it (rm {api_key.file}) and re-run to generate "
+                "a key there"
+            )
         if st.st_size == 0:
             # An empty file holds no key to preserve; serving with an empty key would be open to all.
             return _generate(api_key, mode, uid, gid, "key file was empty")

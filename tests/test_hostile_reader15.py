@@ -55,6 +55,28 @@ def test_a_port_written_with_leading_zeros_is_held_to_the_listener_rule(
 
 # --- class 1: a `#!` line's words as its interpreter reads them -------------------------------------
 
+# Root's server script (beside root's module h15mod.py): it imports h15mod, then runs the fake server.
+SERVE_BODY = f"import h15mod\nexec(open({str(FAKE_VLLM)!r}).read())\n".encode()
+
+
+def plant_pycache(outside: Path, prefix: bytes, marker: Path) -> None:
+    """Root's module `outside/h15mod.py`, and `prefix` (a directory made here, nobody's with all it
+    holds) holding an unchecked-hash .pyc for it that records who ran it in `marker`: what python runs
+    for `import h15mod` from `outside` with that pycache prefix."""
+    (outside / "h15mod.py").write_text("pass\n")
+    os.mkdir(prefix)
+    evil = outside / "evil.py"
+    evil.write_text(_RECORD.format(marker=str(marker)))
+    cached = prefix + os.fsencode(outside) + f"/h15mod.{sys.implementation.cache_tag}.pyc".encode()
+    os.makedirs(os.path.dirname(cached))
+    py_compile.compile(
+        str(evil), cfile=os.fsdecode(cached), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
+    evil.unlink()
+    for root, dirs, files in os.walk(prefix):
+        for entry in [root, *(os.path.join(root, e) for e in dirs + files)]:
+            os.chown(entry, NOBODY, NOGROUP)
+
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 @pytest.mark.parametrize(
@@ -76,28 +98,11 @@ def test_a_shebang_word_is_judged_as_the_bytes_the_interpreter_gets(
     nobody's bytecode (it recorded uid 0)."""
     marker = outside / "ran-as"
     (top_level / "ok").mkdir()  # root's, empty
-    (outside / "h15mod.py").write_text("pass\n")  # root's module, beside root's server script
     prefix = os.fsencode(top_level) + b"/" + name
-    os.mkdir(prefix)
-    evil = outside / "evil.py"
-    evil.write_text(_RECORD.format(marker=str(marker)))
-    cached = prefix + os.fsencode(outside) + f"/h15mod.{sys.implementation.cache_tag}.pyc".encode()
-    os.makedirs(os.path.dirname(cached))
-    py_compile.compile(
-        str(evil), cfile=os.fsdecode(cached), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
-    )
-    evil.unlink()
-    for root, dirs, files in os.walk(prefix):
-        for entry in [root, *(os.path.join(root, e) for e in dirs + files)]:
-            os.chown(entry, NOBODY, NOGROUP)
+    plant_pycache(outside, prefix, marker)
     server = outside / "serve"
     server.write_bytes(
-        b"#!"
-        + os.fsencode(sys.executable)
-        + b" -Xpycache_prefix="
-        + prefix
-        + b"\n"
-        + f"import h15mod\nexec(open({str(FAKE_VLLM)!r}).read())\n".encode()
+        b"#!" + os.fsencode(sys.executable) + b" -Xpycache_prefix=" + prefix + b"\n" + SERVE_BODY
     )
     server.chmod(0o755)
     refused_as_server(demo, server, marker, "[server].executable", "-Xpycache_prefix=")

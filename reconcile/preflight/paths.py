@@ -110,28 +110,34 @@ def _unindexed(key: str) -> str:
 def _remote_code_problem(spec: Spec) -> Finding | None:
     """A local `[model] source` is data whoever writes it, until `trust-remote-code` makes vLLM
     import the model's own .py files in the server (root's by default): then the source tree is
-    code root runs, and is held to the read role, its whole tree (as an extra site-packages is)."""
+    code root runs, and is held to the read role, its whole tree (as an extra site-packages is). So is
+    a local directory `[server] model` names, which the server reads in place (seventeenth round)."""
     server, model = spec.server, spec.model
-    if server is None or model is None or not model.source:
+    if server is None:
         return None
     # As vLLM reads the flag (fourteenth round): any spelling its argparse takes, or a --config file,
     # whose YAML vLLM reads as flags of its own.
     values = [v for k, v in server.args.items() if read_as(k, "trust-remote-code") or read_as(k, "config")]
     if all(v in (False, "false") for v in values):
         return None
-    problem = read_problem(model.source, entries=-1)
-    if problem is None:
-        return None
-    return Finding(
-        "paths.remote-code",
-        "error",
-        f"[model].source {model.source}: {problem}; with trust-remote-code (set in [server] args, in any "
-        "spelling vLLM reads, or maybe by its --config file) the server runs the model's own Python "
-        "code from it",
-        "copy the model into a directory only root can write and name that as the source, or drop "
-        "trust-remote-code",
-        {"path": model.source, "key": "[model].source"},
-    )
+    # vLLM (transformers) takes `[server] model` as a local directory where one is there, from the
+    # server's working directory "/", else as a hub id.
+    trees = [("[model].source", model.source)] if model is not None and model.source else []
+    if server.model and os.path.isdir(os.path.join("/", server.model)):
+        trees.append(("[server].model", os.path.join("/", server.model)))
+    for key, tree in trees:
+        if (problem := read_problem(tree, entries=-1)) is not None:
+            return Finding(
+                "paths.remote-code",
+                "error",
+                f"{key} {tree}: {problem}; with trust-remote-code (set in [server] args, in any spelling "
+                "vLLM reads, or maybe by its --config file) the server runs the model's own Python code "
+                "from it",
+                "copy the model into a directory only root can write and name that, or drop "
+                "trust-remote-code",
+                {"path": tree, "key": key},
+            )
+    return None
 
 
 # What of a CUDA toolkit root uses beyond bin/nvcc (checked by the exec role when it runs): the headers
@@ -168,10 +174,15 @@ def _toolkit_problem(spec: Spec) -> Finding | None:
 
 def _unsigned_repo_problem(spec: Spec) -> Finding | None:
     """A repository no keyring vouches for (`trusted = true`: `[trusted=yes]`) is a local package index:
-    dpkg runs its packages' maintainer scripts as root. Each local path its uri names (`file:`) is held
-    to the index role (the read role, its whole tree), as `[venv] index_url`'s is."""
+    dpkg runs its packages' maintainer scripts as root. Each local path its uri names (`file:`, `copy:`)
+    is held to the index role (the read role, its whole tree), as `[venv] index_url`'s is."""
+    import re
+
     for repo in spec.apt.repositories if spec.apt is not None else ():
-        if repo.trusted and (problem := index_problem(repo.uri)) is not None:
+        # apt's `copy:` method reads a local directory as `file:` does (seventeenth round: `copy:///<dir>`
+        # read as a remote URL named no path).
+        uri = re.sub(r"^(mirror\+)?copy:", r"\1file:", repo.uri, flags=re.IGNORECASE)
+        if repo.trusted and (problem := index_problem(uri)) is not None:
             key = f"[apt].repositories.{repo.name}.uri"
             fix = f"make {repo.uri} root's alone, or give {key[:-4]} a keyring instead of trusted = true"
             return Finding(

@@ -488,7 +488,11 @@ def _env_paths(value: str, bases: Collection[str] = ("/",)) -> list[str]:
     paths: list[str] = []
     for form in _decoded_forms(value):
         text = _OTHER_URL.sub(" ", _FILE_URL.sub(" ", form))
-        for w in dict.fromkeys(w for split in (_WORD_SPLIT, *_PIECE_SPLITS) for w in split.split(text)):
+        # And the form itself, as written: a program that reads the value as one path (python's
+        # PYTHONPYCACHEPREFIX, a hub's HF_HOME) reads `/a:b`, `/afile:/b` and `/a_b://c` whole, which
+        # the splits and the URLs blanked out never judge (seventeenth round).
+        words = [form, *(w for split in (_WORD_SPLIT, *_PIECE_SPLITS) for w in split.split(text))]
+        for w in dict.fromkeys(words):
             if w.startswith(("/", "~")):
                 paths.append(w)
             elif w and not w.startswith("-"):
@@ -942,7 +946,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             raise UnsafePath(f"{what} {path} is {who}-writable (mode {stat.S_IMODE(st.st_mode):04o})")
         if not st.st_mode & 0o111:
             raise UnsafePath(f"{what} {path} is not executable (mode {stat.S_IMODE(st.st_mode):04o})")
-        head = os.read(fd, 256)
+        head = os.read(fd, _BINPRM_BUF)
     finally:
         os.close(fd)
     if head.startswith(b"#!"):
@@ -950,11 +954,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             raise UnsafePath(
                 f"{what} {path}: more than {SHEBANG_DEPTH} `#!` interpreters deep: cannot check what it runs"
             )
-        # The kernel splits the line at its first blank: the interpreter, then one argument.
-        interp, _, rest = head[2:].split(b"\n", 1)[0].strip(b" \t").partition(b" ")
-        if b"\t" in interp:
-            interp, _, more = interp.partition(b"\t")
-            rest = more + b" " + rest
+        interp, rest = _shebang_line(head)
         if interp:
             # Bytes as the kernel hands them (fifteenth round): a byte that is not UTF-8 is judged as
             # itself, never as U+FFFD, and os's calls open that very name.
@@ -966,8 +966,12 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
                     "absolute path"
                 )
             real_interp = _resolve_exec(name, ok, f"interpreter {name} of {what} {path}", depth + 1, search)
-            arg = os.fsdecode(rest.strip(b" \t"))
-            _shebang_values(_shebang_words(arg), ok, name, what, path, depth, search)
+            arg = os.fsdecode(rest)
+            # The interpreter gets the argument whole (python: `-Xpycache_prefix=/a -b` is the directory
+            # `/a -b`); env -S, perl and others split it again: judged whole and word by word.
+            _shebang_values(
+                list(dict.fromkeys([arg, *_shebang_words(arg)])), ok, name, what, path, depth, search
+            )
             # `#!/usr/bin/env NAME`: the interpreter is env, root's; the program is NAME, which env finds
             # on the PATH the script runs with (`search`: a server's is the launcher's, its venv's bin
             # first, then [server] env PATH's directories where the spec sets it, then ours). env is
@@ -983,11 +987,30 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
     return real
 
 
+_BINPRM_BUF = 256  # how much of a script the kernel reads for its `#!` line (BINPRM_BUF_SIZE)
+
+
+def _shebang_line(head: bytes) -> tuple[bytes, bytes]:
+    """The interpreter and the one argument the kernel reads from a `#!` line (binfmt_script.c), from
+    the first 256 bytes of the script (`head`): the line ends at a newline in them, else at offset 254
+    (the buffer's last byte is never part of it: seventeenth round), blanks around it dropped; the
+    interpreter ends at the first space, tab or NUL; the argument is the rest after spaces and tabs, up
+    to a NUL (a C string), handed whole."""
+    end = head.find(b"\n")
+    line = head[2 : end if end >= 0 else _BINPRM_BUF - 1].strip(b" \t")
+    interp = re.split(rb"[ \t\0]", line, maxsplit=1)[0]
+    rest = line[len(interp) :]
+    if rest.startswith(b"\0"):
+        return interp, b""
+    return interp, rest.lstrip(b" \t").split(b"\0", 1)[0]
+
+
 def _shebang_words(arg: str) -> list[str]:
-    """The words of a `#!` line's argument, split where the kernel and env -S split: at a space or a
-    tab only. str.split also splits at \\v, \\f, \\x1c-\\x1f, U+00A0 and the other Unicode blanks, which
-    no interpreter does: `-Xpycache_prefix=/a<\\x1f>-b` was judged as `/a` and `-b`, while python read
-    the directory `/a<\\x1f>-b` (fifteenth round)."""
+    """The words of a `#!` line's argument, split where env -S splits: at a space or a tab only (the
+    kernel does not split it: the interpreter gets it whole, judged whole as well). str.split also
+    splits at \\v, \\f, \\x1c-\\x1f, U+00A0 and the other Unicode blanks, which no interpreter does:
+    `-Xpycache_prefix=/a<\\x1f>-b` was judged as `/a` and `-b`, while python read the directory
+    `/a<\\x1f>-b` (fifteenth round)."""
     return [word for word in re.split(r"[ \t]+", arg) if word]
 
 

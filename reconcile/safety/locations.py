@@ -26,20 +26,24 @@ _SPECIAL = frozenset({"http", "https", "ws", "wss", "ftp"})
 _AUTHORITY_END = re.compile(r"[/?#\s]")
 _PIECE_SPLIT = re.compile(r"[@\\,;'\"]")
 _URL_END = re.compile(r"[\s\"',;]")
+# A port as the most lenient tool reads it: httpx (huggingface_hub's) with Python's int(), which takes
+# blanks before it, a `+`, `_` between digits and any Unicode decimal digit (`: +1_2345` and `١٢٣٤٥` are
+# 12345 to it: seventeenth round); WHATWG and urllib3 take ASCII digits, their leading zeros skipped.
+_PORT = r"[ \t]*\+?\d[\d_]*"
 # One piece of an authority (between `@\,;'"`, before `/?#` or a space): a bracketed host (to its `]`,
 # else to the piece's end: an IPv6 address and its zone fit in 256) or one to its first `:`, then a
-# port of ASCII digits that runs to the piece's end (else junk: the scheme's default port); its leading
-# zeros are read as every tool reads them, as nothing (`:000008000` is 8000: fifteenth round).
+# port (_PORT) that runs to the piece's end (else junk: the scheme's default port).
 _PIECE = re.compile(
     r"""(?:\[(?P<bracketed>[^\]@\\,;'"/?#\s]{0,256})\]?|(?P<host>[^:@\\,;'"/?#\s]*))"""
-    r"""(?::(?P<port>[0-9]+)(?=[@\\,;'"/?#\s]|\Z))?"""
+    rf"""(?::(?P<port>{_PORT})(?=[@\\,;'"/?#\s]|\Z))?"""
 )
 # A bare host:port, as proxies are written (`127.0.0.1:3128`, `user@localhost:3128`, `//0:3128/`): a
 # host, not preceded by a host's character, and a port not followed by a digit or `.digit` (a
 # terminal's `DISPLAY=localhost:10.0`). A host of digits alone is an address to inet_aton (`0` is
 # 0.0.0.0, `2130706433` 127.0.0.1); a time (`12:30`) reads as 0.0.0.12, not this machine. A port's
-# leading zeros are skipped, as urlsplit and urllib3 skip them (`127.0.0.1:000008000` is port 8000).
-_HOST_PORT = re.compile(r"(?<![\w.%\[\]-])(\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.%-]+):0*(\d{1,5})(?!\d)(?!\.\d)")
+# leading zeros are skipped, as urlsplit and urllib3 skip them (`127.0.0.1:000008000` is port 8000); the
+# port read as _PORT (httpx reads a bare proxy as `http://` and it).
+_HOST_PORT = re.compile(rf"(?<![\w.%\[\]-])(\[[0-9A-Fa-f:.]+(?:%\w+)?\]|[\w.%-]+):({_PORT})(?![\d_])(?!\.\d)")
 # WHATWG's URL parser and Python's urlsplit drop an ASCII tab, CR or LF anywhere in a URL.
 _DROPPED = re.compile(r"[\t\r\n]")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "socks4": 1080, "socks4a": 1080, "socks5": 1080, "socks5h": 1080}
@@ -75,7 +79,11 @@ def local_locations(value: str) -> list[tuple[str, int | None]]:
             if url_end < start:
                 url_end = _end(_URL_END, form, start)
             bare[blank:url_end] = " " * (url_end - blank)
-        found += [(host.strip("[]"), int(port)) for host, port in _HOST_PORT.findall("".join(bare))]
+        found += [
+            (host.strip("[]"), number)
+            for host, port in _HOST_PORT.findall("".join(bare))
+            if (number := _port_number(port)) is not None
+        ]
     machine = _Machine()
     return [(h, p) for h, p in dict.fromkeys(found) if _is_this_machine(h, machine)]
 
@@ -100,8 +108,18 @@ def _host_port(text: str, at: int, scheme: str) -> list[tuple[str, int | None]]:
     port = m.group("port")
     if port is None:
         return [(host, _default_port(scheme))]
-    digits = port.lstrip("0") or "0"  # WHATWG and urllib3 read any number of leading zeros
-    return [(host, int(digits))] if len(digits) <= 5 and int(digits) <= 65535 else []
+    number = _port_number(port)
+    return [] if number is None else [(host, number)]
+
+
+def _port_number(port: str) -> int | None:
+    """A port that _PORT matched, as int() reads it, its leading zeros skipped however many (WHATWG and
+    urllib3 read any number of them: fifteenth round); None past 65535 (no tool reaches it)."""
+    digits = port.strip(" \t+").replace("_", "")
+    if not digits.isascii():
+        digits = "".join(str(int(c)) for c in digits)  # each a Unicode decimal digit (\d)
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 5 and int(digits) <= 65535 else None
 
 
 def _default_port(scheme: str) -> int | None:
