@@ -188,10 +188,17 @@ def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_co
 
 # --- class 6: a listener of nobody's beside the server, on another address of its port -----------------
 
+# A listener beside the server's 127.0.0.1:PORT, clashing with nothing of it: on 127.0.0.2, or with
+# argv[2] "::" on IPv6's wildcard, IPv6 alone (IPV6_V6ONLY).
 BESIDE = """
 import socket, sys, time
-s = socket.socket()
-s.bind(("127.0.0.2", int(sys.argv[1])))  # the server holds 127.0.0.1:PORT: no clash
+if sys.argv[2:] == ["::"]:
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind(("::", int(sys.argv[1])))
+else:
+    s = socket.socket()
+    s.bind(("127.0.0.2", int(sys.argv[1])))
 s.listen(1)
 print("ready", flush=True)
 time.sleep(600)
@@ -397,3 +404,20 @@ def test_a_listener_on_a_wildcard_or_mapped_address_of_the_port_never_gets_the_k
     assert d.key not in got and "authorization" not in got.lower(), got
     assert not check.ok and f"pid {spy.pid}" in (seen.error or ""), seen
     assert (listener.state, listener.pid, listener.user) == ("foreign", spy.pid, "nobody")
+
+
+@ROOT_ONLY
+def test_an_ipv6_only_listener_on_the_wildcard_never_keeps_the_server_from_its_start(
+    deployment: Deployment, strangers: list[int]
+) -> None:
+    """A member of the closed listener-beside class, on IPv6's wildcard: with the deployment (127.0.0.1)
+    down, nobody listens on [::]:PORT with IPV6_V6ONLY, which no IPv4 connection reaches and whose bind
+    does not clash with 127.0.0.1:PORT. main: the start is refused naming nobody's listener as the
+    port's holder; now the server starts and answers."""
+    from actions import server as server_action
+    from tests.ownership_support import INPUTS
+
+    spec = deployment.spec()
+    as_nobody(["/usr/bin/python3", "-c", BESIDE, str(deployment.port), "::"], {}, strangers)
+    server_action.ensure_running(spec, INPUTS)
+    assert _health(deployment.port) == 200
