@@ -275,7 +275,8 @@ def key_holder_check(host: str, port: int, scope: Scope, what: str) -> None:
     found = listeners(port, first=ours, host=host)
     if not found:
         raise ForeignListener(
-            f"the key was not sent: nothing that reconcile can see listens on port {port}", "nobody visible"
+            f"the key was not sent: nothing that reconcile can see listens on port {port} at {host}",
+            "nobody visible",
         )
     bad = [x for x in found if x.pid is None or not is_member(x.pid, scope)]
     if bad:
