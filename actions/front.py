@@ -53,7 +53,7 @@ def take_away(spec: Spec) -> str:
         if "\nfrontend " in text:
             haproxy.write_config(was, text)
             haproxy.reload(was, pid)
-            _port_let_go(spec.server.port)
+            _port_let_go(spec.server.host, spec.server.port)
             said.append(f"took {spec.server.name} out of the machine's haproxy (master pid {pid}), reloaded")
             return "; ".join(said)
     haproxy.stop(was, pid)
@@ -61,17 +61,18 @@ def take_away(spec: Spec) -> str:
     return "; ".join(said)
 
 
-def _port_let_go(port: int, timeout: float = 10.0) -> None:
+def _port_let_go(host: str, port: int, timeout: float = 10.0) -> None:
     """After a reload without this deployment's frontend, until the old worker has closed its listener
-    on `port` (bounded): the server that serves the port next binds it as it starts (vLLM 0.26.0 binds
-    before it builds the engine), and a listener still there fails that bind at once. Past the bound
-    the start goes ahead, and a bind that fails is diagnosed as a taken port."""
+    on `port` where the server's bind of `host` would clash (bounded): the server that serves the port
+    next binds it as it starts (vLLM 0.26.0 binds before it builds the engine), and a listener still
+    there fails that bind at once. Past the bound the start goes ahead, and a bind that fails is
+    diagnosed as a taken port."""
     import time
 
     from reconcile.ownership.sockets import listening_inodes
 
     deadline = time.monotonic() + timeout
-    while listening_inodes(port) and time.monotonic() < deadline:
+    while listening_inodes(port, host) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

@@ -135,7 +135,7 @@ def ensure_running(
     timeout = min(server.stop_timeout, HUNG_STOP_S) if hung is not None else server.stop_timeout
     stopped = supervising.stop_marked(scope_of(spec), timeout=timeout, leader=pid)
     drained = time.monotonic() - down
-    holder = _port_holder(server.port)
+    holder = _port_holder(server.host, server.port)
     if holder is not None:
         raise ActionError(
             f"port {server.port} is held by {holder}, which is not deployment "
@@ -363,7 +363,7 @@ def _wait(
     def guard() -> None:  # the answer to /health must come from this deployment's process
         from reconcile.ownership.sockets import key_holder_check
 
-        key_holder_check(server.port, scope_of(spec), f"deployment {server.name}")
+        key_holder_check(connect_host(spec), server.port, scope_of(spec), f"deployment {server.name}")
 
     mask = [command.env[k] for k in command.secret_keys if command.env.get(k)]
     return wait_ready(
@@ -379,11 +379,12 @@ def _wait(
     )
 
 
-def _port_holder(port: int) -> str | None:
-    """Who listens on TCP `port` ("pid N (user U: command)"), or None when nobody does."""
+def _port_holder(host: str, port: int) -> str | None:
+    """Who listens on TCP `port` where a bind of `host` would clash ("pid N (user U: command)"), or None
+    when nobody does."""
     from reconcile.ownership.sockets import listeners
 
-    found = listeners(port)
+    found = listeners(port, host=host)
     return found[0].describe() if found else None
 
 

@@ -85,13 +85,14 @@ def _headers(spec: Spec) -> dict[str, str]:
 
 def _guard(spec: Spec) -> Callable[[], None]:
     """Run after the connect, before the keyed request is sent: refuses unless the port's listeners are
-    all the deployment's own processes (a local user listening there would otherwise get the key)."""
+        all the deployment's own processes (a local user listening there would otherwise get the key): those a
+    connection to the host reaches, not another address's on the port."""
     from reconcile.ownership.membership import scope_of
     from reconcile.ownership.sockets import key_holder_check
 
-    scope, (_host, port) = scope_of(spec), _target(spec)
+    scope, (host, port) = scope_of(spec), _target(spec)
     what = f"deployment {spec.server.name if spec.server else '?'}"
-    return lambda: key_holder_check(port, scope, what)
+    return lambda: key_holder_check(host, port, scope, what)
 
 
 def _json(resp: HttpResponse) -> Any:

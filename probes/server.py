@@ -166,8 +166,10 @@ def _pidfile(path: str, leader: int | None) -> Pidfile:
     return Pidfile(path, "foreign" if alive else "dead", text.pid)
 
 
-def _listener(port: int, scope: Scope, ours: set[int]) -> PortListener:
-    found = listeners(port, first=sorted(ours))
+def _listener(host: str, port: int, scope: Scope, ours: set[int]) -> PortListener:
+    """Who listens where the server's bind of `host`:`port` would clash (another address's listener on the
+    port is not the server's: reconcile.ownership.sockets.reaches)."""
+    found = listeners(port, first=sorted(ours), host=host)
     if not found:
         return PortListener(port, "nobody")
     bad = next((x for x in found if x.pid not in ours), None)
@@ -231,7 +233,7 @@ def probe(spec: Spec) -> ServerObservation:
         name=server.name,
         processes=tuple(processes),
         pidfile=_pidfile(pidfile_path(spec), leader.pid if leader else None),
-        listener=_listener(server.port, scope, {p.pid for p in found}),
+        listener=_listener(server.host, server.port, scope, {p.pid for p in found}),
         record=record,
         ownership=_ownership(spec, scope, record),
     )

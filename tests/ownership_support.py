@@ -25,12 +25,16 @@ NOGROUP = 65534  # nogroup, nobody's group on Debian
 INPUTS = LaunchInputs(packages={"vllm": "0.26.0"})
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another user's processes, ns_last_pid)")
 
-# A listener that answers 200 to anything and writes each request's head to stdout.
+# A listener that answers 200 to anything and writes each request's head to stdout; on 127.0.0.1, or on
+# the address argv[2] (an IPv6 one dual-stack: it takes IPv4's connections too).
 SPY = r"""
 import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+address = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
+s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
+if ":" in address:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind((address, int(sys.argv[1])))
 s.listen(16)
 print("ready", flush=True)
 while True:

@@ -29,7 +29,7 @@ from tests.test_server_support import free_port, wait_for
 pytestmark = root_only
 
 # nobody's process tree: `forks` children that only wait, each holding `fds` descriptors (the hard
-# limit allows), and, given a port, a last child listening on 127.0.0.2 at it (the newest pid: a scan
+# limit allows), and, given a port, a last child listening on 127.0.0.1 at it (the newest pid: a scan
 # in pid order reaches it last). Forked children share their parent's pages: an environment of 1.4 MB
 # costs nobody 1.4 MB however many children carry it.
 TREE = r"""
@@ -49,7 +49,7 @@ os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 if port and os.fork() == 0:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.2", port))
+    s.bind(("127.0.0.1", port))  # the server's address (127.0.0.2 is another's: round 17c, closed)
     s.listen()
     signal.pause()
 time.sleep(0.2)
@@ -97,9 +97,9 @@ def test_the_holder_of_another_users_listener_is_looked_up_within_a_bound(
     demo: Demo, strangers: list[int]
 ) -> None:
     """Who holds a socket on the port was found by reading every descriptor of every process until the
-    holder turned up: nobody listens on the spec's port (on 127.0.0.2, beside a server on 127.0.0.1, or
-    while it is down) from its newest process, after processes holding 19,000 descriptors each (its
-    hard limit here; a few MB of nobody's memory). Main read them all before naming it, on each of the
+    holder turned up: nobody listens on the spec's port (127.0.0.1, while the server is down) from its
+    newest process, after processes holding 19,000 descriptors each (its hard limit here; a few MB of
+    nobody's memory). Main read them all before naming it, on each of the
     plan's looks: 50 such processes took 4.7 s a look, and systemd's default hard limit (524,288) makes
     it minutes a look, every plan, status, check and apply. Now other users' descriptors are read up to
     a bound, past which the listener is named by its socket's user; root's processes (here a root

@@ -218,9 +218,10 @@ def test_a_json_flag_nested_past_the_bound_is_never_an_internal_error(demo: Demo
 
 # --- classes 4, 6 (ownership): the holder lookup's bound, read past through a setuid program ------
 
-# nobody's listener on 127.0.0.2 at `port`, and `forks` processes that hold `fds` inheritable descriptors
-# and exec su (setuid root: euid 0, the real uid nobody's), left waiting at its password prompt on a pipe
-# nobody keeps open. `handed` 0: the listener is held by nobody's newest process; 1: by su alone.
+# nobody's listener on 127.0.0.1 at `port` (the server's address: it is down), and `forks` processes that
+# hold `fds` inheritable descriptors and exec su (setuid root: euid 0, the real uid nobody's), left waiting
+# at its password prompt on a pipe nobody keeps open. `handed` 0: the listener is held by nobody's newest
+# process; 1: by su alone.
 SU_TREE = r"""
 import os, resource, signal, socket, sys, time
 forks, fds, port, handed = (int(a) for a in sys.argv[1:5])
@@ -233,7 +234,7 @@ for fd in held:
     os.set_inheritable(fd, True)
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.2", port))
+s.bind(("127.0.0.1", port))
 s.listen()
 s.set_inheritable(bool(handed))
 for _ in range(forks):

@@ -23,6 +23,7 @@ from tests.test_front import needs_haproxy
 from tests.test_hostile_reader5b import live
 from tests.test_hostile_reader13 import ROOT_ONLY
 from tests.test_liveness import engine_core, server_pid, stop
+from tests.test_server_support import Deployment, deployment_in
 
 if TYPE_CHECKING:
     from reconcile.spec.models import Spec
@@ -187,10 +188,17 @@ def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_co
 
 # --- class 6: a listener of nobody's beside the server, on another address of its port -----------------
 
+# A listener beside the server's 127.0.0.1:PORT, clashing with nothing of it: on 127.0.0.2, or with
+# argv[2] "::" on IPv6's wildcard, IPv6 alone (IPV6_V6ONLY).
 BESIDE = """
 import socket, sys, time
-s = socket.socket()
-s.bind(("127.0.0.2", int(sys.argv[1])))  # the server holds 127.0.0.1:PORT: no clash
+if sys.argv[2:] == ["::"]:
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind(("::", int(sys.argv[1])))
+else:
+    s = socket.socket()
+    s.bind(("127.0.0.2", int(sys.argv[1])))
 s.listen(1)
 print("ready", flush=True)
 time.sleep(600)
@@ -219,14 +227,17 @@ def test_a_listener_beside_the_server_on_its_port_never_leaves_the_deployment_do
     change asks for a restart. Read in the code, the restart stops the server before it looks at the
     port's holders (actions.server.ensure_running), so a start refused for nobody's listener would leave
     the deployment down. main (seen): the plan's `host.port` preflight names nobody's process and
-    blocks the apply before anything is stopped; the server keeps serving."""
+    blocks the apply before anything is stopped; the server keeps serving. Since the round's open
+    listener was closed (the port's rules count the listeners that clash with the server's host): the
+    restart goes ahead, its start not refused, and the new server serves."""
     first = demo.cli("apply")
     assert first.returncode == 2, first.output
+    old = server_pid(demo)
     as_nobody(["/usr/bin/python3", "-c", BESIDE, str(demo.port)], {}, strangers)
     demo.write_spec(lambda doc: doc["server"]["args"].__setitem__("max-num-seqs", 9))
     run = demo.cli("apply")
     assert "internal error" not in run.output and "Traceback" not in run.output, run.output
-    assert "nobody" in run.output, run.output  # the holder is named
+    assert server_pid(demo) != old, run.output
     assert _health(demo.port) == 200, f"the deployment's server was left down:\n{run.output}"
 
 
@@ -346,19 +357,15 @@ def test_a_state_dir_too_long_for_the_fronts_socket_is_named_with_its_fix(
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="left open (round 17c): the port's guard and the host.port rule count every listener on the "
-    "port, whatever its address; narrowing them to the listeners a connection can reach is a change to "
-    "the key's one guard, not made in this round",
-)
 def test_a_listener_beside_the_server_never_keeps_a_hung_engine_from_its_restart(
     live: Demo, strangers: list[int]
 ) -> None:
     """The engine is hung (its EngineCore stopped) and nobody listens on 127.0.0.2:PORT beside the
     server (no clash). main (seen): the apply's plan names nobody's process (`host.port`) and is
     blocked, and the liveness look sends nothing (the guard refuses a port with a foreign listener):
-    the hung engine stays, for as long as nobody's listener does."""
+    the hung engine stays, for as long as nobody's listener does. Left open by the round as a strict
+    xfail; closed after it: the guard and `host.port` count the listeners a connection to the server's
+    host reaches, or that clash with its bind (reconcile.ownership.sockets.reaches)."""
     first = live.cli("apply")
     assert first.returncode == 2, first.output
     hung = server_pid(live)
@@ -366,3 +373,51 @@ def test_a_listener_beside_the_server_never_keeps_a_hung_engine_from_its_restart
     as_nobody(["/usr/bin/python3", "-c", BESIDE, str(live.port)], {}, strangers)
     run = live.cli("apply")
     assert server_pid(live) != hung, run.output
+    assert _health(live.port) == 200, run.output
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    yield from deployment_in(tmp_path)
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "::ffff:127.0.0.1"])
+def test_a_listener_on_a_wildcard_or_mapped_address_of_the_port_never_gets_the_key(
+    deployment: Deployment, strangers: list[int], address: str
+) -> None:
+    """Already refused on main (it counted every listener on the port), kept as the members the narrowed
+    guard must still count: with the deployment's server (127.0.0.1:PORT) down, nobody listens on
+    0.0.0.0:PORT, on [::]:PORT dual-stack (IPv4's connections too) or on ::ffff:127.0.0.1:PORT (IPv4's
+    loopback through an IPv6 socket), each reached by a connection to 127.0.0.1:PORT. The unkeyed
+    /health reaches it; the keyed requests are never sent, and the server row names it."""
+    from probes import health, server
+    from tests.ownership_support import SPY, received
+
+    d, spec = deployment, deployment.spec()
+    spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(d.port), address], {}, strangers)
+    seen = health.probe(spec)
+    check = health.chat_check(spec, timeout=5)
+    listener = server.probe(spec).listener
+    got = received(spy)
+    assert "GET /health" in got  # the connection reached nobody's listener
+    assert d.key not in got and "authorization" not in got.lower(), got
+    assert not check.ok and f"pid {spy.pid}" in (seen.error or ""), seen
+    assert (listener.state, listener.pid, listener.user) == ("foreign", spy.pid, "nobody")
+
+
+@ROOT_ONLY
+def test_an_ipv6_only_listener_on_the_wildcard_never_keeps_the_server_from_its_start(
+    deployment: Deployment, strangers: list[int]
+) -> None:
+    """A member of the closed listener-beside class, on IPv6's wildcard: with the deployment (127.0.0.1)
+    down, nobody listens on [::]:PORT with IPV6_V6ONLY, which no IPv4 connection reaches and whose bind
+    does not clash with 127.0.0.1:PORT. main: the start is refused naming nobody's listener as the
+    port's holder; now the server starts and answers."""
+    from actions import server as server_action
+    from tests.ownership_support import INPUTS
+
+    spec = deployment.spec()
+    as_nobody(["/usr/bin/python3", "-c", BESIDE, str(deployment.port), "::"], {}, strangers)
+    server_action.ensure_running(spec, INPUTS)
+    assert _health(deployment.port) == 200

@@ -269,7 +269,8 @@ class _GuardedRelay:
         assert spec.server is not None
         port, scope, what = spec.server.port, scope_of(spec), f"deployment {spec.server.name}"
         self._target = _target(spec)
-        self._check: Callable[[], None] = lambda: key_holder_check(port, scope, what)
+        host = self._target[0]
+        self._check: Callable[[], None] = lambda: key_holder_check(host, port, scope, what)
         self.refused: list[str] = []
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
@@ -331,12 +332,13 @@ def _pump(src: Any, dst: Any) -> None:
 
 def _still_ours(spec: Spec) -> None:
     """Every listener on the port is the deployment's, or BenchError: the key goes nowhere else."""
+    from probes.health import _target
     from reconcile.ownership.membership import scope_of
     from reconcile.ownership.sockets import ForeignListener, key_holder_check
 
     assert spec.server is not None
     try:
-        key_holder_check(spec.server.port, scope_of(spec), f"deployment {spec.server.name}")
+        key_holder_check(_target(spec)[0], spec.server.port, scope_of(spec), f"deployment {spec.server.name}")
     except ForeignListener as exc:
         raise BenchError(f"port {spec.server.port}: {exc}: the key is not sent there") from None
 

@@ -2,7 +2,9 @@
 holding each (/proc/PID/fd), its user and command, and whether it is a member of a deployment.
 
 Read only. probes.server reports the listener; probes.health sends the API key only after
-key_holder_check() found every listener on the port to be ours; actions.server names a foreign holder.
+key_holder_check() found every listener a connection to the server's host:port reaches to be ours;
+actions.server names a foreign holder. Each looks at the listeners that a connection to the server's host
+reaches or that clash with its bind (reaches()), not every listener on the port number.
 """
 
 from __future__ import annotations
@@ -61,29 +63,100 @@ class ForeignListener(Exception):
         self.holder = holder
 
 
-def listening_inodes(port: int) -> dict[str, int]:
-    """Socket inodes listening on TCP `port`, each with the uid that made the socket: sock_diag over
-    netlink (what `ss -ltn` does, ~0.1 ms), else /proc/net/tcp{,6} (which the kernel builds by walking
-    every socket: ~10 ms each)."""
+# A listener's local address, 16 bytes: IPv6's, an IPv4 one v4-mapped (::ffff:a.b.c.d), as sock_diag and
+# /proc/net/tcp6 give it; None: not read (counted as reaching every host).
+Address = bytes | None
+_MAPPED = bytes(10) + b"\xff\xff"
+_ANY4, _ANY6 = _MAPPED + bytes(4), bytes(16)
+
+
+def _literal(text: str) -> bytes | None:
+    """An IP address written out, as listeners' addresses are kept; None: not one."""
+    import _socket
+
     try:
-        return _diag_listening(port)
+        return _MAPPED + _socket.inet_pton(_socket.AF_INET, text)
     except OSError:
         pass
-    inodes = {}
+    try:
+        return _socket.inet_pton(_socket.AF_INET6, text)
+    except OSError:
+        return None
+
+
+def host_addresses(host: str | None) -> frozenset[bytes] | None:
+    """The addresses a connection to (or a bind of) `host` uses, as listeners' addresses are kept; None
+    when unknown (no host, a name that does not resolve): then every listener on the port counts."""
+    import _socket
+
+    if not host:
+        return None
+    literal = _literal(host)
+    if literal is not None:
+        return frozenset((literal,))
+    try:  # a name (`localhost`): what the resolver answers the connect and the server's bind
+        found = _socket.getaddrinfo(host, None, 0, _socket.SOCK_STREAM)
+    except OSError:
+        return None
+    out = [_literal(str(where[0])) for *_rest, where in found]
+    return None if not out or None in out else frozenset(a for a in out if a is not None)
+
+
+def reaches(address: Address, v6only: bool, hosts: frozenset[bytes] | None) -> bool:
+    """Whether a listener on `address` of the port is reached by a connection to one of `hosts` on it, or
+    clashes with their bind: the same address, or a wildcard on either side (IPv6's [::] covers IPv4 too
+    unless it is IPV6_V6ONLY). Unknown on either side: it counts."""
+    if address is None or hosts is None:
+        return True
+    for host in hosts:
+        v4 = host.startswith(_MAPPED)
+        if address == host or host == _ANY6 or (host == _ANY4 and address.startswith(_MAPPED)):
+            return True
+        if (address == _ANY4 and v4) or (address == _ANY6 and not (v6only and v4)):
+            return True
+    return False
+
+
+def listening_inodes(port: int, host: str | None = None) -> dict[str, int]:
+    """Socket inodes listening on TCP `port` that a connection to `host` reaches (None: every one), each
+    with the uid that made the socket: sock_diag over netlink (what `ss -ltn` does, ~0.1 ms), else
+    /proc/net/tcp{,6} (which the kernel builds by walking every socket: ~10 ms each)."""
+    try:
+        found = _diag_listening(port)
+    except OSError:
+        found = _proc_listening(port)
+    hosts = host_addresses(host)
+    return {inode: uid for inode, (uid, address, v6only) in found.items() if reaches(address, v6only, hosts)}
+
+
+def _proc_listening(port: int) -> dict[str, tuple[int, Address, bool]]:
+    inodes: dict[str, tuple[int, Address, bool]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in (read_bytes(table) or b"").decode().splitlines()[1:]:
             cols = line.split()
             # local_address is ADDR:PORT in hex; st 0A is LISTEN
             if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes[cols[9]] = int(cols[7])
+                # V6ONLY is not shown here: an IPv6 wildcard counts as dual-stack
+                inodes[cols[9]] = (int(cols[7]), _hex_address(cols[1].rsplit(":", 1)[0]), False)
     return inodes
 
 
-def _diag_listening(port: int) -> dict[str, int]:
+def _hex_address(hexed: str) -> Address:
+    """/proc/net/tcp{,6}'s address: 1 or 4 32-bit words in hex, each in the machine's byte order."""
+    import struct
+
+    try:
+        raw = b"".join(struct.pack("=I", int(hexed[i : i + 8], 16)) for i in range(0, len(hexed), 8))
+    except (ValueError, struct.error):
+        return None
+    return _MAPPED + raw if len(raw) == 4 else raw if len(raw) == 16 else None
+
+
+def _diag_listening(port: int) -> dict[str, tuple[int, Address, bool]]:
     import _socket  # not socket.py: its selectors, array and enums cost ~3-4 ms to import
     import struct
 
-    inodes = {}
+    inodes: dict[str, tuple[int, Address, bool]] = {}
     sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_DGRAM, 4)  # NETLINK_SOCK_DIAG
     try:
         sock.settimeout(2.0)
@@ -103,15 +176,32 @@ def _diag_listening(port: int) -> dict[str, int]:
                     if kind == 3 or length < 16:  # NLMSG_DONE
                         done = True
                         break
-                    # inet_diag_msg: 4 bytes, sockid (sport big-endian first, 48 bytes), expires,
-                    # rqueue, wqueue, uid, inode (u32s)
+                    # inet_diag_msg: family and 3 bytes, sockid (sport big-endian first, dport, src address
+                    # in 16 bytes, ...: 48 bytes), expires, rqueue, wqueue, uid, inode (u32s); attributes
                     if struct.unpack_from("!H", data, offset + 20)[0] == port:
                         uid, inode = struct.unpack_from("=II", data, offset + 16 + 64)
-                        inodes[str(inode)] = uid
+                        src = data[offset + 24 : offset + 40]
+                        address = _MAPPED + src[:4] if data[offset + 16] == _socket.AF_INET else src
+                        inodes[str(inode)] = (uid, address, _v6only(data[offset + 16 + 72 : offset + length]))
                     offset += (length + 3) & ~3
     finally:
         sock.close()
     return inodes
+
+
+def _v6only(attributes: bytes) -> bool:
+    """INET_DIAG_SKV6ONLY among a listener's netlink attributes (the kernel sends it for IPv6 listeners)."""
+    import struct
+
+    at = 0
+    while at + 4 < len(attributes):
+        size, kind = struct.unpack_from("=HH", attributes, at)
+        if size < 4:
+            break
+        if kind == 11:  # INET_DIAG_SKV6ONLY: a u8
+            return bool(attributes[at + 4])
+        at += (size + 3) & ~3
+    return False
 
 
 def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dict[str, int], bool]:
@@ -152,9 +242,10 @@ def socket_owners(inodes: Iterable[str], first: Iterable[int] = ()) -> tuple[dic
     return found, whole
 
 
-def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
-    """Every socket listening on `port`, with who holds it."""
-    inodes = listening_inodes(port)
+def listeners(port: int, first: Iterable[int] = (), host: str | None = None) -> list[Listener]:
+    """Every socket listening on `port` that a connection to `host` reaches (None: on any address), with
+    who holds it."""
+    inodes = listening_inodes(port, host)
     owners, whole = socket_owners(inodes, first) if inodes else ({}, True)
     out = []
     for inode, made_by in sorted(inodes.items()):
@@ -171,23 +262,21 @@ def listeners(port: int, first: Iterable[int] = ()) -> list[Listener]:
     return out
 
 
-def foreign_listeners(port: int, scope: Scope, first: Iterable[int] = ()) -> list[Listener]:
-    """The listeners on `port` that are not members of `scope` (an unseen holder counts as foreign)."""
-    return [x for x in listeners(port, first) if x.pid is None or not is_member(x.pid, scope)]
-
-
-def key_holder_check(port: int, scope: Scope, what: str) -> None:
-    """Raise ForeignListener unless something listens on `port` and every listener is a member.
+def key_holder_check(host: str, port: int, scope: Scope, what: str) -> None:
+    """Raise ForeignListener unless something listens on `port` and every listener a connection to `host`
+    reaches (or that clashes with its bind: reaches()) is a member; a listener on another address of the
+    port (127.0.0.2 beside the server's 127.0.0.1) is not the connection's and is not judged.
 
     Called after the TCP connect and before the request is sent: our connection then waits in the
     queue of a listener that existed at connect time, and a listener cannot be replaced without
     resetting the connections it queued."""
     # Our own processes are looked at first: the fd scan then stops at once when the holder is ours.
     ours = [*(cgroup_procs(scope.cgroup) if scope.cgroup else []), *(r.pid for r in scope.launches)]
-    found = listeners(port, first=ours)
+    found = listeners(port, first=ours, host=host)
     if not found:
         raise ForeignListener(
-            f"the key was not sent: nothing that reconcile can see listens on port {port}", "nobody visible"
+            f"the key was not sent: nothing that reconcile can see listens on port {port} at {host}",
+            "nobody visible",
         )
     bad = [x for x in found if x.pid is None or not is_member(x.pid, scope)]
     if bad:
