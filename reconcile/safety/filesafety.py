@@ -15,6 +15,7 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
+from reconcile.safety import elf
 from reconcile.safety.display import shown
 from reconcile.safety.untrusted import kind
 
@@ -947,8 +948,11 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
         if not st.st_mode & 0o111:
             raise UnsafePath(f"{what} {path} is not executable (mode {stat.S_IMODE(st.st_mode):04o})")
         head = os.read(fd, _BINPRM_BUF)
+        loads = elf.loads(fd)
     finally:
         os.close(fd)
+    if (problem := _loader_problem(real, loads, ok, set())) is not None:
+        raise UnsafePath(f"{what} {path}: {problem}")
     if head.startswith(b"#!"):
         if depth >= SHEBANG_DEPTH:
             raise UnsafePath(
@@ -985,6 +989,75 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             else:
                 _only_options(_shebang_words(arg), name, what, path)
     return real
+
+
+# Where glibc's loader looks inside each directory a program's RPATH or RUNPATH names, before the
+# directory itself (`ld.so --help`: glibc-hwcaps/x86-64-v3/, and the legacy tls/, haswell/, avx512_1/,
+# x86_64/ and their nestings, as AT_PLATFORM and the CPU's capabilities name them).
+_HWCAP_DIRS = ("glibc-hwcaps", "tls", "haswell", "xeon_phi", "avx512_1", "x86_64", "i686", "i586", "aarch64")
+_LOADS_DEPTH = 8  # libraries that name libraries (the loader's own limit is memory)
+
+
+_DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")  # ld.so's
+
+
+def _search_dirs(entries: list[str], origin: str) -> list[str]:
+    """A program's RPATH/RUNPATH entries as the loader reads them: $ORIGIN (${ORIGIN}) is the directory
+    of its real path; $LIB and $PLATFORM each of what glibc may make of them; an empty or relative entry
+    is from the working directory ("/" for everything root runs)."""
+    import sysconfig
+
+    machine = os.uname().machine
+    tokens = {
+        "ORIGIN": [origin],
+        "LIB": ["lib", "lib64", f"lib/{sysconfig.get_config_var('MULTIARCH') or machine + '-linux-gnu'}"],
+        "PLATFORM": [machine, "haswell", "xeon_phi"],
+    }
+
+    def expand(text: str) -> list[str]:
+        m = _DST.search(text)
+        if m is None:
+            return [text]
+        values = tokens[m.group(1) or m.group(2)]
+        return [text[: m.start()] + v + rest for v in values for rest in expand(text[m.end() :])]
+
+    found = [os.path.normpath(os.path.join("/", form)) for entry in entries for form in expand(entry)]
+    return list(dict.fromkeys(found))
+
+
+def _loader_problem(real: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
+    """What the kernel and the dynamic loader read for the ELF program at `real` before its first
+    instruction, held to the read role (eighteenth round: a shared python's libpython3.X.so.1.0 of
+    nobody's, found through its RUNPATH `$ORIGIN/../lib`, ran as root): its program interpreter, a
+    library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
+    hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
+    found there loads. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
+    seen.add(real)
+    dirs = _search_dirs(loads.search, os.path.dirname(real))
+    for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
+        if (problem := read_problem(os.path.join("/", path), ok)) is not None:
+            return f"the dynamic loader reads {path} for it: {problem}"
+    for directory in dirs:
+        tried = [(directory, 1), *((os.path.join(directory, d), -1) for d in _HWCAP_DIRS)]
+        problem = next(filter(None, (read_problem(p, ok, entries=n) for p, n in tried)), None)
+        if problem is not None:
+            return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
+    libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
+    libraries += [os.path.join(d, n) for d in dirs for n in loads.needed if "/" not in n]
+    for library in libraries:
+        if len(seen) >= _LOADS_DEPTH or os.path.realpath(library) in seen or not os.path.isfile(library):
+            continue
+        try:
+            fd = os.open(library, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            inner = elf.loads(fd)
+        finally:
+            os.close(fd)
+        if (problem := _loader_problem(os.path.realpath(library), inner, ok, seen)) is not None:
+            return problem
+    return None
 
 
 _BINPRM_BUF = 256  # how much of a script the kernel reads for its `#!` line (BINPRM_BUF_SIZE)

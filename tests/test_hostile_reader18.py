@@ -1,0 +1,105 @@
+"""Issue 24's hostile reader, eighteenth round: what round 17 added (the installers' own config files
+and caches, the interpreter's standard library check, the new value rules, the hard-linked key). Read
+as `nobody` (or the owner of a file in an interpreter's install unpacked with its archive's owners, round
+3's premise) with only docs/security.md and the code. Each attack runs for real; each was seen
+succeeding on main before its fix unless its docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apply_support import Demo
+from tests.ownership_support import NOBODY, NOGROUP
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)"),
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (builds a program and a library)"),
+]
+
+# A launcher as python-build-standalone's and pyenv's shared builds are: `main` calls libpython's
+# Py_BytesMain, and the dynamic loader finds libpython3.X.so.1.0 through the program's RUNPATH.
+_MAIN = "int Py_BytesMain(int, char **);\nint main(int c, char **v) { return Py_BytesMain(c, v); }\n"
+# What nobody puts at that name: a library whose constructor records who loaded it.
+_THEIRS = """#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void ran(void) {
+    FILE *f = fopen("%s", "a"); if (f) { fprintf(f, "uid=%%d\\n", (int)getuid()); fclose(f); }
+}
+int Py_BytesMain(int c, char **v) { (void)c; (void)v; return 1; }
+"""
+
+
+def _gcc(out: Path, source: str, *flags: str) -> None:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-o", str(out), str(src), *flags], check=True, capture_output=True)
+    src.unlink()
+
+
+def _shared_python(base: Path, runpath: str) -> Path:
+    """A standalone install's program at base/bin/python3 (root's, 0755), linked against this python's
+    libpython with `runpath` as its RUNPATH (`$ORIGIN/../lib`: python-build-standalone's)."""
+    (base / "bin").mkdir(parents=True)
+    (base / "lib").mkdir()
+    program = base / "bin" / "python3"
+    libdir = sysconfig.get_config_var("LIBDIR")
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    _gcc(program, _MAIN, f"-L{libdir}", f"-lpython{version}", f"-Wl,-rpath,{runpath},--enable-new-dtags")
+    return program
+
+
+def _theirs(path: Path, marker: Path) -> None:
+    """nobody's shared library at `path` (its directory root's)."""
+    _gcc(path, _THEIRS % marker, "-shared", "-fPIC")
+    os.chown(path, NOBODY, NOGROUP)
+
+
+# --- the interpreter's shared library, found through its RUNPATH -----------------------------------------
+
+
+def test_a_libpython_of_nobodys_beside_the_specs_interpreter_never_loads_when_root_makes_the_venv(
+    demo: Demo, outside: Path
+) -> None:
+    """Round 17 held `[venv] python`'s standard library to the read role (`library_problem`), but a
+    shared build (pyenv's, python-build-standalone's) is a small program whose interpreter is
+    `libpython3.X.so.1.0`, which the dynamic loader finds through the program's RUNPATH
+    (`$ORIGIN/../lib`) before the system's directories: `<prefix>/lib/libpython3.X.so.1.0`, beside the
+    standard library, not in it. An install unpacked with its archive's owners kept: root's program and
+    directories, that one file nobody's. main: apply's `python -I -S -m venv` loaded nobody's library,
+    whose constructor ran as uid 0."""
+    base = outside / "python"
+    program = _shared_python(base, "$ORIGIN/../lib")
+    marker = outside / "ran-as"
+    _theirs(base / "lib" / sysconfig.get_config_var("INSTSONAME"), marker)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(program)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
+    assert "is owned by nobody" in run.output and "Traceback" not in run.output, run.output
+
+
+def test_an_interpreter_whose_shared_library_is_roots_alone_passes(outside: Path) -> None:
+    """The fix's other side: the same install with root's copy of libpython, and the interpreter running
+    these tests (pyenv's shared build: RUNPATH <prefix>/lib, root's), pass the exec role."""
+    from reconcile.safety.filesafety import resolve_exec
+
+    base = outside / "python"
+    program = _shared_python(base, "$ORIGIN/../lib")
+    name = sysconfig.get_config_var("INSTSONAME")
+    shutil.copy2(Path(sysconfig.get_config_var("LIBDIR")) / name, base / "lib" / name)
+    assert subprocess.run([program, "-I", "-S", "-c", "pass"], check=False).returncode == 0
+    assert resolve_exec(str(program)) == str(program)
+    real = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
+    assert resolve_exec(real) == real
