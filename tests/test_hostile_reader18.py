@@ -19,6 +19,8 @@ import pytest
 
 from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, NOGROUP
+from tests.test_hostile_reader9 import _standalone_python
+from tests.test_hostile_reader17a import _nobodys_venv_module
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)"),
@@ -103,3 +105,31 @@ def test_an_interpreter_whose_shared_library_is_roots_alone_passes(outside: Path
     assert resolve_exec(str(program)) == str(program)
     real = os.path.realpath(sys._base_executable)  # type: ignore[attr-defined]
     assert resolve_exec(real) == real
+
+
+# --- the interpreter's standard library, where its pyvenv.cfg's `home` puts it ---------------------------
+
+
+def test_a_module_of_nobodys_in_the_library_a_copied_venvs_home_names_never_runs_when_root_makes_the_venv(
+    demo: Demo, outside: Path
+) -> None:
+    """Round 17 judged the standard library under the program's own prefix and a pyvenv.cfg beside it
+    (or one up) as a file. `[venv] python` a venv's python made with `--copies` (a regular file, root's):
+    its prefix holds no standard library; python reads its pyvenv.cfg's `home` and takes the library
+    from the install there, which nothing judged. That install unpacked with its archive's owners kept,
+    its `venv/__init__.py` nobody's. main: apply's `python -I -S -m venv` ran nobody's line as uid 0."""
+    base = outside / "base"
+    base.mkdir()
+    python = _standalone_python(base, outside / "pth-ran-as")
+    copied = outside / "copied"
+    subprocess.run([python, "-I", "-S", "-m", "venv", "--copies", "--without-pip", copied], check=True)
+    marker = outside / "ran-as"
+    init = _nobodys_venv_module(python, marker)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(copied / "bin" / "python3")
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's venv module ran ({ran!r}): {run.output}"
+    assert f"{init} is owned by nobody" in run.output and "Traceback" not in run.output, run.output

@@ -444,6 +444,22 @@ def installer_cache_dirs(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     return [(tool, p) for tool, p in (("pip", pip), ("uv", uv)) if p.startswith("/")]
 
 
+def pyvenv_home(cfg: str) -> str | None:
+    """The real path of the absolute `home` a pyvenv.cfg at `cfg` names (the directory of the python
+    whose install a venv's python takes its library from); None when there is none or it cannot be read."""
+    from reconcile.safety.untrusted import read_regular
+
+    try:
+        text = read_regular(cfg, 1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home" and value.strip().startswith("/"):
+            return os.path.realpath(value.strip())
+    return None
+
+
 def tool_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
     """A directory a tool keeps its config or cache in (ENV_DIRS' values, the installers' caches): the
     write-dir role (env_dir_problem), and what it holds, ENV_DEPTH levels of it, the read role."""
