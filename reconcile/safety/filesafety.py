@@ -1041,15 +1041,16 @@ def _search_dirs(entries: list[str], origin: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _loader_problem(real: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
-    """What the kernel and the dynamic loader read for the ELF program at `real` before its first
+def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
+    """What the kernel and the dynamic loader read for the ELF program at `path` (a program's real path,
+    /proc/self/exe; a library's name as the loader found it: each is its $ORIGIN) before its first
     instruction, held to the read role (eighteenth round: a shared python's libpython3.X.so.1.0 of
     nobody's, found through its RUNPATH `$ORIGIN/../lib`, ran as root): its program interpreter, a
     library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
     hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
     found there loads. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
-    seen.add(real)
-    dirs = _search_dirs(loads.search, os.path.dirname(real))
+    seen.add(os.path.realpath(path))
+    dirs = _search_dirs(loads.search, os.path.dirname(path))
     for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
         if (problem := read_problem(os.path.join("/", path), ok)) is not None:
             return f"the dynamic loader reads {path} for it: {problem}"
@@ -1071,7 +1072,7 @@ def _loader_problem(real: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
             inner = elf.loads(fd)
         finally:
             os.close(fd)
-        if (problem := _loader_problem(os.path.realpath(library), inner, ok, seen)) is not None:
+        if (problem := _loader_problem(library, inner, ok, seen)) is not None:
             return problem
     return None
 
