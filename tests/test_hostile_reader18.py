@@ -133,3 +133,64 @@ def test_a_module_of_nobodys_in_the_library_a_copied_venvs_home_names_never_runs
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's venv module ran ({ran!r}): {run.output}"
     assert f"{init} is owned by nobody" in run.output and "Traceback" not in run.output, run.output
+
+
+# --- setuptools' own config file, read when pip or uv build an sdist ---------------------------------------
+
+
+def _sdist(wheelhouse: Path) -> None:
+    """toy 1.0 as an sdist (setuptools' build backend, one package whose module says whose it is) beside
+    setuptools' wheel: what an unlocked install builds from a wheelhouse of root's (round 5's choice)."""
+    import io
+    import tarfile
+
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\n'
+        'build-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "toy"\nversion = "1.0"\n[tool.setuptools]\npackages = ["toy"]\n',
+        "toy/__init__.py": "WHOSE = 'roots'\n",
+    }
+    with tarfile.open(wheelhouse / "toy-1.0.tar.gz", "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(f"toy-1.0/{name}")
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    shutil.copy(next(Path("/opt/pypi/files").glob("setuptools-*.whl")), wheelhouse)
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_a_setuptools_config_of_nobodys_in_roots_home_never_steers_the_build_of_what_root_installs(
+    demo: Demo, outside: Path, installer: str
+) -> None:
+    """Round 17 held the config files pip and uv read by default to the read role; the build backend they
+    run for an sdist reads its own: setuptools (its distutils) reads `$HOME/.pydistutils.cfg` at every
+    build. Under `sudo -E` HOME is root's, that one file nobody's (a dotfiles copy that kept its owner):
+    `[build] build_base = <nobody's dir>`, where nobody left `lib/toy/__init__.py` dated in the future;
+    distutils copies a module into build_lib only when the copy there is older, so the wheel packs
+    nobody's. main: root's venv got nobody's module (pip and uv alike)."""
+    home = outside / "home"
+    home.mkdir()
+    theirs = outside / "build"
+    theirs.mkdir()
+    planted = theirs / "lib" / "toy" / "__init__.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("WHOSE = 'nobodys'\n")
+    os.utime(planted, (2_000_000_000, 2_000_000_000))
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(theirs)], check=True)
+    (home / ".pydistutils.cfg").write_text(f"[build]\nbuild_base = {theirs}\n")
+    os.chown(home / ".pydistutils.cfg", NOBODY, NOGROUP)
+    wheelhouse = outside / "wheelhouse"
+    wheelhouse.mkdir()
+    _sdist(wheelhouse)
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["installer"] = installer
+        doc["venv"]["wheelhouse"] = str(wheelhouse)
+        doc["venv"]["packages"] = {"toy": "*"}
+
+    env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300, env=env)
+    installed = list(demo.venv.glob("lib/python3*/site-packages/toy/__init__.py"))
+    assert not [p for p in installed if "nobodys" in p.read_text()], run.output
+    assert f"{home}/.pydistutils.cfg" in run.output and "owned by nobody" in run.output, run.output
+    assert run.returncode == 1 and "Traceback" not in run.output, run.output

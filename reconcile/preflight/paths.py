@@ -266,7 +266,7 @@ def _installer_config_problem(spec: Spec) -> Finding | None:
     directory only, and the defaults not at all)."""
     if spec.venv is None:
         return None
-    config = "reads it for its own config: the index, find-links and constraints it installs from"
+    config = "reads it for its own config: where it installs from, or how it builds what it installs"
     cache = "keeps its cache there: wheels it installs again without reading them anew"
     files = [(tool, p, read_problem, config) for tool, p in installer_config_files(os.environ)]
     caches = [(tool, p, tool_dir_problem, cache) for tool, p in installer_cache_dirs(os.environ)]

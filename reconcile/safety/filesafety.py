@@ -421,7 +421,10 @@ def installer_config_files(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     and per-user ones (~/.pip/pip.conf, XDG_CONFIG_HOME's pip/pip.conf); uv's (XDG_CONFIG_DIRS'
     uv/uv.toml, /etc/uv/uv.toml, XDG_CONFIG_HOME's uv/uv.toml) and the project files it finds from its
     working directory up, "/" (uv.toml, pyproject.toml's [tool.uv]). Each chooses the index, find-links
-    or constraints root installs from. (The venv's own pip.conf is the venv's walk's.)"""
+    or constraints root installs from. And setuptools' (~/.pydistutils.cfg), which it reads whenever pip
+    or uv has it build an sdist: its options choose where the build is made and what it compiles with
+    (eighteenth round: `[build] build_base` in nobody's directory packed nobody's module into root's
+    wheel). (The venv's own pip.conf is the venv's walk's.)"""
     home = environ.get("HOME") or "/"
     config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     config_dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
@@ -429,7 +432,11 @@ def installer_config_files(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     pip += [os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf")]
     uv = [*(os.path.join(d, "uv", "uv.toml") for d in config_dirs), "/etc/uv/uv.toml"]
     uv += [os.path.join(config_home, "uv", "uv.toml"), "/uv.toml", "/pyproject.toml"]
-    found = [*(("pip", p) for p in pip), *(("uv", p) for p in uv)]
+    found = [
+        *(("pip", p) for p in pip),
+        *(("uv", p) for p in uv),
+        ("setuptools", os.path.join(home, ".pydistutils.cfg")),
+    ]
     return [(tool, p) for tool, p in dict.fromkeys(found) if p.startswith("/")]
 
 
