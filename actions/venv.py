@@ -98,15 +98,14 @@ def library_problem(python: str) -> str | None:
     pyvenv.cfg `home`, whose own prefix has no library)."""
     import glob
 
-    from reconcile.safety.filesafety import pyvenv_home, read_problem
+    from reconcile.safety.filesafety import pyvenv_cfg, pyvenv_home, read_problem
 
-    start = bindir = os.path.dirname(python)
+    bindir = os.path.dirname(python)
     for cfg in (os.path.join(bindir, "pyvenv.cfg"), os.path.join(os.path.dirname(bindir), "pyvenv.cfg")):
         if (problem := read_problem(cfg)) is not None:
             return problem
-        if os.path.isfile(cfg):
-            start = pyvenv_home(cfg) or bindir
-            break
+    read = pyvenv_cfg(bindir)
+    start = (pyvenv_home(read) if read is not None else None) or bindir
     for prefix in _ancestors(start):
         libs = sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*")))
         libs = [lib for lib in libs if lib.endswith(".zip") or os.path.isfile(os.path.join(lib, "os.py"))]

@@ -451,6 +451,12 @@ def installer_cache_dirs(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     return [(tool, p) for tool, p in (("pip", pip), ("uv", uv)) if p.startswith("/")]
 
 
+def pyvenv_cfg(bindir: str) -> str | None:
+    """The pyvenv.cfg getpath reads for a python in `bindir`: beside it, else one up; None when neither."""
+    found = [c for c in (bindir, os.path.dirname(bindir)) if os.path.isfile(os.path.join(c, "pyvenv.cfg"))]
+    return os.path.join(found[0], "pyvenv.cfg") if found else None
+
+
 def pyvenv_home(cfg: str) -> str | None:
     """The real path of the absolute `home` a pyvenv.cfg at `cfg` names (the directory of the python
     whose install a venv's python takes its library from); None when there is none or it cannot be read."""
