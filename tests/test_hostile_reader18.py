@@ -7,6 +7,7 @@ succeeding on main before its fix unless its docstring says otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -194,3 +195,33 @@ def test_a_setuptools_config_of_nobodys_in_roots_home_never_steers_the_build_of_
     assert not [p for p in installed if "nobodys" in p.read_text()], run.output
     assert f"{home}/.pydistutils.cfg" in run.output and "owned by nobody" in run.output, run.output
     assert run.returncode == 1 and "Traceback" not in run.output, run.output
+
+
+# --- class 6: a record whose strings hold other JSON than the reader expects ------------------------------
+
+
+@pytest.mark.parametrize("shown", ["[1, null]", '[["vllm"]]'])
+def test_a_server_record_whose_argv_is_not_strings_words_a_restart_without_a_traceback(
+    seeded: Demo, shown: str
+) -> None:
+    """The server record's reader checks its shape (components: a map of strings), but `argv.shown` is a
+    JSON string inside it, read again when the plan words why the server restarts (`explain_change`).
+    A record damaged there (a hand edit, a disk's error, an older writer) with a list of other things
+    than strings, and a spec change that restarts the server. main: `reconcile: internal error:
+    AttributeError: 'int' object has no attribute 'startswith' (this is a bug; ...)`, exit 1, every plan
+    and apply, until the record was removed by hand."""
+    assert seeded.cli("apply").returncode == 2
+    record = next(seeded.state_dir.glob("server-*.json"))
+    data = json.loads(record.read_text())
+    data["components"]["argv"] = "damaged"
+    data["components"]["argv.shown"] = shown
+    record.write_text(json.dumps(data))
+
+    def edit(doc: Any) -> None:
+        doc["server"]["args"]["max-num-seqs"] = 3
+
+    seeded.write_spec(edit)
+    for command in ("plan", "apply"):
+        run = seeded.cli(command)
+        assert "Traceback" not in run.output and run.returncode == 2, run.output
+        assert "args changed" in run.output, run.output
