@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo
-from tests.ownership_support import NOBODY, NOGROUP
+from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
 from tests.test_hostile_reader9 import _standalone_python
 from tests.test_hostile_reader17a import _nobodys_venv_module
 
@@ -91,6 +91,52 @@ def test_a_libpython_of_nobodys_beside_the_specs_interpreter_never_loads_when_ro
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
     assert "is owned by nobody" in run.output and "Traceback" not in run.output, run.output
+
+
+# What nobody puts at a program's PT_INTERP: a static "loader" that records who ran it (raw x86-64 system
+# calls: getuid, open, write, exit) and runs nothing else.
+_LOADER = r"""
+static long sys(long n, long a, long b, long c) {
+    long r;
+    __asm__ volatile ("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+static const char path[] = "%s";
+void _start(void) {
+    char buf[16] = "uid=";
+    long uid = sys(102, 0, 0, 0), i = 4, d = 1;
+    while (d * 10 <= uid) d *= 10;
+    for (; d; d /= 10) buf[i++] = '0' + (uid / d) %% 10;
+    buf[i++] = '\n';
+    sys(1, sys(2, (long)path, 02101, 0644), (long)buf, i);
+    sys(60, 0, 0, 0);
+}
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the planted loader is x86-64 code")
+def test_a_program_interpreter_of_nobodys_never_runs_when_root_makes_the_venv(
+    demo: Demo, outside: Path
+) -> None:
+    """The same rule's other member: what the kernel itself maps for an ELF program, its PT_INTERP (the
+    dynamic loader it names, `/lib64/ld-linux-x86-64.so.2` as a rule). `[venv] python` root's program
+    (with no library near it: nothing for library_problem to judge) linked with `--dynamic-linker` a file
+    in nobody's directory. main: apply's `python -I -S -m venv` ran nobody's loader as uid 0."""
+    theirs = nobodys_dir(outside, "theirs")
+    marker = outside / "ran-as"
+    _gcc(theirs / "ld.so", _LOADER % marker, "-static", "-nostdlib", "-fno-stack-protector", "-O1")
+    os.chown(theirs / "ld.so", NOBODY, NOGROUP)
+    program = outside / "python" / "bin" / "python3"
+    program.parent.mkdir(parents=True)
+    _gcc(program, "int main(void) { return 0; }\n", f"-Wl,--dynamic-linker={theirs / 'ld.so'}")
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(program)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's loader ran ({ran!r}): {run.output}"
+    assert "owned by nobody" in run.output and "Traceback" not in run.output, run.output
 
 
 def test_an_interpreter_whose_shared_library_is_roots_alone_passes(outside: Path) -> None:
@@ -207,9 +253,9 @@ def test_a_server_record_whose_argv_is_not_strings_words_a_restart_without_a_tra
     """The server record's reader checks its shape (components: a map of strings), but `argv.shown` is a
     JSON string inside it, read again when the plan words why the server restarts (`explain_change`).
     A record damaged there (a hand edit, a disk's error, an older writer) with a list of other things
-    than strings, and a spec change that restarts the server. main: `reconcile: internal error:
-    AttributeError: 'int' object has no attribute 'startswith' (this is a bug; ...)`, exit 1, every plan
-    and apply, until the record was removed by hand."""
+    than strings, and a spec change that restarts the server. main: `reconcile plan` (and so apply,
+    which plans first): `reconcile: internal error: AttributeError: 'int' object has no attribute
+    'startswith' (this is a bug; ...)`, exit 1, at every run until the record was removed by hand."""
     assert seeded.cli("apply").returncode == 2
     record = next(seeded.state_dir.glob("server-*.json"))
     data = json.loads(record.read_text())
