@@ -82,10 +82,11 @@ def trusted_python(venv: Venv, *, missing_ok: bool = False) -> str | None:
     return real
 
 
-# Where a python's own library lives, as getpath finds it without PYTHONHOME: lib/python3.X (with
-# os.py, its landmark) or lib/python3X.zip under the prefix above its real bin/, or a pyvenv.cfg
-# beside the program or one up, whose `home` moves it. Site directories are left to the rules that
-# judge them (root runs the spec's interpreter with -S; system_site_packages walks the base's).
+# Where a python's own library lives, as getpath finds it without PYTHONHOME: a pyvenv.cfg beside the
+# program or one up (the first found) whose `home` moves the search there; then, from the program's
+# directory (or that home) up to "/", the first directory whose lib/python3.X holds os.py (its landmark)
+# or lib/python3X.zip. Site directories are left to the rules that judge them (root runs the spec's
+# interpreter with -S; system_site_packages walks the base's).
 _SITE_DIRS = ("site-packages", "dist-packages")
 
 
@@ -93,23 +94,37 @@ def library_problem(python: str) -> str | None:
     """Why what `python` (a real path, checked by the exec role) reads at start is not root's or ours
     alone: its standard library, whole tree but the site directories, and a pyvenv.cfg that would
     redirect it (seventeenth round: a standalone install whose `venv/__init__.py` is nobody's ran as
-    uid 0 at `python -I -S -m venv`)."""
+    uid 0 at `python -I -S -m venv`; eighteenth: the same install named by a copied venv python's
+    pyvenv.cfg `home`, whose own prefix has no library)."""
     import glob
 
-    from reconcile.safety.filesafety import read_problem
+    from reconcile.safety.filesafety import pyvenv_cfg, pyvenv_home, read_problem
 
     bindir = os.path.dirname(python)
-    prefix = os.path.dirname(bindir)
-    for cfg in (os.path.join(bindir, "pyvenv.cfg"), os.path.join(prefix, "pyvenv.cfg")):
+    for cfg in (os.path.join(bindir, "pyvenv.cfg"), os.path.join(os.path.dirname(bindir), "pyvenv.cfg")):
         if (problem := read_problem(cfg)) is not None:
             return problem
-    for lib in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*"))):
-        if lib.endswith(".zip") or os.path.isfile(os.path.join(lib, "os.py")):
+    read = pyvenv_cfg(bindir)
+    start = (pyvenv_home(read) if read is not None else None) or bindir
+    for prefix in _ancestors(start):
+        libs = sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*")))
+        libs = [lib for lib in libs if lib.endswith(".zip") or os.path.isfile(os.path.join(lib, "os.py"))]
+        for lib in libs:
             parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
             for part in parts if os.path.isdir(lib) else [lib]:
                 if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
                     return problem
+        if libs:
+            break
     return None
+
+
+def _ancestors(path: str) -> list[str]:
+    """`path` and each directory above it, up to "/"."""
+    out = [path]
+    while out[-1] != os.path.dirname(out[-1]):
+        out.append(os.path.dirname(out[-1]))
+    return out
 
 
 # How root runs the spec's interpreter (the venv's creation, its release check, `reconcile lock`'s

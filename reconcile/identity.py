@@ -137,10 +137,16 @@ def explain_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
 
 
 def _loads(components: Mapping[str, str], key: str) -> object:
+    """A component's JSON: a list of strings or a map of strings to strings, as launch_identity writes
+    each; anything else (a record damaged inside a string its reader's shape check passed) reads as none,
+    and its detail as unknown (eighteenth round: `argv.shown` as `[1]` ended every plan and apply in an
+    internal error)."""
     try:
-        return load_json(components[key])  # a state file's string: the nesting bound too
+        value = load_json(components[key])  # a state file's string: the nesting bound too
     except (KeyError, ValueError):
         return None
+    items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [None]
+    return value if all(isinstance(item, str) for item in items) else None
 
 
 def _limit(items: list[str]) -> str:

@@ -198,15 +198,8 @@ def test_a_module_of_nobodys_in_the_specs_interpreters_standard_library_never_ru
     base = outside / "base"
     base.mkdir()
     python = _standalone_python(base, outside / "pth-ran-as")
-    lib = next((python.parent.parent / "lib").glob("python3*"))
-    venv_pkg = lib / "venv"
-    real = venv_pkg.resolve()
-    venv_pkg.unlink()
-    shutil.copytree(real, venv_pkg, ignore=shutil.ignore_patterns("__pycache__"))
     marker = outside / "ran-as"
-    init = venv_pkg / "__init__.py"
-    init.write_text(init.read_text() + f"\nopen({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n")
-    os.chown(init, NOBODY, pwd.getpwnam("nobody").pw_gid)
+    init = _nobodys_venv_module(python, marker)
 
     def edit(doc: Any) -> None:
         doc["venv"]["python"] = str(python)
@@ -219,6 +212,20 @@ def test_a_module_of_nobodys_in_the_specs_interpreters_standard_library_never_ru
     # standard library costs ~60 ms, paid at a venv's creation, its release check and `reconcile lock`.
     assert run.returncode == 4 and "Traceback" not in run.output, run.output
     assert not (demo.venv / "pyvenv.cfg").exists(), "the venv was made with nobody's module"
+
+
+def _nobodys_venv_module(python: Path, marker: Path) -> Path:
+    """In the standalone install of `python` (_standalone_python's), `venv/__init__.py` a copy of
+    nobody's that records who ran it in `marker`. Returns that file."""
+    lib = next((python.parent.parent / "lib").glob("python3*"))
+    venv_pkg = lib / "venv"
+    real = venv_pkg.resolve()
+    venv_pkg.unlink()
+    shutil.copytree(real, venv_pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    init = venv_pkg / "__init__.py"
+    init.write_text(init.read_text() + f"\nopen({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n")
+    os.chown(init, NOBODY, pwd.getpwnam("nobody").pw_gid)
+    return init
 
 
 def test_an_interpreter_whose_install_is_roots_alone_passes() -> None:

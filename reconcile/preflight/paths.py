@@ -20,6 +20,7 @@ from reconcile.safety.filesafety import (
     listener_problem,
     owners,
     parent_problem,
+    pyvenv_home,
     read_problem,
     resolve_exec,
     tool_dir_problem,
@@ -239,20 +240,12 @@ def _base_site_dirs(python: str, venv: str) -> list[str]:
     import glob
     import shutil
 
-    from reconcile.safety.untrusted import read_regular
-
     bins = []
     found = python if python.startswith("/") else shutil.which(python)
     if found is not None:
         bins.append(os.path.dirname(os.path.realpath(found)))
-    try:
-        cfg = read_regular(os.path.join(venv, "pyvenv.cfg"), 1 << 16).decode("utf-8", "replace")
-    except OSError:
-        cfg = ""
-    for line in cfg.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "home" and value.strip().startswith("/"):
-            bins.append(os.path.realpath(value.strip()))
+    if (home := pyvenv_home(os.path.join(venv, "pyvenv.cfg"))) is not None:
+        bins.append(home)
     out: list[str] = []
     for prefix in dict.fromkeys(os.path.dirname(b) for b in bins):
         for pattern in (
@@ -273,7 +266,7 @@ def _installer_config_problem(spec: Spec) -> Finding | None:
     directory only, and the defaults not at all)."""
     if spec.venv is None:
         return None
-    config = "reads it for its own config: the index, find-links and constraints it installs from"
+    config = "reads it for its own config: where it installs from, or how it builds what it installs"
     cache = "keeps its cache there: wheels it installs again without reading them anew"
     files = [(tool, p, read_problem, config) for tool, p in installer_config_files(os.environ)]
     caches = [(tool, p, tool_dir_problem, cache) for tool, p in installer_cache_dirs(os.environ)]

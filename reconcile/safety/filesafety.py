@@ -15,6 +15,7 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 from reconcile.errors import ReconcileError
+from reconcile.safety import elf
 from reconcile.safety.display import shown
 from reconcile.safety.untrusted import kind
 
@@ -420,7 +421,10 @@ def installer_config_files(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     and per-user ones (~/.pip/pip.conf, XDG_CONFIG_HOME's pip/pip.conf); uv's (XDG_CONFIG_DIRS'
     uv/uv.toml, /etc/uv/uv.toml, XDG_CONFIG_HOME's uv/uv.toml) and the project files it finds from its
     working directory up, "/" (uv.toml, pyproject.toml's [tool.uv]). Each chooses the index, find-links
-    or constraints root installs from. (The venv's own pip.conf is the venv's walk's.)"""
+    or constraints root installs from. And setuptools' (~/.pydistutils.cfg), which it reads whenever pip
+    or uv has it build an sdist: its options choose where the build is made and what it compiles with
+    (eighteenth round: `[build] build_base` in nobody's directory packed nobody's module into root's
+    wheel). (The venv's own pip.conf is the venv's walk's.)"""
     home = environ.get("HOME") or "/"
     config_home = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     config_dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
@@ -428,7 +432,11 @@ def installer_config_files(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     pip += [os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf")]
     uv = [*(os.path.join(d, "uv", "uv.toml") for d in config_dirs), "/etc/uv/uv.toml"]
     uv += [os.path.join(config_home, "uv", "uv.toml"), "/uv.toml", "/pyproject.toml"]
-    found = [*(("pip", p) for p in pip), *(("uv", p) for p in uv)]
+    found = [
+        *(("pip", p) for p in pip),
+        *(("uv", p) for p in uv),
+        ("setuptools", os.path.join(home, ".pydistutils.cfg")),
+    ]
     return [(tool, p) for tool, p in dict.fromkeys(found) if p.startswith("/")]
 
 
@@ -441,6 +449,28 @@ def installer_cache_dirs(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     pip = environ.get("PIP_CACHE_DIR") or os.path.join(cache_home, "pip")
     uv = environ.get("UV_CACHE_DIR") or os.path.join(cache_home, "uv")
     return [(tool, p) for tool, p in (("pip", pip), ("uv", uv)) if p.startswith("/")]
+
+
+def pyvenv_cfg(bindir: str) -> str | None:
+    """The pyvenv.cfg getpath reads for a python in `bindir`: beside it, else one up; None when neither."""
+    found = [c for c in (bindir, os.path.dirname(bindir)) if os.path.isfile(os.path.join(c, "pyvenv.cfg"))]
+    return os.path.join(found[0], "pyvenv.cfg") if found else None
+
+
+def pyvenv_home(cfg: str) -> str | None:
+    """The real path of the absolute `home` a pyvenv.cfg at `cfg` names (the directory of the python
+    whose install a venv's python takes its library from); None when there is none or it cannot be read."""
+    from reconcile.safety.untrusted import read_regular
+
+    try:
+        text = read_regular(cfg, 1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home" and value.strip().startswith("/"):
+            return os.path.realpath(value.strip())
+    return None
 
 
 def tool_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
@@ -947,8 +977,11 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
         if not st.st_mode & 0o111:
             raise UnsafePath(f"{what} {path} is not executable (mode {stat.S_IMODE(st.st_mode):04o})")
         head = os.read(fd, _BINPRM_BUF)
+        loads = elf.loads(fd)
     finally:
         os.close(fd)
+    if (problem := _loader_problem(real, loads, ok, set())) is not None:
+        raise UnsafePath(f"{what} {path}: {problem}")
     if head.startswith(b"#!"):
         if depth >= SHEBANG_DEPTH:
             raise UnsafePath(
@@ -985,6 +1018,76 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
             else:
                 _only_options(_shebang_words(arg), name, what, path)
     return real
+
+
+# Where glibc's loader looks inside each directory a program's RPATH or RUNPATH names, before the
+# directory itself (`ld.so --help`: glibc-hwcaps/x86-64-v3/, and the legacy tls/, haswell/, avx512_1/,
+# x86_64/ and their nestings, as AT_PLATFORM and the CPU's capabilities name them).
+_HWCAP_DIRS = ("glibc-hwcaps", "tls", "haswell", "xeon_phi", "avx512_1", "x86_64", "i686", "i586", "aarch64")
+_LOADS_DEPTH = 8  # libraries that name libraries (the loader's own limit is memory)
+
+
+_DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")  # ld.so's
+
+
+def _search_dirs(entries: list[str], origin: str) -> list[str]:
+    """A program's RPATH/RUNPATH entries as the loader reads them: $ORIGIN (${ORIGIN}) is the directory
+    of its real path; $LIB and $PLATFORM each of what glibc may make of them; an empty or relative entry
+    is from the working directory ("/" for everything root runs)."""
+    import sysconfig
+
+    machine = os.uname().machine
+    tokens = {
+        "ORIGIN": [origin],
+        "LIB": ["lib", "lib64", f"lib/{sysconfig.get_config_var('MULTIARCH') or machine + '-linux-gnu'}"],
+        "PLATFORM": [machine, "haswell", "xeon_phi"],
+    }
+
+    def expand(text: str) -> list[str]:
+        m = _DST.search(text)
+        if m is None:
+            return [text]
+        values = tokens[m.group(1) or m.group(2)]
+        return [text[: m.start()] + v + rest for v in values for rest in expand(text[m.end() :])]
+
+    found = [os.path.normpath(os.path.join("/", form)) for entry in entries for form in expand(entry)]
+    return list(dict.fromkeys(found))
+
+
+def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
+    """What the kernel and the dynamic loader read for the ELF program at `path` (a program's real path,
+    /proc/self/exe; a library's name as the loader found it: each is its $ORIGIN) before its first
+    instruction, held to the read role (eighteenth round: a shared python's libpython3.X.so.1.0 of
+    nobody's, found through its RUNPATH `$ORIGIN/../lib`, ran as root): its program interpreter, a
+    library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
+    hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
+    found there loads. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
+    seen.add(os.path.realpath(path))
+    dirs = _search_dirs(loads.search, os.path.dirname(path))
+    for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
+        if (problem := read_problem(os.path.join("/", path), ok)) is not None:
+            return f"the dynamic loader reads {path} for it: {problem}"
+    for directory in dirs:
+        tried = [(directory, 1), *((os.path.join(directory, d), -1) for d in _HWCAP_DIRS)]
+        problem = next(filter(None, (read_problem(p, ok, entries=n) for p, n in tried)), None)
+        if problem is not None:
+            return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
+    libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
+    libraries += [os.path.join(d, n) for d in dirs for n in loads.needed if "/" not in n]
+    for library in libraries:
+        if len(seen) >= _LOADS_DEPTH or os.path.realpath(library) in seen or not os.path.isfile(library):
+            continue
+        try:
+            fd = os.open(library, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            inner = elf.loads(fd)
+        finally:
+            os.close(fd)
+        if (problem := _loader_problem(library, inner, ok, seen)) is not None:
+            return problem
+    return None
 
 
 _BINPRM_BUF = 256  # how much of a script the kernel reads for its `#!` line (BINPRM_BUF_SIZE)
