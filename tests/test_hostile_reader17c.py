@@ -150,34 +150,57 @@ def test_a_state_dir_with_blanks_never_adds_options_to_the_fronts_admin_socket(
 
 # --- class 4: what the front forwards to a color's loopback port --------------------------------------
 
+NOBODY_BINDS = r"""
+import os, socket, sys
+print("ready", flush=True)
+path = sys.argv[1]
+for step in (lambda: os.makedirs(os.path.dirname(path), exist_ok=True), lambda: os.unlink(path)):
+    try:
+        step()
+    except OSError:
+        pass
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.bind(path)
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+else:
+    print("bound", flush=True)
+"""
+
 
 @ROOT_ONLY
 @needs_haproxy
-@pytest.mark.xfail(
-    strict=True,
-    reason="left open (round 17c): HAProxy reaches a color by a loopback TCP port, which any user may bind "
-    "while that color's server is down; the class fix (each color on a Unix socket in the 0700 state dir, "
-    "`vllm serve --uds`) is larger than this round",
-)
 def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_colors_port(
     tmp_path: Path, strangers: list[int], front_of: list[Spec]
 ) -> None:
     """The front holds the public port whatever happens to the server behind it, and forwards each client
-    connection to the active color's loopback port (`server blue 127.0.0.1:P`), whoever listens there.
-    The active color's server is down (it crashed, or apply stops it to restart it in place when the GPUs
-    hold one server only) and nobody binds 127.0.0.1:P. main (seen): a client's request to the public
-    port, its `Authorization: Bearer` header with it, reached nobody's listener through root's HAProxy,
-    which answered it."""
+    connection to the active color. The active color's server is down (it crashed, or apply stops it to
+    restart it in place when the GPUs hold one server only) and nobody binds what the front forwards to.
+    main (seen): HAProxy reached blue by its loopback port (`server blue 127.0.0.1:P`), which nobody
+    bound; a client's request to the public port, its `Authorization: Bearer` header with it, reached
+    nobody's listener through root's HAProxy, which answered it. Now each color serves on a Unix socket
+    (`server blue unix@/run/reconcile/<hash>-blue/vllm.sock`) whose directory only root and the server's
+    user may enter: nobody's listener on the old port gets nothing, and nobody cannot bind the socket."""
+    from actions.launching import prepare_socket
+    from reconcile.identity import color_spec, server_socket
     from tests.ownership_support import SPY, received
     from tests.test_server_support import free_port
 
     public, blue, green = free_port(), free_port(), free_port()
     path = _fronted(tmp_path, str(tmp_path / "state"))
-    path.write_text(
+    path.write_text(  # an older spec's [front] ports (still loaded, no longer used)
         path.read_text().replace("port = 8000", f"port = {public}") + f"ports = [{blue}, {green}]\n"
     )
     assert _front_started(path, front_of) is None
     spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(blue)], {}, strangers)
+    blue_spec = color_spec(load_spec(str(path)).spec, "blue")
+    prepare_socket(blue_spec)  # its directory, as a start of blue's server makes it
+    uds = server_socket(blue_spec)
+    assert uds is not None
+    binder = as_nobody(["/usr/bin/python3", "-c", NOBODY_BINDS, uds], {}, strangers)
+    out, _ = binder.communicate(timeout=10)
+    assert out.startswith(b"refused"), f"nobody bound blue's socket: {out.decode(errors='replace')}"
     with socket.create_connection(("127.0.0.1", public), timeout=5) as client:
         client.sendall(
             b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-the-deployments\r\n\r\n"
@@ -289,7 +312,9 @@ def test_a_blue_green_switch_never_moves_traffic_to_a_listener_that_took_the_new
     nobody's process on green's port before launching anything ("port P is held by pid N (user nobody
     ...), which is not deployment ...-green"): the server row failed, apply rolled back by itself, blue
     kept serving through the front and nobody's listener got no request (the acceptance chat is
-    guarded too)."""
+    guarded too). Since the colors serve on Unix sockets (round 17c, closed after it): green's old port
+    is nothing of the deployment's, the switch moves traffic to green's socket and nobody's listener
+    still gets nothing."""
     from tests.ownership_support import SPY, received
     from tests.switch_load_support import stop_front
     from tests.test_server_support import free_port
@@ -304,8 +329,8 @@ def test_a_blue_green_switch_never_moves_traffic_to_a_listener_that_took_the_new
         _spec(demo, 9, ports)
         run = demo.cli("apply")
         assert "internal error" not in run.output and "Traceback" not in run.output, run.output
-        assert "traffic moved to green" not in run.output, run.output
-        assert _health(demo.port) == 200, run.output  # through the front: blue still serves
+        assert "traffic moved to green" in run.output, run.output
+        assert _health(demo.port) == 200, run.output  # through the front: green serves
         assert received(spy) == "", "nobody's listener on green's port got a request"
     finally:
         stop_front(str(demo.spec_path))
