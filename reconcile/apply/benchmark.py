@@ -253,8 +253,8 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
 
 class _GuardedRelay:
     """A loopback port of ours that `vllm bench serve` sends its keyed requests to: each connection is
-    carried to the deployment's port only once key_holder_check found every listener there to be the
-    deployment's, after the connect and before a byte is sent (as probes.health's guard does for
+    carried to the deployment's port (a color's socket) only once key_guard found the listener there to
+    be the deployment's, after the connect and before a byte is sent (as probes.health's guard does for
     reconcile's own requests). `_still_ours` before a row is not enough: vLLM's CLI imports for
     seconds before its first request, and a server that died meanwhile leaves the port to whoever
     binds it. A refused connection is closed unsent and named in `refused`."""
