@@ -180,10 +180,8 @@ def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_co
     main (seen): HAProxy reached blue by its loopback port (`server blue 127.0.0.1:P`), which nobody
     bound; a client's request to the public port, its `Authorization: Bearer` header with it, reached
     nobody's listener through root's HAProxy, which answered it. Now each color serves on a Unix socket
-    (`server blue unix@/run/reconcile/<hash>-blue/vllm.sock`) whose directory only root and the server's
-    user may enter: nobody's listener on the old port gets nothing, and nobody cannot bind the socket."""
-    from actions.launching import prepare_socket
-    from reconcile.identity import color_spec, server_socket
+    (`server blue unix@/run/reconcile/<hash>-blue/vllm.sock`): nobody's listener on the port an older
+    spec still names gets nothing (the next test: nobody cannot bind the socket either)."""
     from tests.ownership_support import SPY, received
     from tests.test_server_support import free_port
 
@@ -194,19 +192,50 @@ def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_co
     )
     assert _front_started(path, front_of) is None
     spy = as_nobody(["/usr/bin/python3", "-c", SPY, str(blue)], {}, strangers)
-    blue_spec = color_spec(load_spec(str(path)).spec, "blue")
-    prepare_socket(blue_spec)  # its directory, as a start of blue's server makes it
-    uds = server_socket(blue_spec)
-    assert uds is not None
-    binder = as_nobody(["/usr/bin/python3", "-c", NOBODY_BINDS, uds], {}, strangers)
-    out, _ = binder.communicate(timeout=10)
-    assert out.startswith(b"refused"), f"nobody bound blue's socket: {out.decode(errors='replace')}"
     with socket.create_connection(("127.0.0.1", public), timeout=5) as client:
         client.sendall(
             b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-the-deployments\r\n\r\n"
         )
         client.recv(100)
     assert "sk-the-deployments" not in received(spy)
+
+
+NOBODY_BINDS = r"""
+import os, socket, sys
+print("ready", flush=True)
+path = sys.argv[1]
+for step in (lambda: os.makedirs(os.path.dirname(path), exist_ok=True), lambda: os.unlink(path)):
+    try:
+        step()
+    except OSError:
+        pass
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.bind(path)
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+else:
+    print("bound", flush=True)
+"""
+
+
+@ROOT_ONLY
+def test_nobody_never_binds_a_colors_socket(tmp_path: Path, strangers: list[int]) -> None:
+    """The class fix's premise, a new member of the attack above (no such socket on main): blue's socket
+    directory made as a start of blue's server makes it (`launching.prepare_socket`), nobody tries to
+    make it, to remove the socket and to bind its path. Refused: root's /run/reconcile (0711) and the
+    color's directory (0700, the server's user's: root here) let nobody in."""
+    from actions.launching import prepare_socket
+    from reconcile.identity import color_spec, server_socket
+
+    blue = color_spec(load_spec(str(_fronted(tmp_path, str(tmp_path / "state")))).spec, "blue")
+    prepare_socket(blue)
+    uds = server_socket(blue)
+    assert uds is not None
+    binder = as_nobody(["/usr/bin/python3", "-c", NOBODY_BINDS, uds], {}, strangers)
+    out, _ = binder.communicate(timeout=10)
+    assert out.startswith(b"refused"), f"nobody bound blue's socket: {out.decode(errors='replace')}"
+    assert not os.path.lexists(uds)
 
 
 # --- class 6: a listener of nobody's beside the server, on another address of its port -----------------
