@@ -150,24 +150,6 @@ def test_a_state_dir_with_blanks_never_adds_options_to_the_fronts_admin_socket(
 
 # --- class 4: what the front forwards to a color's loopback port --------------------------------------
 
-NOBODY_BINDS = r"""
-import os, socket, sys
-print("ready", flush=True)
-path = sys.argv[1]
-for step in (lambda: os.makedirs(os.path.dirname(path), exist_ok=True), lambda: os.unlink(path)):
-    try:
-        step()
-    except OSError:
-        pass
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-try:
-    s.bind(path)
-except OSError as exc:
-    print("refused", exc.errno, flush=True)
-else:
-    print("bound", flush=True)
-"""
-
 
 @ROOT_ONLY
 @needs_haproxy
