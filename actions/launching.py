@@ -23,6 +23,7 @@ from reconcile.identity import (
     deployment_id,
     launch_identity,
     read_record,
+    server_socket,
     state_file_path,
 )
 from reconcile.plan.records import ActionResult
@@ -108,9 +109,9 @@ def executable(spec: Spec) -> str:
 
 
 def build_argv(spec: Spec, packages: Mapping[str, str] | None = None) -> list[str]:
-    """[vllm, serve, MODEL, --host H, --port P, (--served-model-name N), ...args, (--shutdown-timeout
-    N)]; never --api-key. The drain flag is reconcile's default unless args sets it (`packages`: the
-    venv's distributions, to leave it out for a vLLM that has no such flag)."""
+    """[vllm, serve, MODEL, --host H, --port P (a color: --uds PATH), (--served-model-name N), ...args,
+    (--shutdown-timeout N)]; never --api-key. The drain flag is reconcile's default unless args sets it
+    (`packages`: the venv's distributions, to leave it out for a vLLM that has no such flag)."""
     server = _server(spec)
     twice = sorted(a for a in server.args if a in _DEDICATED)
     if twice:
@@ -119,7 +120,9 @@ def build_argv(spec: Spec, packages: Mapping[str, str] | None = None) -> list[st
         )
     model = server.model or (spec.model.dir if spec.model else None)
     assert model is not None  # the spec validator requires [server] model or [model]
-    argv = [executable(spec), "serve", model, "--host", server.host, "--port", str(server.port)]
+    uds = server_socket(spec)  # a color behind [front]: vLLM ignores --host and --port with --uds
+    where = ["--uds", uds] if uds is not None else ["--host", server.host, "--port", str(server.port)]
+    argv = [executable(spec), "serve", model, *where]
     if server.served_model_name:
         argv += ["--served-model-name", server.served_model_name]
     return argv + render_args(server.args) + drain_of(server, packages).flag
@@ -312,10 +315,42 @@ def desired_identity(spec: Spec, inputs: LaunchInputs) -> Identity:
     return launch_command(spec, inputs, key_required=False).identity
 
 
-def connect_host(spec: Spec) -> str:
-    """Where to reach the server from this machine: a wildcard bind is reached on loopback."""
-    host = _server(spec).host
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+def prepare_socket(spec: Spec) -> None:
+    """A color's socket directory (reconcile.identity.color_socket), before its server starts: made by
+    root in root's /run/reconcile (0711: others may pass, not list or write), 0700 and the server's
+    user's, so that only root and that user can bind there (the key guard's premise:
+    ownership.sockets.socket_holder_check). A socket left by the last run is removed: vLLM binds the
+    path and fails on one that exists. Nothing else there is touched."""
+    import contextlib
+    import stat
+
+    from reconcile.identity import SOCKETS_DIR
+    from reconcile.ownership.sockets import serving_uid
+    from reconcile.safety.filesafety import open_dir
+
+    uds = server_socket(spec)
+    if uds is None:
+        return
+    directory, name = os.path.split(uds)
+    ensure_dir(SOCKETS_DIR, 0o711)
+    parent = open_dir(SOCKETS_DIR)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.basename(directory), 0o700, dir_fd=parent)
+        fd = os.open(os.path.basename(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    finally:
+        os.close(parent)
+    try:  # only root can make a name in SOCKETS_DIR: whatever is there is ours to set
+        os.fchown(fd, serving_uid(spec), -1)
+        os.fchmod(fd, 0o700)
+        try:
+            found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISSOCK(found.st_mode):
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 class ReadinessFailure(Record):
@@ -392,7 +427,8 @@ def wait_ready(
         except HttpUnreachable:
             pass  # the port refuses until the model is loaded
         except ForeignListener as exc:
-            reason = f"/health was answered by {exc.holder}, not by the server started (port {port} taken)"
+            taken = f"unix:{host}" if port == 0 else f"port {port}"
+            reason = f"/health was answered by {exc.holder}, not by the server started ({taken} taken)"
             break
         if elapsed >= timeout:
             reason = f"/health did not answer 200 within {timeout:g}s"

@@ -20,8 +20,8 @@ from actions.launching import (
     LaunchInputs,
     ReadinessFailure,
     cache_root,
-    connect_host,
     launch_command,
+    prepare_socket,
     private_dir,
     refuse_crash_loop,
     serving_user,
@@ -35,10 +35,12 @@ from reconcile.identity import (
     COLORS,
     IDENTITY,
     color_spec,
+    endpoint,
     explain_change,
     pidfile_path,
     read_record,
     redact_argv,
+    server_socket,
     serving_spec,
     state_file_path,
 )
@@ -135,7 +137,7 @@ def ensure_running(
     timeout = min(server.stop_timeout, HUNG_STOP_S) if hung is not None else server.stop_timeout
     stopped = supervising.stop_marked(scope_of(spec), timeout=timeout, leader=pid)
     drained = time.monotonic() - down
-    holder = _port_holder(server.host, server.port)
+    holder = None if server_socket(spec) is not None else _port_holder(server.host, server.port)
     if holder is not None:
         raise ActionError(
             f"port {server.port} is held by {holder}, which is not deployment "
@@ -241,6 +243,7 @@ def _start(
         for path in (server.log, pidfile_path(spec)):
             ensure_dir(os.path.dirname(path), 0o755)
         private_dir(os.path.dirname(state_file_path(spec)))
+        prepare_socket(spec)
         if serving_user(spec) is None:  # root's caches, kept across generations (launching.cache_root)
             private_dir(cache_root(spec))  # another user's: vLLM makes it under its ~/.cache
         # Never through a symlink, never left writable by others (the preflight checked its parents).
@@ -360,22 +363,18 @@ def _wait(
             return systemd_unit.unit_exit_status(spec)
         return None if supervising.is_alive(pid) else -1
 
-    def guard() -> None:  # the answer to /health must come from this deployment's process
-        from reconcile.ownership.sockets import key_holder_check
-
-        key_holder_check(connect_host(spec), server.port, scope_of(spec), f"deployment {server.name}")
+    from reconcile.ownership.sockets import key_guard
 
     mask = [command.env[k] for k in command.secret_keys if command.env.get(k)]
     return wait_ready(
-        connect_host(spec),
-        server.port,
+        *endpoint(spec),
         timeout=server.startup_timeout if timeout is None else timeout,
         exit_status=exit_status,
         log_path=server.log,
         log_offset=offset,
         mask=mask,
         progress=progress,
-        guard=guard,
+        guard=key_guard(spec),  # the answer to /health must come from this deployment's process
     )
 
 
@@ -390,7 +389,7 @@ def _port_holder(host: str, port: int) -> str | None:
 
 def _health_status(spec: Spec) -> int | None:
     try:
-        return http_request("GET", connect_host(spec), _server(spec).port, "/health", timeout=5.0).status
+        return http_request("GET", *endpoint(spec), "/health", timeout=5.0).status
     except HttpUnreachable:
         return None
 

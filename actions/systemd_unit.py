@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from actions.launching import LaunchCommand, serving_home
 from reconcile.errors import ActionError
 from reconcile.host import CommandTimeout, ToolMissing, atomic_write, run
+from reconcile.identity import server_socket
 from reconcile.safety.filesafety import ensure_dir
 from reconcile.safety.systemd_syntax import environment_line, exec_command, setting
 
@@ -73,16 +74,20 @@ def _path_word(path: str) -> str:
 
 def hardening(spec: Spec, env: Mapping[str, str]) -> list[str]:
     """[Service] lines that take vLLM's rights down to what it uses: read-only system, private /tmp,
-    only the NVIDIA devices, no new privileges; writable: its caches and the log's directory."""
+    only the NVIDIA devices, no new privileges; writable: its caches, the log's directory and a color's
+    socket directory."""
     server = spec.server
     assert server is not None
     home = _home(server.user)
     writable = [os.path.join(home, d) for d in CACHE_DIRS]
     writable += [env[k] for k in CACHE_ENV if env.get(k, "").startswith("/")]
     writable.append(os.path.dirname(server.log))
+    uds = server_socket(spec)
+    if uds is not None:  # a color binds its socket there (ProtectSystem=strict leaves /run read-only)
+        writable.append(os.path.dirname(uds))
     count = spec.gpu.count if spec.gpu is not None and spec.gpu.count else MAX_GPUS
     devices = [*NVIDIA_DEVICES, *(f"/dev/nvidia{i}" for i in range(count))]
-    caps = "CAP_NET_BIND_SERVICE" if server.port < 1024 else ""
+    caps = "CAP_NET_BIND_SERVICE" if server.port < 1024 and uds is None else ""
     return [
         *([f"User={server.user}"] if server.user else []),
         "NoNewPrivileges=yes",

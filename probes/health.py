@@ -2,7 +2,7 @@
 
 Read only. probe() is called by reconcile.plan.prober, chat_check() by the CLI's check command. The API key
 is read from its file for the requests, never kept in a result, and sent only once every listener on
-the port is found to be a member of the deployment (reconcile.ownership.sockets.key_holder_check).
+the port (or a color's Unix socket) is found to be the deployment's (reconcile.ownership.sockets.key_guard).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import time
 
 from reconcile.host import HttpResponse, HttpUnreachable, http_request
-from reconcile.identity import serving_spec
+from reconcile.identity import endpoint, endpoint_text, serving_spec
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 from reconcile.safety.display import shown
@@ -65,14 +65,6 @@ class CheckResult(Record):
     seconds: float
 
 
-def _target(spec: Spec) -> tuple[str, int]:
-    server = spec.server
-    if server is None:
-        raise ValueError("the spec has no [server]")
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(server.host, server.host)
-    return host, server.port
-
-
 def _headers(spec: Spec) -> dict[str, str]:
     if spec.api_key is None:
         return {}
@@ -84,15 +76,11 @@ def _headers(spec: Spec) -> dict[str, str]:
 
 
 def _guard(spec: Spec) -> Callable[[], None]:
-    """Run after the connect, before the keyed request is sent: refuses unless the port's listeners are
-        all the deployment's own processes (a local user listening there would otherwise get the key): those a
-    connection to the host reaches, not another address's on the port."""
-    from reconcile.ownership.membership import scope_of
-    from reconcile.ownership.sockets import key_holder_check
+    """Run after the connect, before the keyed request is sent: refuses unless the listener is the
+    deployment's own (a local user listening there would otherwise get the key)."""
+    from reconcile.ownership.sockets import key_guard
 
-    scope, (host, port) = scope_of(spec), _target(spec)
-    what = f"deployment {spec.server.name if spec.server else '?'}"
-    return lambda: key_holder_check(host, port, scope, what)
+    return key_guard(spec)
 
 
 def _json(resp: HttpResponse) -> Any:
@@ -103,9 +91,9 @@ def _json(resp: HttpResponse) -> Any:
 
 
 def probe(spec: Spec) -> HealthObservation:
-    spec = serving_spec(spec)  # behind [front]: the active color's own port
-    host, port = _target(spec)
-    url, timeout = f"http://{host}:{port}", spec.health.timeout
+    spec = serving_spec(spec)  # behind [front]: the active color's own socket
+    host, port = endpoint(spec)
+    url, timeout = f"http://{endpoint_text(spec)}", spec.health.timeout
     try:
         health = http_request("GET", host, port, "/health", timeout=timeout)
     except HttpUnreachable as exc:
@@ -177,7 +165,7 @@ def answer(status: int, body: bytes, limit: int = 300) -> str:
 
 
 def _chat(spec: Spec, body: dict[str, Any], timeout: float) -> tuple[int, Any, str]:
-    host, port = _target(spec)
+    host, port = endpoint(spec)
     keyed = _headers(spec)
     resp = http_request(
         "POST",

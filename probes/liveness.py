@@ -14,6 +14,7 @@ import time
 
 from probes.common import Unavailable
 from reconcile.host import HttpTooSlow, HttpUnreachable, http_request
+from reconcile.identity import endpoint
 from reconcile.liveness import EngineSample, read_stall
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.safety.display import shown
@@ -78,11 +79,11 @@ def figures(body: bytes | None) -> dict[str, float]:
 def _completion(spec: Spec, deadline: float) -> tuple[bool | None, float, str | None]:
     """(answered, seconds, why unknown): True when a token came back within `deadline`, False when no
     answer came in time, None when the answer says nothing about the engine (refused, an error)."""
-    from probes.health import _guard, _headers, _target
+    from probes.health import _guard, _headers
 
     server = spec.server
     assert server is not None
-    host, port = _target(spec)
+    host, port = endpoint(spec)
     keyed = _headers(spec)
     model = server.served_model_name or server.model or (spec.model.dir if spec.model else "")
     body = {
@@ -123,7 +124,7 @@ def _completion(spec: Spec, deadline: float) -> tuple[bool | None, float, str | 
 
 
 def probe(spec: Spec) -> EngineSample | Unavailable:
-    from probes.health import _guard, _target
+    from probes.health import _guard
 
     server = spec.server
     if server is None or not server.running:
@@ -131,7 +132,7 @@ def probe(spec: Spec) -> EngineSample | Unavailable:
     live = server.liveness
     if not live.check:
         return Unavailable("[server.liveness] check = false")
-    host, port = _target(spec)
+    host, port = endpoint(spec)
     at = time.time()
     try:  # a port that refuses or is not ours: the health row says so; nothing to judge here
         before = _metrics(host, port, spec.health.timeout, _guard(spec))

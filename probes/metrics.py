@@ -11,6 +11,7 @@ import time
 
 from probes.common import ParseError, Unavailable
 from reconcile.host import HttpUnreachable, http_request
+from reconcile.identity import endpoint
 from reconcile.ownership.sockets import ForeignListener
 from reconcile.record import Record
 
@@ -73,9 +74,9 @@ def _read(host: str, port: int, timeout: float, guard: Callable[[], None]) -> di
 
 def probe(spec: Spec, *, window: float = 1.0) -> ServingMetrics | Unavailable:
     """Two reads `window` seconds apart: gauges from the second, throughput from the counter's rise."""
-    from probes.health import _guard, _target
+    from probes.health import _guard
 
-    host, port = _target(spec)
+    host, port = endpoint(spec)
     timeout, guard = spec.health.timeout, _guard(spec)
     try:
         first, t0 = _read(host, port, timeout, guard), time.monotonic()

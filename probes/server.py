@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from probes.common import Absent, Invalid
-from reconcile.identity import IDENTITY, MARKER, pidfile_path, redact_argv, serving_spec, state_file_path
+from reconcile.identity import (
+    IDENTITY,
+    MARKER,
+    pidfile_path,
+    redact_argv,
+    server_socket,
+    serving_spec,
+    state_file_path,
+)
 from reconcile.ownership import cgroups
 from reconcile.ownership.membership import (
     Scope,
@@ -63,7 +71,8 @@ class Pidfile(Record):
 
 
 class PortListener(Record):
-    """Who listens on the spec's port: one of our processes, another process, or nobody."""
+    """Who listens on the spec's port (0: a color's Unix socket): one of our processes, another process, or
+    nobody."""
 
     port: int
     state: Literal["ours", "foreign", "nobody"]
@@ -166,9 +175,14 @@ def _pidfile(path: str, leader: int | None) -> Pidfile:
     return Pidfile(path, "foreign" if alive else "dead", text.pid)
 
 
-def _listener(host: str, port: int, scope: Scope, ours: set[int]) -> PortListener:
+def _listener(host: str, port: int, scope: Scope, ours: set[int], uds: str | None) -> PortListener:
     """Who listens where the server's bind of `host`:`port` would clash (another address's listener on the
-    port is not the server's: reconcile.ownership.sockets.reaches)."""
+    port is not the server's: reconcile.ownership.sockets.reaches); a color's Unix socket (port 0) is ours
+    when it is there: only root and the server's user can bind in its directory
+    (ownership.sockets.socket_holder_check)."""
+    if uds is not None:
+        there = os.path.exists(uds)
+        return PortListener(0, "ours" if there and ours else "nobody")
     found = listeners(port, first=sorted(ours), host=host)
     if not found:
         return PortListener(port, "nobody")
@@ -233,7 +247,7 @@ def probe(spec: Spec) -> ServerObservation:
         name=server.name,
         processes=tuple(processes),
         pidfile=_pidfile(pidfile_path(spec), leader.pid if leader else None),
-        listener=_listener(server.host, server.port, scope, {p.pid for p in found}),
+        listener=_listener(server.host, server.port, scope, {p.pid for p in found}, server_socket(spec)),
         record=record,
         ownership=_ownership(spec, scope, record),
     )

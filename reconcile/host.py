@@ -238,10 +238,11 @@ def http_request(
 
     deadline = time.monotonic() + timeout
     shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets
-    url = f"http://{shown}:{port}{path}"
+    unix = host.startswith("/")  # a Unix socket's path (reconcile.identity.endpoint: a color's)
+    url = f"http://unix:{host}:{path}" if unix else f"http://{shown}:{port}{path}"
     lines = [
         f"{method} {path} HTTP/1.1",
-        f"Host: {shown}:{port}",
+        "Host: localhost" if unix else f"Host: {shown}:{port}",
         "Connection: close",
         "Accept-Encoding: identity",
     ]
@@ -252,7 +253,7 @@ def http_request(
     # An ASCII host as bytes: given a str, getaddrinfo imports the idna codec (~2-4 ms) to encode it.
     address = host.encode("ascii") if host.isascii() else host
     try:
-        sock = _connect(address, port, deadline)
+        sock = _connect_unix(host, deadline) if unix else _connect(address, port, deadline)
     except TimeoutError:
         raise HttpTooSlow(f"{url}: no connection within {timeout:g} s") from None
     except OSError as exc:
@@ -360,6 +361,20 @@ def _connect(host: str | bytes, port: int, deadline: float) -> _socket.socket:
             if isinstance(exc, TimeoutError):
                 break
     raise error if error is not None else OSError("getaddrinfo returns an empty list")
+
+
+def _connect_unix(path: str, deadline: float) -> _socket.socket:
+    """A connection to the Unix socket at `path`, within the deadline."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        _settimeout(sock, deadline)
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _dechunk(buf: bytearray, reader: _Reader, limit: int) -> bytes:

@@ -318,16 +318,48 @@ def crash_loop_hold(spec: Spec, record: Mapping[str, Any], now: float | None = N
 
 
 # --- A server behind [front] (HAProxy): two colors of the deployment, each a deployment of its own
-# (its own name, marker, pidfile, record, cgroup) on its own loopback port; the front routes to the
+# (its own name, marker, pidfile, record, cgroup) on its own Unix socket; the front routes to the
 # active one, recorded in <state_dir>/front-<name>.json by the switch that made it active.
 COLORS = ("blue", "green")
+# Where the colors' sockets live. Not a loopback port: any local user may bind one while the color's
+# server is down, and would get the clients (their keys) through root's HAProxy (round 17c). A socket
+# in a directory that only root and the server's user may enter cannot be taken. Under /run, not in
+# the state dir: root's 0700 state dir is closed to a systemd unit's User=, and /run's short paths
+# fit sun_path (108 bytes) and HAProxy's bound whatever the state dir.
+SOCKETS_DIR = "/run/reconcile"
+SOCKET_NAME = "vllm.sock"
 
 
-def front_ports(spec: Spec) -> tuple[int, int]:
-    front, server = getattr(spec, "front", None), spec.server
-    assert front is not None and server is not None
-    ports = list(front.ports) or [server.port + 1, server.port + 2]
-    return ports[0], ports[1]
+def color_socket(state_dir: str, server: str, color: str) -> str:
+    """The Unix socket a color serves on (`vllm serve --uds`): <SOCKETS_DIR>/<hash>-<color>/vllm.sock,
+    the hash of the deployment's marker (name@state_dir): two specs with one server name never share
+    one. actions.launching makes its directory (0700, the server's user's)."""
+    digest = hashlib.sha256(marker_value(server, state_dir).encode()).hexdigest()[:16]
+    return f"{SOCKETS_DIR}/{digest}-{color}/{SOCKET_NAME}"
+
+
+def server_socket(spec: Spec) -> str | None:
+    """The Unix socket the server serves on: a color's (color_spec sets it); None: its TCP host:port."""
+    found = getattr(spec.server, "uds", None)
+    return found if isinstance(found, str) else None
+
+
+def endpoint(spec: Spec) -> tuple[str, int]:
+    """Where this machine reaches the server, as reconcile.host.http_request takes it: (its socket's
+    path, 0) for a color, else (host, port) with a wildcard bind reached on loopback."""
+    server = spec.server
+    if server is None:
+        raise ValueError("the spec has no [server]")
+    uds = server_socket(spec)
+    if uds is not None:
+        return uds, 0
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(server.host, server.host), server.port
+
+
+def endpoint_text(spec: Spec) -> str:
+    """The server's address in words: `unix:<path>` or `host:port`, for output and errors."""
+    where, port = endpoint(spec)
+    return f"unix:{where}" if port == 0 else f"{where}:{port}"
 
 
 def front_state_path(spec: Spec) -> str:
@@ -348,11 +380,12 @@ def other_color(color: str) -> str:
 
 
 def color_spec(spec: Spec, color: str) -> Spec:
-    """The spec of one color of a fronted deployment: name <name>-<color>, loopback, its own port."""
+    """The spec of one color of a fronted deployment: name <name>-<color>, its own Unix socket (`uds`,
+    an attribute beside the [server] fields: a spec never sets it; server_socket reads it)."""
     server = spec.server
     assert server is not None
-    port = front_ports(spec)[COLORS.index(color)]
-    update = {"name": f"{server.name}-{color}", "host": "127.0.0.1", "port": port, "pidfile": None}
+    uds = color_socket(spec.machine.state_dir, server.name, color)
+    update = {"name": f"{server.name}-{color}", "host": "127.0.0.1", "uds": uds, "pidfile": None}
     # Without [front]: a color is a plain deployment (its probes and actions need no more of it).
     return spec.model_copy(update={"server": server.model_copy(update=update), "front": None})
 

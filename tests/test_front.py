@@ -13,6 +13,7 @@ import pytest
 
 from actions.haproxy import render
 from reconcile.errors import SpecError
+from reconcile.identity import color_socket
 from reconcile.ownership.membership import front_master
 from reconcile.spec.loader import load_spec
 
@@ -40,7 +41,8 @@ def test_front_ports_must_be_two_and_not_the_public_one(tmp_path: Path) -> None:
 def test_haproxy_accepts_the_config_with_the_inactive_color_disabled(tmp_path: Path) -> None:
     spec = load_spec(str(_spec(tmp_path))).spec
     text = render(spec, "green")
-    assert "    server blue 127.0.0.1:8001 disabled\n    server green 127.0.0.1:8002\n" in text
+    blue, green = (color_socket(str(tmp_path / "state"), "d", c) for c in ("blue", "green"))
+    assert f"    server blue unix@{blue} disabled\n    server green unix@{green}\n" in text
     assert "bind 127.0.0.1:8000" in text and "mode 600 level admin" in text
     check = subprocess.run(["haproxy", "-c", "-f", "/dev/stdin"], input=text, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -23,7 +23,7 @@ import tomlkit
 
 from actions import haproxy, supervising
 from reconcile.errors import SpecError
-from reconcile.identity import COLORS, active_color, color_spec
+from reconcile.identity import COLORS, active_color, color_spec, server_socket
 from reconcile.ownership.membership import front_master, scope_of
 from reconcile.spec.deployments import deployments
 from reconcile.spec.loader import load_spec
@@ -233,16 +233,16 @@ def test_ports_that_collide_across_fronted_deployments_are_refused_with_file_lin
 
     def collide(doc: Any) -> None:
         fronted_spec(colors, 0.3)(doc)
-        doc["deployments"]["draft"]["server"]["port"] = colors["chat"][1]  # chat's green port
+        doc["deployments"]["draft"]["server"]["port"] = multi.ports["chat"]  # chat's public port
 
     multi.write(collide)
     plan = multi.cli("plan")
     assert plan.returncode == 1, plan.stdout + plan.stderr
     text = multi.spec_path.read_text().splitlines()
-    line = next(n for n, t in enumerate(text, 1) if t.strip() == f"port = {colors['chat'][1]}")
+    line = [n for n, t in enumerate(text, 1) if t.strip() == f"port = {multi.ports['chat']}"][-1]
     want = (
-        f"{multi.spec_path}:{line}: deployments.draft.server.port: port {colors['chat'][1]} is its public "
-        f"port (HAProxy) and deployment chat's green port (deployments.chat.front.ports[1], line "
+        f"{multi.spec_path}:{line}: deployments.draft.server.port: port {multi.ports['chat']} is its public "
+        f"port (HAProxy) and deployment chat's public port (HAProxy) (deployments.chat.server.port, line "
     )
     assert want in plan.stdout, plan.stdout
     apply = multi.cli("apply", "--auto-approve")
@@ -251,21 +251,15 @@ def test_ports_that_collide_across_fronted_deployments_are_refused_with_file_lin
         multi.state_dir.glob("deployments/*/*.pid")
     )
 
-    def defaults(doc: Any) -> None:  # chat's colors by default on its port + 1, + 2: draft's port
+    def old_color_port(doc: Any) -> None:  # chat's colors serve on Unix sockets: its [front] ports are free
         collide(doc)
-        del doc["deployments"]["chat"]["front"]["ports"]
-        doc["deployments"]["draft"]["server"]["port"] = multi.ports["chat"] + 1
+        doc["deployments"]["draft"]["server"]["port"] = colors["chat"][1]
 
-    multi.write(defaults)
+    multi.write(old_color_port)
     plan = multi.cli("plan")
-    assert plan.returncode == 1
-    assert re.search(
-        rf"{re.escape(str(multi.spec_path))}:\d+: deployments.draft.server.port: "
-        rf"port {multi.ports['chat'] + 1} "
-        r"is its public port \(HAProxy\) and deployment chat's blue port \(default: \[server\] port \+ 1\) "
-        r"\(deployments.chat.front, line \d+\)",
-        plan.stdout,
-    ), plan.stdout
+    assert "deployments.port" not in plan.stdout and "deployments.draft.server.port" not in plan.stdout, (
+        plan.stdout
+    )
 
 
 @pytest.mark.parametrize(
@@ -309,8 +303,8 @@ def test_each_fronted_deployment_gets_its_own_frontend_in_one_config(tmp_path: P
     assert views["draft"].front is None
     text = haproxy.render(views["chat"], "green")
     assert f"frontend chat\n    bind 127.0.0.1:{multi.ports['chat']}\n    default_backend vllm-chat\n" in text
-    port = multi.ports["chat"]
-    assert f"    server blue 127.0.0.1:{port + 1} disabled\n    server green 127.0.0.1:{port + 2}\n" in text
+    blue, green = (server_socket(color_spec(views["chat"], c)) for c in COLORS)
+    assert f"    server blue unix@{blue} disabled\n    server green unix@{green}\n" in text
     assert "draft" not in text and f"stats socket {multi.state_dir}/front.sock mode 600" in text
 
 

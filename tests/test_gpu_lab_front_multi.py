@@ -2,7 +2,7 @@
 RECONCILE_GPU_LAB=1.
 
 tests/test_gpu_lab_multi.py's two tiny-Llama deployments (`one` public on 8001, `two` on 8002), each
-with [deployments.<name>.front] (colours on 8011/8012 and 8021/8022), both on GPU 0 at
+with [deployments.<name>.front] (colours on their Unix sockets, `vllm serve --uds`), both on GPU 0 at
 gpu-memory-utilization 0.2: 0.2 x 2 (two's colours) + 0.2 (one) = 0.6 leaves room for a blue/green
 switch of `two`. Loads run on both public ports while `two` switches; no request of either may fail,
 be cut or refused, `one`'s pid stays, and one HAProxy master serves both throughout. Figures in
@@ -28,15 +28,14 @@ pytestmark = GPU_LAB_MARKS  # gpu, and skipped without RECONCILE_GPU_LAB=1 (test
 
 FIGURES: dict[str, Any] = {}
 FRONT_STATE = LAB / "state-front-multi"
-COLORS = {"one": [8011, 8012], "two": [8021, 8022]}
 TOKENS = 400  # the tiny Llama's max-model-len is 1024
 
 
 def front_spec(name: str, *, two_args: str = "", running: bool = True) -> str:
     text = Path(multi_spec(f"front-{name}", share=0.2, two_args=two_args, running=running)).read_text()
     text = text.replace(f'state_dir = "{STATE}"', f'state_dir = "{FRONT_STATE}"')
-    for dep, ports in COLORS.items():
-        text += f"\n[deployments.{dep}.front]\nports = {ports}\n"
+    for dep in ("one", "two"):
+        text += f"\n[deployments.{dep}.front]\n"
     path = LAB / f"spec-front-multi-{name}.toml"
     path.write_text(text)
     return str(path)

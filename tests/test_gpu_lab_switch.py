@@ -7,7 +7,7 @@ the same switch with `shutdown-timeout = 0` (vLLM's own default: abort) for comp
 whole, cut (an answer had started) and failed requests, those the gap did not serve (refused, and
 unanswered: reset before any answer, as a connection queued on vLLM's closing listener is), the gap,
 and apply's "prepared in X s, down for Y s" (tests/switch_load_support.py counts them).
-Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on 8001/8002;
+Then blue/green: the same spec with [front] (apt's haproxy on port 8000, vLLM on its colors' Unix sockets;
 gpu-memory-utilization 0.3 leaves room for both), the same load through a switch and a rollback.
 Figures in $OUT/gpu-lab-switch.json, written after each switch (a call cut by its time limit keeps
 what it saw). Expected duration on the H200: about 7 minutes (the drain test ~4 min: a start and four
@@ -40,7 +40,7 @@ UTIL = "gpu-memory-utilization = 0.3"
 
 
 FRONT_AT = 'VLLM_USE_FLASHINFER_SAMPLER = "0"'
-FRONT = {FRONT_AT: f"{FRONT_AT}\n\n[front]\nports = [8001, 8002]"}
+FRONT = {FRONT_AT: f"{FRONT_AT}\n\n[front]"}  # the colors on their Unix sockets (vllm serve --uds)
 
 
 def spec(name: str, util: str, drain: str = "", extra: dict[str, str] | None = None) -> str:

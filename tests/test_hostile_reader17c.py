@@ -153,27 +153,23 @@ def test_a_state_dir_with_blanks_never_adds_options_to_the_fronts_admin_socket(
 
 @ROOT_ONLY
 @needs_haproxy
-@pytest.mark.xfail(
-    strict=True,
-    reason="left open (round 17c): HAProxy reaches a color by a loopback TCP port, which any user may bind "
-    "while that color's server is down; the class fix (each color on a Unix socket in the 0700 state dir, "
-    "`vllm serve --uds`) is larger than this round",
-)
 def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_colors_port(
     tmp_path: Path, strangers: list[int], front_of: list[Spec]
 ) -> None:
     """The front holds the public port whatever happens to the server behind it, and forwards each client
-    connection to the active color's loopback port (`server blue 127.0.0.1:P`), whoever listens there.
-    The active color's server is down (it crashed, or apply stops it to restart it in place when the GPUs
-    hold one server only) and nobody binds 127.0.0.1:P. main (seen): a client's request to the public
-    port, its `Authorization: Bearer` header with it, reached nobody's listener through root's HAProxy,
-    which answered it."""
+    connection to the active color. The active color's server is down (it crashed, or apply stops it to
+    restart it in place when the GPUs hold one server only) and nobody binds what the front forwards to.
+    main (seen): HAProxy reached blue by its loopback port (`server blue 127.0.0.1:P`), which nobody
+    bound; a client's request to the public port, its `Authorization: Bearer` header with it, reached
+    nobody's listener through root's HAProxy, which answered it. Now each color serves on a Unix socket
+    (`server blue unix@/run/reconcile/<hash>-blue/vllm.sock`): nobody's listener on the port an older
+    spec still names gets nothing (the next test: nobody cannot bind the socket either)."""
     from tests.ownership_support import SPY, received
     from tests.test_server_support import free_port
 
     public, blue, green = free_port(), free_port(), free_port()
     path = _fronted(tmp_path, str(tmp_path / "state"))
-    path.write_text(
+    path.write_text(  # an older spec's [front] ports (still loaded, no longer used)
         path.read_text().replace("port = 8000", f"port = {public}") + f"ports = [{blue}, {green}]\n"
     )
     assert _front_started(path, front_of) is None
@@ -184,6 +180,44 @@ def test_the_front_never_forwards_a_client_to_a_listener_that_took_the_active_co
         )
         client.recv(100)
     assert "sk-the-deployments" not in received(spy)
+
+
+NOBODY_BINDS = r"""
+import os, socket, sys
+print("ready", flush=True)
+path = sys.argv[1]
+for step in (lambda: os.makedirs(os.path.dirname(path), exist_ok=True), lambda: os.unlink(path)):
+    try:
+        step()
+    except OSError:
+        pass
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.bind(path)
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+else:
+    print("bound", flush=True)
+"""
+
+
+@ROOT_ONLY
+def test_nobody_never_binds_a_colors_socket(tmp_path: Path, strangers: list[int]) -> None:
+    """The class fix's premise, a new member of the attack above (no such socket on main): blue's socket
+    directory made as a start of blue's server makes it (`launching.prepare_socket`), nobody tries to
+    make it, to remove the socket and to bind its path. Refused: root's /run/reconcile (0711) and the
+    color's directory (0700, the server's user's: root here) let nobody in."""
+    from actions.launching import prepare_socket
+    from reconcile.identity import color_spec, server_socket
+
+    blue = color_spec(load_spec(str(_fronted(tmp_path, str(tmp_path / "state")))).spec, "blue")
+    prepare_socket(blue)
+    uds = server_socket(blue)
+    assert uds is not None
+    binder = as_nobody(["/usr/bin/python3", "-c", NOBODY_BINDS, uds], {}, strangers)
+    out, _ = binder.communicate(timeout=10)
+    assert out.startswith(b"refused"), f"nobody bound blue's socket: {out.decode(errors='replace')}"
+    assert not os.path.lexists(uds)
 
 
 # --- class 6: a listener of nobody's beside the server, on another address of its port -----------------
@@ -289,7 +323,9 @@ def test_a_blue_green_switch_never_moves_traffic_to_a_listener_that_took_the_new
     nobody's process on green's port before launching anything ("port P is held by pid N (user nobody
     ...), which is not deployment ...-green"): the server row failed, apply rolled back by itself, blue
     kept serving through the front and nobody's listener got no request (the acceptance chat is
-    guarded too)."""
+    guarded too). Since the colors serve on Unix sockets (round 17c, closed after it): green's old port
+    is nothing of the deployment's, the switch moves traffic to green's socket and nobody's listener
+    still gets nothing."""
     from tests.ownership_support import SPY, received
     from tests.switch_load_support import stop_front
     from tests.test_server_support import free_port
@@ -304,8 +340,8 @@ def test_a_blue_green_switch_never_moves_traffic_to_a_listener_that_took_the_new
         _spec(demo, 9, ports)
         run = demo.cli("apply")
         assert "internal error" not in run.output and "Traceback" not in run.output, run.output
-        assert "traffic moved to green" not in run.output, run.output
-        assert _health(demo.port) == 200, run.output  # through the front: blue still serves
+        assert "traffic moved to green" in run.output, run.output
+        assert _health(demo.port) == 200, run.output  # through the front: green serves
         assert received(spy) == "", "nobody's listener on green's port got a request"
     finally:
         stop_front(str(demo.spec_path))

@@ -196,6 +196,7 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
     from probes.health import probe
     from reconcile.host import CommandTimeout, ToolMissing
     from reconcile.host import run as run_command
+    from reconcile.identity import endpoint_text
     from reconcile.safety.filesafety import UnsafePath
 
     say = progress or (lambda _line: None)
@@ -231,7 +232,7 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
             except (CommandTimeout, ToolMissing, UnsafePath) as exc:
                 raise BenchError(f"vllm bench serve: {exc}") from None
             if relay.refused:
-                raise BenchError(f"port {spec.server.port}: {relay.refused[0]}: the key is not sent there")
+                raise BenchError(f"{endpoint_text(spec)}: {relay.refused[0]}: the key is not sent there")
             if not done.ok:
                 tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
                 raise BenchError(f"vllm bench serve exited {done.returncode}: {tail[-400:]}")
@@ -252,8 +253,8 @@ def run(spec: Spec, *, progress: Callable[[str], None] | None = None) -> dict[st
 
 class _GuardedRelay:
     """A loopback port of ours that `vllm bench serve` sends its keyed requests to: each connection is
-    carried to the deployment's port only once key_holder_check found every listener there to be the
-    deployment's, after the connect and before a byte is sent (as probes.health's guard does for
+    carried to the deployment's port (a color's socket) only once key_guard found the listener there to
+    be the deployment's, after the connect and before a byte is sent (as probes.health's guard does for
     reconcile's own requests). `_still_ours` before a row is not enough: vLLM's CLI imports for
     seconds before its first request, and a server that died meanwhile leaves the port to whoever
     binds it. A refused connection is closed unsent and named in `refused`."""
@@ -262,15 +263,11 @@ class _GuardedRelay:
         import socket
         import threading
 
-        from probes.health import _target
-        from reconcile.ownership.membership import scope_of
-        from reconcile.ownership.sockets import key_holder_check
+        from reconcile.identity import endpoint
+        from reconcile.ownership.sockets import key_guard
 
-        assert spec.server is not None
-        port, scope, what = spec.server.port, scope_of(spec), f"deployment {spec.server.name}"
-        self._target = _target(spec)
-        host = self._target[0]
-        self._check: Callable[[], None] = lambda: key_holder_check(host, port, scope, what)
+        self._target = endpoint(spec)
+        self._check: Callable[[], None] = key_guard(spec)
         self.refused: list[str] = []
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.bind(("127.0.0.1", 0))
@@ -294,8 +291,18 @@ class _GuardedRelay:
 
         from reconcile.ownership.sockets import ForeignListener
 
+        where, port = self._target
         try:
-            upstream = socket.create_connection(self._target, timeout=30)
+            if port == 0:  # a color's Unix socket (reconcile.identity.endpoint)
+                upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    upstream.settimeout(30)
+                    upstream.connect(where)
+                except OSError:
+                    upstream.close()
+                    raise
+            else:
+                upstream = socket.create_connection(self._target, timeout=30)
         except OSError:
             client.close()
             return
@@ -332,15 +339,13 @@ def _pump(src: Any, dst: Any) -> None:
 
 def _still_ours(spec: Spec) -> None:
     """Every listener on the port is the deployment's, or BenchError: the key goes nowhere else."""
-    from probes.health import _target
-    from reconcile.ownership.membership import scope_of
-    from reconcile.ownership.sockets import ForeignListener, key_holder_check
+    from reconcile.identity import endpoint_text
+    from reconcile.ownership.sockets import ForeignListener, key_guard
 
-    assert spec.server is not None
     try:
-        key_holder_check(_target(spec)[0], spec.server.port, scope_of(spec), f"deployment {spec.server.name}")
+        key_guard(spec)()
     except ForeignListener as exc:
-        raise BenchError(f"port {spec.server.port}: {exc}: the key is not sent there") from None
+        raise BenchError(f"{endpoint_text(spec)}: {exc}: the key is not sent there") from None
 
 
 def _trimmed(result: dict[str, Any]) -> dict[str, Any]:

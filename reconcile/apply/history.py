@@ -69,12 +69,11 @@ def _config(state_dir: str, digest: str | None) -> dict[str, Any]:
 
 
 def _front(g: Mapping[str, Any]) -> str:
-    """A generation's [front] in words: "none", or its colors' ports."""
+    """A generation's [front] in words: "none", or HAProxy (its colors on Unix sockets)."""
     front = (g.get("spec") or {}).get("front")
     if not isinstance(front, dict):
         return "none"
-    ports = front.get("ports") or []
-    return "HAProxy, colors on " + (", ".join(map(str, ports)) if ports else "the next two ports")
+    return "HAProxy, colors on Unix sockets"
 
 
 def differences(state_dir: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:

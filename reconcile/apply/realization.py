@@ -35,7 +35,7 @@ def who() -> str:
 def realized_state(loaded: LoadedSpec) -> dict[str, Any]:
     """What serving depends on, as it is now: the venv (path, packages), config.json (kept by its
     hash), the launch identity (argv, env with secrets hashed) and the model commit. Behind [front]
-    the server that runs is a color's (its own name, loopback, its own port: another identity), so
+    the server that runs is a color's (its own name, its own Unix socket: another identity), so
     `launch.colors` holds each color's identity too, and they are part of the key: a fronted spec is
     never the same generation as a front-less one with the same launch inputs, and the generation a
     live color server carries is found (reconcile.apply.switching.carries)."""

@@ -67,7 +67,7 @@ def running_server(spec: Spec) -> tuple[str | None, int | None]:
 
 def carries(state: dict[str, Any], identity: str | None) -> bool:
     """Whether a live server of launch identity `identity` is generation record `state`'s: its own
-    server's, or behind [front] one of its colors' (a color runs under its own name and port)."""
+    server's, or behind [front] one of its colors' (a color runs under its own name and socket)."""
     launch = state.get("launch") or {}
     if identity is None:
         return False

@@ -2,21 +2,33 @@
 holding each (/proc/PID/fd), its user and command, and whether it is a member of a deployment.
 
 Read only. probes.server reports the listener; probes.health sends the API key only after
-key_holder_check() found every listener a connection to the server's host:port reaches to be ours;
-actions.server names a foreign holder. Each looks at the listeners that a connection to the server's host
-reaches or that clash with its bind (reaches()), not every listener on the port number.
+key_guard() found the server's listener to be ours: on a TCP port, every listener a connection to the
+server's host:port reaches (reaches(), not every listener on the port number); on a color's Unix socket,
+the socket and its directories root's or the server user's. actions.server names a foreign holder.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from reconcile.identity import redact_argv
+from reconcile.identity import endpoint, redact_argv
 from reconcile.ownership.cgroups import cgroup_procs
-from reconcile.ownership.membership import Scope, is_member, read_bytes, read_stat, uids, user_name
+from reconcile.ownership.membership import (
+    Scope,
+    is_member,
+    read_bytes,
+    read_stat,
+    scope_of,
+    uids,
+    user_name,
+)
 from reconcile.record import Record
 from reconcile.safety.display import shown_argv
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from reconcile.spec.models import Spec
 
 
 def one_line(argv: tuple[str, ...], limit: int = 120) -> str:
@@ -284,3 +296,53 @@ def key_holder_check(host: str, port: int, scope: Scope, what: str) -> None:
         raise ForeignListener(
             f"the key was not sent: port {port} is held by {holder}, which is not {what}", holder
         )
+
+
+def key_guard(spec: Spec) -> Callable[[], None]:
+    """The check a keyed (or vouching) request to the deployment's server runs after its connect and
+    before a byte is sent (raises ForeignListener): on a TCP port, key_holder_check; on a color's Unix
+    socket, socket_holder_check."""
+    assert spec.server is not None
+    where, port = endpoint(spec)
+    what = f"deployment {spec.server.name}"
+    if port == 0:
+        uid = serving_uid(spec)
+        return lambda: socket_holder_check(where, uid, what)
+    scope = scope_of(spec)
+    return lambda: key_holder_check(where, port, scope, what)
+
+
+def serving_uid(spec: Spec) -> int:
+    """The uid the server runs as: its systemd unit's User=, else root (0); an unknown user: root's."""
+    import pwd
+
+    server = spec.server
+    assert server is not None
+    if server.supervisor != "systemd" or server.user in (None, "root"):
+        return 0
+    try:
+        return pwd.getpwnam(str(server.user)).pw_uid
+    except KeyError:  # the unit's rendering names the missing user; only root may then own the socket
+        return 0
+
+
+def socket_holder_check(path: str, uid: int, what: str) -> None:
+    """Raise ForeignListener unless the Unix socket at `path` is one only root or the server's user
+    (`uid`) can have made. No holder lookup is needed, unlike a TCP port, which any user may bind once
+    it is free: the socket's directory (actions.launching makes it 0700, the server's user's, under
+    root's /run/reconcile) is walked from / without following a link, each directory on the way root's
+    or that user's and writable by no one else (filesafety.walk), and the socket itself is not a link
+    and is theirs. Nobody else can enter that directory, so nobody else can bind or swap a socket in it:
+    whatever answered our connect there is root's or the deployment's."""
+    import stat
+
+    from reconcile.safety.filesafety import UnsafePath, owners, walk
+
+    try:
+        w = walk(path, owners((uid,)))
+    except (OSError, UnsafePath) as exc:
+        raise ForeignListener(f"the key was not sent: {exc}", "a socket reconcile does not trust") from None
+    w.close()
+    if w.st is None or not stat.S_ISSOCK(w.st.st_mode) or w.st.st_uid not in owners((uid,)):
+        whose = "nothing" if w.st is None else f"a file of {user_name(w.st.st_uid)}'s, not a socket of ours"
+        raise ForeignListener(f"the key was not sent: {path} is {whose}", whose)

@@ -137,12 +137,12 @@ class _Port(Record):
     host: str
     deployment: str
     key: tuple[str | int, ...]  # where the spec sets it (or the section whose default it is)
-    what: str  # "its server's port", "its public port (HAProxy)", "its blue port (default: port + 1)"
+    what: str  # "its server's port", "its public port (HAProxy)"
 
 
 def _listeners(d: Deployment) -> list[_Port]:
-    """Every port a deployment listens on: its server's, or behind the front its public one and its
-    two colors' (loopback)."""
+    """Every port a deployment listens on: its server's, or behind the front its public one (its colors
+    serve on Unix sockets of their own: reconcile.identity.color_socket)."""
     spec = d.loaded.spec
     server = spec.server
     if server is None:
@@ -151,16 +151,7 @@ def _listeners(d: Deployment) -> list[_Port]:
     front = getattr(spec, "front", None)
     if front is None or shared_front(spec) is None:
         return [_Port(server.port, server.host, d.name, (*base, "server", "port"), "its server's port")]
-    out = [_Port(server.port, server.host, d.name, (*base, "server", "port"), "its public port (HAProxy)")]
-    given = list(front.ports)
-    for n, color in enumerate(("blue", "green")):
-        if given:
-            key = (*base, "front", "ports", n)
-            out.append(_Port(given[n], "127.0.0.1", d.name, key, f"its {color} port"))
-        else:
-            out.append(_Port(server.port + 1 + n, "127.0.0.1", d.name, (*base, "front"),
-                             f"its {color} port (default: [server] port + {1 + n})"))  # fmt: skip
-    return out
+    return [_Port(server.port, server.host, d.name, (*base, "server", "port"), "its public port (HAProxy)")]
 
 
 def _where(d: Deployment, key: tuple[str | int, ...]) -> tuple[str, int | None, str]:
@@ -174,7 +165,7 @@ def _where(d: Deployment, key: tuple[str | int, ...]) -> tuple[str, int | None, 
 
 def _ports(every: list[Deployment]) -> list[Finding]:
     """Two deployments that would listen on one port (a wildcard host collides with every host): their
-    servers' ports, behind the front its public port and both colors' ports."""
+    servers' ports, behind the front its public port."""
     out = []
     seen: dict[int, list[tuple[_Port, Deployment]]] = {}
     for d in every:
@@ -200,10 +191,7 @@ def _ports(every: list[Deployment]) -> list[Finding]:
             _, other_line, other_key = _where(other, q.key)
             at = f"{path}:{line}" if line is not None else path
             said += f" ({other_key}" + (f", line {other_line})" if other_line is not None else ")")
-            fix = (
-                f"[deployments.{p.deployment}.server] port" if p.key[-1] == "port"
-                else f"[deployments.{p.deployment}.front] ports"
-            )  # fmt: skip
+            fix = f"[deployments.{p.deployment}.server] port"
             message = f"{at}: {key}: {said}"
             fix_line = f"give {fix} another number, or move {q.deployment}'s"
             out.append(Finding("deployments.port", "error", message, fix_line))

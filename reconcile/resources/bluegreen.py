@@ -1,6 +1,6 @@
 """Blue/green switches of a server behind [front] (HAProxy): whether the GPUs hold the new server
 beside the old one (the plan's answer, on the server row), and the switch itself: start the new color
-on its own port, readiness, acceptance, move the front's traffic, then drain and stop the old color.
+on its own socket, readiness, acceptance, move the front's traffic, then drain and stop the old color.
 
 Called by reconcile.resources.server (its planner and its perform). Where there is no room, or no
 front runs yet, the server row drain-restarts the active color in place instead.

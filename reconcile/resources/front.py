@@ -28,7 +28,7 @@ def plan_front(spec: Spec, obs: Observed) -> Item | None:
         return _plan_taken_away(spec, obs)
     from actions.haproxy import render
     from probes.front import FrontObservation
-    from reconcile.identity import color_spec
+    from reconcile.identity import color_spec, endpoint_text
     from reconcile.spec.fronting import shared_front
 
     seen = obs.front
@@ -45,8 +45,7 @@ def plan_front(spec: Spec, obs: Observed) -> Item | None:
         return change(
             Action.REMOVE, f"stop haproxy (pid {seen.master}) on {where}", "the spec says running = false"
         )
-    port = color_spec(spec, seen.active).server.port  # type: ignore[union-attr]
-    to = f"{seen.active} (127.0.0.1:{port})"
+    to = f"{seen.active} ({endpoint_text(color_spec(spec, seen.active))})"
     if seen.master is None:
         return change(Action.CREATE, f"start haproxy on {where}, routing to {to}", "no HAProxy of ours runs",
                       (FieldDiff("haproxy", "(not running)", where),))  # fmt: skip
@@ -92,7 +91,7 @@ def _plan_shared(spec: Spec, seen: FrontObservation, shared: SharedFront, where:
     """The machine's one HAProxy, from this deployment's view: the whole config (every fronted
     deployment's frontend) as the spec and each one's active color make it."""
     from actions.haproxy import render
-    from reconcile.identity import color_spec
+    from reconcile.identity import color_spec, endpoint_text
 
     assert spec.server is not None
     if not shared.members:
@@ -100,8 +99,7 @@ def _plan_shared(spec: Spec, seen: FrontObservation, shared: SharedFront, where:
             return ok("haproxy stopped: no deployment behind it runs")
         return change(Action.REMOVE, f"stop haproxy (pid {seen.master})", "no deployment behind it runs")
     if spec.server.running:
-        port = color_spec(spec, seen.active).server.port  # type: ignore[union-attr]
-        to = f"{where} -> {seen.active} (127.0.0.1:{port})"
+        to = f"{where} -> {seen.active} ({endpoint_text(color_spec(spec, seen.active))})"
     else:
         to = f"{where} let go: {spec.server.name} is stopped"
     names = ", ".join(m.deployment for m in shared.members)

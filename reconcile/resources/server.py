@@ -59,7 +59,7 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
         return None
     from actions.launching import desired_identity
     from probes.server import ServerObservation, ServerRecord
-    from reconcile.identity import explain_change, serving_spec
+    from reconcile.identity import explain_change, server_socket, serving_spec
 
     fronted = getattr(spec, "front", None) is not None
     whole, spec = spec, serving_spec(spec)  # behind [front]: the active color
@@ -81,7 +81,8 @@ def plan_server(spec: Spec, obs: Observed) -> Item | None:
             )
         return ok(f"{want.name} stopped, as the spec says")
     running = seen.server
-    where = f"{want.host}:{want.port}"
+    uds = server_socket(spec)  # behind [front], a color serves on its Unix socket
+    where = f"unix:{uds}" if uds is not None else f"{want.host}:{want.port}"
     if running is None:
         extra = f"; first stop {len(strays)} stray process(es) of a dead server" if strays else ""
         if seen.pidfile.state == "corrupt":

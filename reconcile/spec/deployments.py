@@ -97,13 +97,9 @@ def _shared_front(spec: Any, tables: dict[str, Any]) -> SharedFront | None:
             claims.append(GpuClaim(name, placement(_gpus(table), server.args, count), share_of(server)))
         if table.front is None or not getattr(server, "running", True):
             continue  # a stopped deployment has no frontend: its public port is let go
-        ports = list(table.front.ports) or [server.port + 1, server.port + 2]
         state_dir = state_dir_of(spec.machine.state_dir, name)
-        colors = (ports[0], ports[1])
-        member = FrontMember(
-            name, server.name, server.host, server.port, colors, state_dir, float(server.stop_timeout)
-        )
-        members.append(member)
+        stop = float(server.stop_timeout)
+        members.append(FrontMember(name, server.name, server.host, server.port, state_dir, stop))
     return SharedFront(spec.machine.state_dir, tuple(members), tuple(claims))
 
 

@@ -25,8 +25,8 @@ class FrontMember(Record):
     server: str  # the server's name: the frontend's, and the backend's as vllm-<server>
     host: str
     port: int  # the public port HAProxy binds
-    ports: tuple[int, int]  # blue's, green's (loopback)
-    state_dir: str  # the deployment's: its front-<server>.json says the active color
+    state_dir: str  # the deployment's: its front-<server>.json says the active color; its colors'
+    # sockets are named by it (reconcile.identity.color_socket)
     stop_timeout: float
 
 

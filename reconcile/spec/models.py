@@ -472,12 +472,14 @@ class Server(_Model):
 
 class Front(_Model):
     """HAProxy (from apt) in front of the server: it owns the public [server] host:port, vLLM listens
-    on one of two internal ports, and a switch can start the new server beside the old one."""
+    on one of two colors' Unix sockets, and a switch can start the new server beside the old one."""
 
     haproxy: ExecPath = Field("/usr/sbin/haproxy", description="The haproxy executable (apt's haproxy).")
     ports: list[Port] = Field(
         default_factory=list,
-        description="The two loopback ports the server takes turns on (default: [server] port + 1 and + 2).",
+        description="Unused: the server's two colors now serve on Unix sockets of their own (under "
+        "/run/reconcile, that only root and the server's user may enter), which no other local user can "
+        "take as they could a loopback port. Still loaded, so that older specs load.",
     )
     blue_green: Literal["auto", "never"] = Field(
         "auto",
@@ -489,12 +491,12 @@ class Front(_Model):
 
 class DeploymentFront(_Model):
     """[deployments.<name>.front]: the deployment behind the machine's one HAProxy ([front] haproxy): its
-    [server] host:port is the public one HAProxy binds, vLLM takes turns on two loopback ports."""
+    [server] host:port is the public one HAProxy binds, vLLM takes turns on two colors' Unix sockets."""
 
     ports: list[Port] = Field(
         default_factory=list,
-        description="The two loopback ports its server takes turns on (default: its [server] port + 1 "
-        "and + 2).",
+        description="Unused: its server's two colors now serve on Unix sockets of their own (under "
+        "/run/reconcile). Still loaded, so that older specs load.",
     )
     blue_green: Literal["auto", "never"] | None = Field(
         None,
@@ -549,8 +551,8 @@ class Deployment(_Model):
     @model_validator(mode="after")
     def _gpus(self) -> Deployment:
         if self.front is not None:
-            ports = self.front.ports or [self.server.port + 1, self.server.port + 2]
-            if len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports or max(ports) > 65535:
+            ports = self.front.ports  # unused (the colors serve on Unix sockets), still held as written
+            if ports and (len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports):
                 raise _at(
                     "front.ports", "two different ports, neither of them its [server] port: [8001, 8002]"
                 )
@@ -614,8 +616,8 @@ class Spec(_Model):
             if self.server is None:
                 raise _at("front", "needs a [server] to stand in front of")
             self._front_socket_dir()
-            ports = self.front.ports or [self.server.port + 1, self.server.port + 2]
-            if len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports or max(ports) > 65535:
+            ports = self.front.ports  # unused (the colors serve on Unix sockets), still held as written
+            if ports and (len(ports) != 2 or len(set(ports)) != 2 or self.server.port in ports):
                 raise _at("front.ports", "two different ports, neither of them [server] port: [8001, 8002]")
         return self
 

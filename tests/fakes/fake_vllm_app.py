@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -259,6 +260,20 @@ class UvicornServer(ThreadingHTTPServer):
         return len(waiting)
 
 
+class UnixUvicornServer(UvicornServer):
+    """`vllm serve --uds PATH` (0.26.0's api_server.create_server_unix_socket): a plain bind of the path,
+    which fails on one that exists; --host and --port are ignored."""
+
+    address_family = socket.AF_UNIX
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)  # HTTPServer's would read a host and a port from it
+
+    def get_request(self) -> tuple:
+        conn, _ = self.socket.accept()
+        return conn, ("unix", 0)  # an unnamed peer: the request log's host:port
+
+
 def serve(args: object, state: object, handler: type, *, exit_on_engine_death: bool) -> int:
     """The API server: engine children first, then the port after the load delay, until a signal."""
     set_comm("vllm")
@@ -277,7 +292,12 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     # listen) and listens only once the engine is up (uvicorn's startup): while the model loads, a
     # connection is refused, a bind without SO_REUSEADDR fails, and one with it succeeds (Linux lets two
     # such sockets share a port until one listens). A port already listened on fails here, at once.
-    httpd = UvicornServer((host, port), BaseHTTPRequestHandler, bind_and_activate=False)
+    uds = getattr(args, "uds", None)
+    httpd: UvicornServer = (
+        UnixUvicornServer(uds, BaseHTTPRequestHandler, bind_and_activate=False)
+        if isinstance(uds, str)
+        else UvicornServer((host, port), BaseHTTPRequestHandler, bind_and_activate=False)
+    )
     try:
         httpd.server_bind()
     except OSError as exc:
@@ -352,7 +372,8 @@ def serve(args: object, state: object, handler: type, *, exit_on_engine_death: b
     log(
         "INFO", "core.py:210", "init engine (profile, create kv cache, warmup model) took 1.52 seconds", *core
     )
-    log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on http://{host}:{port}")
+    listening = f"unix:{uds}" if isinstance(uds, str) else f"http://{host}:{port}"
+    log("INFO", "api_server.py:1951", f"Starting vLLM API server 0 on {listening}")
     uvicorn(f"Started server process [{os.getpid()}]")
     uvicorn("Waiting for application startup.")
     try:
