@@ -1061,8 +1061,12 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
     nobody's, found through its RUNPATH `$ORIGIN/../lib`, ran as root): its program interpreter, a
     library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
     hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
-    found there loads. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
+    found there loads; an ELF file whose headers do not read as one answer (elf.Loads.unreadable) is
+    refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
     seen.add(os.path.realpath(path))
+    if loads.unreadable is not None:
+        why, fix = loads.unreadable, "use a build whose ELF headers are as a linker writes them"
+        return f"reconcile cannot read what the kernel and the dynamic loader load for {path} ({why}): {fix}"
     dirs = _search_dirs(loads.search, os.path.dirname(path))
     for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
         if (problem := read_problem(os.path.join("/", path), ok)) is not None:

@@ -1,0 +1,128 @@
+"""Issue 24's hostile reader, nineteenth round: what round 18 added (the exec role's reading of an ELF
+program's headers, reconcile/safety/elf.py) and the `beside` change (the listeners a connection to the
+server's host reaches). Read as `nobody` (or the owner of one file in an interpreter's install unpacked
+with its archive's owners, round 3's premise) with only docs/security.md and the code. Each attack runs
+for real; each was seen succeeding on main before its fix unless its docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apply_support import Demo
+from tests.test_hostile_reader18 import _shared_python, _theirs
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)"),
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc (builds a program and a library)"),
+    pytest.mark.skipif(os.uname().machine != "x86_64", reason="the headers are patched as ELF64 LSB"),
+]
+
+# --- an ELF program whose headers the reader reads otherwise than the kernel and the loader --------------
+
+_PHDR = "<IIQQQQQQ"  # p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_align
+_PT_LOAD, _PT_DYNAMIC, _PT_NOTE = 1, 2, 4
+
+
+def _headers(data: bytearray) -> list[tuple[int, list[int]]]:
+    """(where, fields) of each program header of an ELF64 LSB file."""
+    phoff = struct.unpack_from("<Q", data, 0x20)[0]
+    size, count = struct.unpack_from("<HH", data, 0x36)
+    return [
+        (at, list(struct.unpack_from(_PHDR, data, at))) for at in range(phoff, phoff + size * count, size)
+    ]
+
+
+def _strtab(data: bytearray) -> int:
+    """DT_STRTAB's address, from the one PT_DYNAMIC a linker writes."""
+    offset = next(f[2] for _, f in _headers(data) if f[0] == _PT_DYNAMIC)
+    while (entry := struct.unpack_from("<qQ", data, offset))[0] != 0:
+        if entry[0] == 5:
+            return entry[1]
+        offset += 16
+    raise AssertionError("no DT_STRTAB")
+
+
+def _page_slop(data: bytearray) -> None:
+    """The PT_LOAD holding the strings ends where they start: the kernel maps whole pages (and zeroes
+    nothing when p_memsz is p_filesz), so the loader still reads them from the file."""
+    strtab = _strtab(data)
+    at, f = next((at, f) for at, f in _headers(data) if f[0] == _PT_LOAD and f[3] <= strtab < f[3] + f[5])
+    f[5] = f[6] = strtab - f[3]
+    struct.pack_into(_PHDR, data, at, *f)
+
+
+def _dynamic_offset(data: bytearray) -> None:
+    """PT_DYNAMIC's p_offset names 8 zero bytes (e_ident's padding: DT_NULL) while its p_vaddr, which is
+    what the loader reads, still names the real table."""
+    at, f = next((at, f) for at, f in _headers(data) if f[0] == _PT_DYNAMIC)
+    f[2] = 8
+    struct.pack_into(_PHDR, data, at, *f)
+
+
+def _second_dynamic(data: bytearray) -> None:
+    """Two PT_DYNAMIC headers: the first (which the reader took) names e_ident's zeros, a later one (a
+    PT_NOTE's slot, which the loader takes: the last wins) the real table."""
+    headers = _headers(data)
+    first, real = next((at, f) for at, f in headers if f[0] == _PT_DYNAMIC)
+    note = next(at for at, f in headers if f[0] == _PT_NOTE and at > first)
+    struct.pack_into(_PHDR, data, note, *real)
+    struct.pack_into(_PHDR, data, first, _PT_DYNAMIC, 4, 8, 8, 8, 16, 16, 8)
+
+
+def _as_linked(data: bytearray) -> None:
+    """No change: the RUNPATH is what the reader misses (`/usr/lib:` 454 times, `/usr/lib/.:$ORIGIN/../lib`:
+    past the 4096 bytes it read of each string, which it cut there without an end)."""
+
+
+_ORIGIN, _LONG = (
+    "$ORIGIN/../lib",
+    "/usr/lib:" * 454 + "/usr/lib/.:$ORIGIN/../lib",
+)  # cut at 4096: `/usr/lib/.`
+
+
+@pytest.mark.parametrize(
+    ("runpath", "patch"),
+    [(_ORIGIN, _page_slop), (_ORIGIN, _dynamic_offset), (_ORIGIN, _second_dynamic), (_LONG, _as_linked)],
+    ids=["page-slop", "dynamic-offset", "second-dynamic", "long-runpath"],
+)
+def test_a_libpython_of_nobodys_behind_headers_the_reader_reads_otherwise_never_loads(
+    demo: Demo, outside: Path, runpath: str, patch: Callable[[bytearray], None]
+) -> None:
+    """Round 18's shared build (root's program, RUNPATH `$ORIGIN/../lib`, `<prefix>/lib/libpython3.X.so`
+    nobody's), its headers patched so that elf.py finds no dynamic table or no strings while the kernel
+    and ld.so still do: the strings just past the end of their PT_LOAD's p_filesz (in its last page),
+    PT_DYNAMIC's p_offset apart from its p_vaddr, or two PT_DYNAMIC headers; or, unpatched, a RUNPATH
+    longer than 4096 bytes. main: elf.loads read "no libraries, no RUNPATH" (or
+    one cut entry), the exec role passed the program, and apply's `python -I -S -m venv` loaded nobody's
+    library (its constructor ran as uid 0)."""
+    base = outside / "python"
+    program = _shared_python(base, runpath)
+    marker = outside / "ran-as"
+    _theirs(base / "lib" / sysconfig.get_config_var("INSTSONAME"), marker)
+    data = bytearray(program.read_bytes())
+    patch(data)
+    program.write_bytes(data)
+    # the loader still reads the RUNPATH: the program runs nobody's library
+    subprocess.run([program, "-c", "pass"], check=False, capture_output=True)
+    assert marker.read_text() == "uid=0\n"
+    marker.unlink()
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(program)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
+    refusal = "owned by nobody" if patch in (_dynamic_offset, _as_linked) else "cannot read what the kernel"
+    assert f"[venv].python {program}" in run.output and refusal in run.output, run.output
+    assert "Traceback" not in run.output, run.output
