@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from tests.apply_support import Demo
-from tests.test_hostile_reader18 import _shared_python, _theirs
+from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
+from tests.test_hostile_reader18 import _THEIRS, _gcc, _shared_python, _theirs
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)"),
@@ -126,3 +127,37 @@ def test_a_libpython_of_nobodys_behind_headers_the_reader_reads_otherwise_never_
     refusal = "owned by nobody" if patch in (_dynamic_offset, _as_linked) else "cannot read what the kernel"
     assert f"[venv].python {program}" in run.output and refusal in run.output, run.output
     assert "Traceback" not in run.output, run.output
+
+
+def test_a_library_of_nobodys_past_the_readers_count_of_libraries_never_loads(
+    demo: Demo, outside: Path
+) -> None:
+    """The reader followed what each library loads in turn only for its first 8 libraries (the program
+    counted), then skipped the rest unread; the loader loads them all. A program of root's that needs 8
+    empty libraries of root's and then a ninth (all in a directory of root's, its RUNPATH) whose own
+    RUNPATH is a directory of nobody's, where the library it needs is. main: the exec role passed it,
+    and apply's `python -I -S -m venv` loaded nobody's library as uid 0."""
+    libs, theirs = outside / "libs", nobodys_dir(outside, "theirs")
+    libs.mkdir()
+    marker = outside / "ran-as"
+    _gcc(theirs / "libz9.so", _THEIRS % marker, "-shared", "-fPIC")
+    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
+    for i in range(8):
+        _gcc(libs / f"libr{i}.so", f"int r{i}(void) {{ return {i}; }}\n", "-shared", "-fPIC")
+    _gcc(libs / "libr8.so", "int r8(void) { return 8; }\n", "-shared", "-fPIC", "-Wl,--no-as-needed",
+         f"-L{theirs}", "-lz9", f"-Wl,-rpath,{theirs},--enable-new-dtags")  # fmt: skip
+    program = outside / "python" / "bin" / "python3"
+    program.parent.mkdir(parents=True)
+    _gcc(program, "int main(void) { return 0; }\n", "-Wl,--no-as-needed", f"-L{libs}",
+         *(f"-lr{i}" for i in range(9)), f"-Wl,-rpath,{libs},--enable-new-dtags")  # fmt: skip
+    subprocess.run([program], check=False, capture_output=True)
+    assert marker.read_text() == "uid=0\n"  # the loader loads it
+    marker.unlink()
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(program)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
+    assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output

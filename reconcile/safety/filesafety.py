@@ -1024,7 +1024,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
 # directory itself (`ld.so --help`: glibc-hwcaps/x86-64-v3/, and the legacy tls/, haswell/, avx512_1/,
 # x86_64/ and their nestings, as AT_PLATFORM and the CPU's capabilities name them).
 _HWCAP_DIRS = ("glibc-hwcaps", "tls", "haswell", "xeon_phi", "avx512_1", "x86_64", "i686", "i586", "aarch64")
-_LOADS_DEPTH = 8  # libraries that name libraries (the loader's own limit is memory)
+_LOADS_MAX = 64  # libraries read in turn; more is refused, not skipped (the loader's own limit is memory)
 
 
 _DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")  # ld.so's
@@ -1079,8 +1079,10 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
     libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
     libraries += [os.path.join(d, n) for d in dirs for n in loads.needed if "/" not in n]
     for library in libraries:
-        if len(seen) >= _LOADS_DEPTH or os.path.realpath(library) in seen or not os.path.isfile(library):
+        if os.path.realpath(library) in seen or not os.path.isfile(library):
             continue
+        if len(seen) >= _LOADS_MAX:  # nineteenth round: the 9th of 8 was skipped unread, and loaded
+            return f"it loads more than {_LOADS_MAX} libraries from its RPATH/RUNPATH: too many to read"
         try:
             fd = os.open(library, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
