@@ -161,3 +161,37 @@ def test_a_library_of_nobodys_past_the_readers_count_of_libraries_never_loads(
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
     assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
+
+
+def test_a_library_of_nobodys_behind_a_hardware_capability_copy_never_loads(
+    demo: Demo, outside: Path
+) -> None:
+    """The reader followed each needed library at `<dir>/<name>` only, but the loader first tries the
+    hardware-capability subdirectories of a RUNPATH directory (`glibc-hwcaps/x86-64-v2/`, `haswell/`,
+    `tls/`...): a program of root's whose RUNPATH directory (root's) holds `libr.so` and a copy at
+    `glibc-hwcaps/x86-64-v2/libr.so` (root's too, so the directory's whole-subtree check passes) whose
+    own RUNPATH is nobody's directory, where the library it needs is. main: the exec role passed it,
+    and apply's `python -I -S -m venv` loaded nobody's library as uid 0."""
+    libs, theirs = outside / "libs", nobodys_dir(outside, "theirs")
+    (libs / "glibc-hwcaps" / "x86-64-v2").mkdir(parents=True)
+    marker = outside / "ran-as"
+    _gcc(theirs / "libz9.so", _THEIRS % marker, "-shared", "-fPIC")
+    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
+    _gcc(libs / "libr.so", "int r(void) { return 0; }\n", "-shared", "-fPIC")
+    _gcc(libs / "glibc-hwcaps" / "x86-64-v2" / "libr.so", "int r(void) { return 0; }\n", "-shared", "-fPIC",
+         "-Wl,--no-as-needed", f"-L{theirs}", "-lz9", f"-Wl,-rpath,{theirs},--enable-new-dtags")  # fmt: skip
+    program = outside / "python" / "bin" / "python3"
+    program.parent.mkdir(parents=True)
+    _gcc(program, "int main(void) { return 0; }\n", "-Wl,--no-as-needed", f"-L{libs}", "-lr",
+         f"-Wl,-rpath,{libs},--enable-new-dtags")  # fmt: skip
+    subprocess.run([program], check=False, capture_output=True)
+    assert marker.read_text() == "uid=0\n"  # the loader loads it
+    marker.unlink()
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(program)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
+    assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output

@@ -1054,6 +1054,19 @@ def _search_dirs(entries: list[str], origin: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _library_copies(directory: str, name: str) -> list[str]:
+    """Where the loader may find the library `name` in a search directory: in the hardware-capability
+    subdirectories it tries first (glibc-hwcaps/x86-64-v3/, haswell/x86_64/: nineteenth round, a copy
+    there whose own RUNPATH was nobody's directory loaded unread), then in the directory itself."""
+    found = []
+    for top in (os.path.join(directory, d) for d in _HWCAP_DIRS):
+        for root, subdirs, files in os.walk(top, followlinks=True):
+            found += [os.path.join(root, name)] if name in files else []
+            if root.count("/") - top.count("/") >= 4:  # the loader's nestings are shallower
+                subdirs.clear()
+    return [*found, os.path.join(directory, name)]
+
+
 def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
     """What the kernel and the dynamic loader read for the ELF program at `path` (a program's real path,
     /proc/self/exe; a library's name as the loader found it: each is its $ORIGIN) before its first
@@ -1077,7 +1090,7 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
         if problem is not None:
             return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
     libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
-    libraries += [os.path.join(d, n) for d in dirs for n in loads.needed if "/" not in n]
+    libraries += [p for d in dirs for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
     for library in libraries:
         if os.path.realpath(library) in seen or not os.path.isfile(library):
             continue
