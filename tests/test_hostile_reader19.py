@@ -11,6 +11,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
+from tests.test_hostile_reader9 import _standalone_python
+from tests.test_hostile_reader17a import _nobodys_venv_module
 from tests.test_hostile_reader18 import _THEIRS, _gcc, _shared_python, _theirs
 
 pytestmark = [
@@ -195,3 +198,45 @@ def test_a_library_of_nobodys_behind_a_hardware_capability_copy_never_loads(
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
     assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
+
+
+# --- a copied venv's pyvenv.cfg `home`, read otherwise than getpath reads it ------------------------------
+
+
+@pytest.mark.parametrize("form", ["linked-bin", "upper-key"])
+def test_a_module_of_nobodys_where_getpath_reads_a_copied_venvs_home_never_runs_when_root_makes_the_venv(
+    demo: Demo, outside: Path, form: str
+) -> None:
+    """Round 18 judged the library from `filesafety.pyvenv_home`: the real path of a `home` key. getpath
+    reads the key in any case and walks up from `home` as written, links unresolved. A venv's python
+    made with `--copies` (root's, its pyvenv.cfg root's), and (round 17's) a standalone install whose
+    `venv/__init__.py` is nobody's: `home = <front>/bin`, where `<front>` (root's) holds `bin`, a link to
+    this machine's python directory (root's), and `lib`, a link to the standalone's `lib`; or `HOME =
+    <standalone>/bin`. main: library_problem judged the real `bin`'s library (or none), and apply's
+    `python -I -S -m venv` ran nobody's line as uid 0."""
+    base = outside / "base"
+    base.mkdir()
+    python = _standalone_python(base, outside / "pth-ran-as")
+    copied = outside / "copied"
+    subprocess.run([python, "-I", "-S", "-m", "venv", "--copies", "--without-pip", copied], check=True)
+    marker = outside / "ran-as"
+    init = _nobodys_venv_module(python, marker)
+    line = f"HOME = {python.parent}"
+    if form == "linked-bin":
+        front = outside / "front"
+        front.mkdir()
+        (front / "bin").symlink_to(os.path.dirname(os.path.realpath(sys._base_executable)))  # type: ignore[attr-defined]
+        (front / "lib").symlink_to(python.parent.parent / "lib")
+        line = f"home = {front / 'bin'}"
+    cfg = copied / "pyvenv.cfg"
+    cfg.write_text(
+        "".join(f"{line}\n" if x.startswith("home") else x for x in cfg.read_text().splitlines(True))
+    )
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(copied / "bin" / "python3")
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's venv module ran ({ran!r}): {run.output}"
+    assert f"{init} is owned by nobody" in run.output and "Traceback" not in run.output, run.output

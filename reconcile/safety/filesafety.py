@@ -458,18 +458,22 @@ def pyvenv_cfg(bindir: str) -> str | None:
 
 
 def pyvenv_home(cfg: str) -> str | None:
-    """The real path of the absolute `home` a pyvenv.cfg at `cfg` names (the directory of the python
-    whose install a venv's python takes its library from); None when there is none or it cannot be read."""
+    """The `home` a pyvenv.cfg at `cfg` names (the directory of the python whose install a venv's python
+    takes its library from), as getpath reads it: the first line whose key is `home` in any case, its
+    value as written (getpath walks up from it by name, links unresolved), from "/" (the working
+    directory of everything root runs) when relative (nineteenth round: `HOME =`, and a `home` whose
+    `bin` is a link, each moved python to a library that was not judged); None when there is none or it
+    cannot be read."""
     from reconcile.safety.untrusted import read_regular
 
     try:
         text = read_regular(cfg, 1 << 16).decode("utf-8", "replace")
     except OSError:
         return None
-    for line in text.splitlines():
+    for line in text.split("\n"):
         key, sep, value = line.partition("=")
-        if sep and key.strip() == "home" and value.strip().startswith("/"):
-            return os.path.realpath(value.strip())
+        if sep and key.strip().lower() == "home":
+            return os.path.join("/", value.strip())
     return None
 
 
