@@ -200,6 +200,53 @@ def test_a_library_of_nobodys_behind_a_hardware_capability_copy_never_loads(
     assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
 
 
+@pytest.mark.parametrize("tag", ["DT_AUDIT", "DT_AUXILIARY"])
+def test_an_audit_or_filter_library_of_nobodys_a_program_names_never_loads(
+    demo: Demo, outside: Path, tag: str
+) -> None:
+    """The reader followed DT_NEEDED only; the loader also opens, for a program, the audit libraries its
+    DT_AUDIT names (`ld --audit`: run before anything else, as root runs it) and, for a library, the
+    objects its DT_AUXILIARY or DT_FILTER names (`ld -f`/`-F`). A program of root's whose DT_AUDIT is a
+    library in nobody's directory, or that needs a library of root's (in its RUNPATH directory, root's)
+    whose DT_AUXILIARY is. main: the exec role passed it, and apply's `python -I -S -m venv` loaded
+    nobody's library as uid 0."""
+    theirs, libs = nobodys_dir(outside, "theirs"), outside / "libs"
+    libs.mkdir()
+    marker = outside / "ran-as"
+    _gcc(
+        theirs / "libz9.so",
+        _THEIRS % marker + "unsigned la_version(unsigned v) { return v; }\n",
+        "-shared",
+        "-fPIC",
+    )
+    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
+    program = outside / "python" / "bin" / "python3"
+    program.parent.mkdir(parents=True)
+    if tag == "DT_AUDIT":
+        _gcc(program, "int main(void) { return 0; }\n", f"-Wl,--audit={theirs / 'libz9.so'}")
+    else:
+        _gcc(
+            libs / "libr.so",
+            "int r(void) { return 0; }\n",
+            "-shared",
+            "-fPIC",
+            f"-Wl,-f,{theirs / 'libz9.so'}",
+        )
+        _gcc(program, "int main(void) { return 0; }\n", "-Wl,--no-as-needed", f"-L{libs}", "-lr",
+             f"-Wl,-rpath,{libs},--enable-new-dtags")  # fmt: skip
+    subprocess.run([program], check=False, capture_output=True)
+    assert marker.read_text() == "uid=0\n"  # the loader loads it
+    marker.unlink()
+
+    def edit(doc: Any) -> None:
+        doc["venv"]["python"] = str(program)
+
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    ran = marker.read_text() if marker.exists() else ""
+    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
+    assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
+
+
 # --- a copied venv's pyvenv.cfg `home`, read otherwise than getpath reads it ------------------------------
 
 

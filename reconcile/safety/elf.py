@@ -19,6 +19,10 @@ from reconcile.record import Record
 
 _PT_LOAD, _PT_DYNAMIC, _PT_INTERP = 1, 2, 3
 _DT_NEEDED, _DT_STRTAB, _DT_RPATH, _DT_RUNPATH = 1, 5, 15, 29
+# What else the loader opens by name (nineteenth round): a program's audit libraries (DT_AUDIT, and
+# DT_DEPAUDIT: `:`-separated lists) and a library's filtees (DT_AUXILIARY, DT_FILTER)
+_DT_AUDITS, _DT_FILTERS = (0x6FFFFEFC, 0x6FFFFEFB), (0x7FFFFFFD, 0x7FFFFFFF)
+_DT_OPENS = (_DT_NEEDED, *_DT_FILTERS)
 _PHNUM_MAX = 4096  # the kernel refuses more than 64 KiB of program headers
 _DYNAMIC_MAX = 1 << 20
 _STRING_MAX = 1 << 16  # a longer name or search list is refused, not cut
@@ -27,7 +31,7 @@ _INTERP_MAX = 4096  # the kernel's PATH_MAX for PT_INTERP
 
 class Loads(Record):
     interpreter: str | None  # PT_INTERP: the loader the kernel maps (/lib64/ld-linux-x86-64.so.2)
-    needed: list[str]  # DT_NEEDED: a name with `/` is opened as that path
+    needed: list[str]  # DT_NEEDED (and the audit and filter objects): a name with `/` is opened as that path
     search: list[str]  # DT_RPATH and DT_RUNPATH entries, as written ($ORIGIN unexpanded)
     unreadable: str | None = None  # why the headers do not read as one answer (see the module's doc)
 
@@ -122,10 +126,11 @@ def _loads(fd: int, ident: bytes) -> Loads:
     else:
         raise ValueError("its dynamic table has no end (DT_NULL)")
     strtabs = {v for t, v in entries if t == _DT_STRTAB}
-    named = [(t, v) for t, v in entries if t in (_DT_NEEDED, _DT_RPATH, _DT_RUNPATH)]
+    named = [(t, v) for t, v in entries if t in (*_DT_OPENS, *_DT_AUDITS, _DT_RPATH, _DT_RUNPATH)]
     if len(strtabs) > 1 or (named and not strtabs):
         raise ValueError(f"it has {len(strtabs)} DT_STRTAB entries")
     strings = [(t, _string(fd, segments, min(strtabs) + v)) for t, v in named]
-    needed = [s for t, s in strings if t == _DT_NEEDED]
-    search = [d for t, s in strings if t != _DT_NEEDED for d in s.split(":")]
+    needed = [s for t, s in strings if t in _DT_OPENS]
+    needed += [n for t, s in strings if t in _DT_AUDITS for n in s.split(":") if n]
+    search = [d for t, s in strings if t in (_DT_RPATH, _DT_RUNPATH) for d in s.split(":")]
     return Loads(interp, needed, search)
