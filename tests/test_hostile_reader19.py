@@ -15,15 +15,13 @@ import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.apply_support import Demo
 from tests.ownership_support import NOBODY, NOGROUP, nobodys_dir
-from tests.test_hostile_reader9 import _standalone_python
-from tests.test_hostile_reader17a import _nobodys_venv_module
-from tests.test_hostile_reader18 import _THEIRS, _gcc, _shared_python, _theirs
+from tests.test_hostile_reader9 import applied_with_python
+from tests.test_hostile_reader18 import _THEIRS, _gcc, _shared_python, _theirs, copied_venv
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)"),
@@ -94,6 +92,50 @@ _ORIGIN, _LONG = (
 )  # cut at 4096: `/usr/lib/.`
 
 
+def _loads_then_refused(demo: Demo, program: Path, marker: Path, *args: str) -> str:
+    """`program` (root's), run, loads nobody's library (its constructor records uid 0 in `marker`); as
+    `[venv] python` it is refused, named, and nothing of nobody's runs. apply's output."""
+    subprocess.run([program, *args], check=False, capture_output=True)
+    assert marker.read_text() == "uid=0\n"  # the loader loads it
+    marker.unlink()
+    output = applied_with_python(demo, program, marker)
+    assert f"[venv].python {program}" in output, output
+    return output
+
+
+def _nobodys_library(outside: Path) -> tuple[Path, Path]:
+    """(nobody's directory, marker): in it `libz9.so`, nobody's, whose constructor records who loaded
+    it in `marker` (an audit library too: it answers la_version)."""
+    theirs, marker = nobodys_dir(outside, "theirs"), outside / "ran-as"
+    source = _THEIRS % marker + "unsigned la_version(unsigned v) { return v; }\n"
+    _gcc(theirs / "libz9.so", source, "-shared", "-fPIC")
+    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
+    return theirs, marker
+
+
+def _program(outside: Path, *flags: str) -> Path:
+    """A program of root's at <outside>/python/bin/python3 that does nothing, linked with `flags`."""
+    program = outside / "python" / "bin" / "python3"
+    program.parent.mkdir(parents=True)
+    _gcc(program, "int main(void) { return 0; }\n", *flags)
+    return program
+
+
+def _library(path: Path, *flags: str) -> None:
+    """An empty shared library of root's at `path`, linked with `flags`."""
+    _gcc(path, f"int {path.name.split('.')[0]}(void) {{ return 0; }}\n", "-shared", "-fPIC", *flags)
+
+
+def _runpath(libs: Path, *names: str) -> list[str]:
+    """Link flags: need each of `names` (libNAME.so), found through the RUNPATH `libs`."""
+    return [
+        "-Wl,--no-as-needed",
+        f"-L{libs}",
+        *(f"-l{n}" for n in names),
+        f"-Wl,-rpath,{libs},--enable-new-dtags",
+    ]
+
+
 @pytest.mark.parametrize(
     ("runpath", "patch"),
     [(_ORIGIN, _page_slop), (_ORIGIN, _dynamic_offset), (_ORIGIN, _second_dynamic), (_LONG, _as_linked)],
@@ -106,9 +148,9 @@ def test_a_libpython_of_nobodys_behind_headers_the_reader_reads_otherwise_never_
     nobody's), its headers patched so that elf.py finds no dynamic table or no strings while the kernel
     and ld.so still do: the strings just past the end of their PT_LOAD's p_filesz (in its last page),
     PT_DYNAMIC's p_offset apart from its p_vaddr, or two PT_DYNAMIC headers; or, unpatched, a RUNPATH
-    longer than 4096 bytes. main: elf.loads read "no libraries, no RUNPATH" (or
-    one cut entry), the exec role passed the program, and apply's `python -I -S -m venv` loaded nobody's
-    library (its constructor ran as uid 0)."""
+    longer than 4096 bytes. main: elf.loads read "no libraries, no RUNPATH" (or one cut entry), the exec
+    role passed the program, and apply's `python -I -S -m venv` loaded nobody's library (its constructor
+    ran as uid 0)."""
     base = outside / "python"
     program = _shared_python(base, runpath)
     marker = outside / "ran-as"
@@ -116,20 +158,9 @@ def test_a_libpython_of_nobodys_behind_headers_the_reader_reads_otherwise_never_
     data = bytearray(program.read_bytes())
     patch(data)
     program.write_bytes(data)
-    # the loader still reads the RUNPATH: the program runs nobody's library
-    subprocess.run([program, "-c", "pass"], check=False, capture_output=True)
-    assert marker.read_text() == "uid=0\n"
-    marker.unlink()
-
-    def edit(doc: Any) -> None:
-        doc["venv"]["python"] = str(program)
-
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
+    output = _loads_then_refused(demo, program, marker, "-c", "pass")
     refusal = "owned by nobody" if patch in (_dynamic_offset, _as_linked) else "cannot read what the kernel"
-    assert f"[venv].python {program}" in run.output and refusal in run.output, run.output
-    assert "Traceback" not in run.output, run.output
+    assert refusal in output, output
 
 
 def test_a_library_of_nobodys_past_the_readers_count_of_libraries_never_loads(
@@ -140,30 +171,13 @@ def test_a_library_of_nobodys_past_the_readers_count_of_libraries_never_loads(
     empty libraries of root's and then a ninth (all in a directory of root's, its RUNPATH) whose own
     RUNPATH is a directory of nobody's, where the library it needs is. main: the exec role passed it,
     and apply's `python -I -S -m venv` loaded nobody's library as uid 0."""
-    libs, theirs = outside / "libs", nobodys_dir(outside, "theirs")
+    theirs, marker = _nobodys_library(outside)
+    libs = outside / "libs"
     libs.mkdir()
-    marker = outside / "ran-as"
-    _gcc(theirs / "libz9.so", _THEIRS % marker, "-shared", "-fPIC")
-    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
     for i in range(8):
-        _gcc(libs / f"libr{i}.so", f"int r{i}(void) {{ return {i}; }}\n", "-shared", "-fPIC")
-    _gcc(libs / "libr8.so", "int r8(void) { return 8; }\n", "-shared", "-fPIC", "-Wl,--no-as-needed",
-         f"-L{theirs}", "-lz9", f"-Wl,-rpath,{theirs},--enable-new-dtags")  # fmt: skip
-    program = outside / "python" / "bin" / "python3"
-    program.parent.mkdir(parents=True)
-    _gcc(program, "int main(void) { return 0; }\n", "-Wl,--no-as-needed", f"-L{libs}",
-         *(f"-lr{i}" for i in range(9)), f"-Wl,-rpath,{libs},--enable-new-dtags")  # fmt: skip
-    subprocess.run([program], check=False, capture_output=True)
-    assert marker.read_text() == "uid=0\n"  # the loader loads it
-    marker.unlink()
-
-    def edit(doc: Any) -> None:
-        doc["venv"]["python"] = str(program)
-
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
-    assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
+        _library(libs / f"libr{i}.so")
+    _library(libs / "libr8.so", *_runpath(theirs, "z9"))
+    _loads_then_refused(demo, _program(outside, *_runpath(libs, *(f"r{i}" for i in range(9)))), marker)
 
 
 def test_a_library_of_nobodys_behind_a_hardware_capability_copy_never_loads(
@@ -175,29 +189,12 @@ def test_a_library_of_nobodys_behind_a_hardware_capability_copy_never_loads(
     `glibc-hwcaps/x86-64-v2/libr.so` (root's too, so the directory's whole-subtree check passes) whose
     own RUNPATH is nobody's directory, where the library it needs is. main: the exec role passed it,
     and apply's `python -I -S -m venv` loaded nobody's library as uid 0."""
-    libs, theirs = outside / "libs", nobodys_dir(outside, "theirs")
+    theirs, marker = _nobodys_library(outside)
+    libs = outside / "libs"
     (libs / "glibc-hwcaps" / "x86-64-v2").mkdir(parents=True)
-    marker = outside / "ran-as"
-    _gcc(theirs / "libz9.so", _THEIRS % marker, "-shared", "-fPIC")
-    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
-    _gcc(libs / "libr.so", "int r(void) { return 0; }\n", "-shared", "-fPIC")
-    _gcc(libs / "glibc-hwcaps" / "x86-64-v2" / "libr.so", "int r(void) { return 0; }\n", "-shared", "-fPIC",
-         "-Wl,--no-as-needed", f"-L{theirs}", "-lz9", f"-Wl,-rpath,{theirs},--enable-new-dtags")  # fmt: skip
-    program = outside / "python" / "bin" / "python3"
-    program.parent.mkdir(parents=True)
-    _gcc(program, "int main(void) { return 0; }\n", "-Wl,--no-as-needed", f"-L{libs}", "-lr",
-         f"-Wl,-rpath,{libs},--enable-new-dtags")  # fmt: skip
-    subprocess.run([program], check=False, capture_output=True)
-    assert marker.read_text() == "uid=0\n"  # the loader loads it
-    marker.unlink()
-
-    def edit(doc: Any) -> None:
-        doc["venv"]["python"] = str(program)
-
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
-    assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
+    _library(libs / "libr.so")
+    _library(libs / "glibc-hwcaps" / "x86-64-v2" / "libr.so", *_runpath(theirs, "z9"))
+    _loads_then_refused(demo, _program(outside, *_runpath(libs, "r")), marker)
 
 
 @pytest.mark.parametrize("tag", ["DT_AUDIT", "DT_AUXILIARY"])
@@ -210,41 +207,15 @@ def test_an_audit_or_filter_library_of_nobodys_a_program_names_never_loads(
     library in nobody's directory, or that needs a library of root's (in its RUNPATH directory, root's)
     whose DT_AUXILIARY is. main: the exec role passed it, and apply's `python -I -S -m venv` loaded
     nobody's library as uid 0."""
-    theirs, libs = nobodys_dir(outside, "theirs"), outside / "libs"
-    libs.mkdir()
-    marker = outside / "ran-as"
-    _gcc(
-        theirs / "libz9.so",
-        _THEIRS % marker + "unsigned la_version(unsigned v) { return v; }\n",
-        "-shared",
-        "-fPIC",
-    )
-    os.chown(theirs / "libz9.so", NOBODY, NOGROUP)
-    program = outside / "python" / "bin" / "python3"
-    program.parent.mkdir(parents=True)
+    theirs, marker = _nobodys_library(outside)
     if tag == "DT_AUDIT":
-        _gcc(program, "int main(void) { return 0; }\n", f"-Wl,--audit={theirs / 'libz9.so'}")
+        program = _program(outside, f"-Wl,--audit={theirs / 'libz9.so'}")
     else:
-        _gcc(
-            libs / "libr.so",
-            "int r(void) { return 0; }\n",
-            "-shared",
-            "-fPIC",
-            f"-Wl,-f,{theirs / 'libz9.so'}",
-        )
-        _gcc(program, "int main(void) { return 0; }\n", "-Wl,--no-as-needed", f"-L{libs}", "-lr",
-             f"-Wl,-rpath,{libs},--enable-new-dtags")  # fmt: skip
-    subprocess.run([program], check=False, capture_output=True)
-    assert marker.read_text() == "uid=0\n"  # the loader loads it
-    marker.unlink()
-
-    def edit(doc: Any) -> None:
-        doc["venv"]["python"] = str(program)
-
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's library was loaded ({ran!r}): {run.output}"
-    assert f"[venv].python {program}" in run.output and "Traceback" not in run.output, run.output
+        libs = outside / "libs"
+        libs.mkdir()
+        _library(libs / "libr.so", f"-Wl,-f,{theirs / 'libz9.so'}")
+        program = _program(outside, *_runpath(libs, "r"))
+    _loads_then_refused(demo, program, marker)
 
 
 # --- a copied venv's pyvenv.cfg `home`, read otherwise than getpath reads it ------------------------------
@@ -261,13 +232,7 @@ def test_a_module_of_nobodys_where_getpath_reads_a_copied_venvs_home_never_runs_
     this machine's python directory (root's), and `lib`, a link to the standalone's `lib`; or `HOME =
     <standalone>/bin`. main: library_problem judged the real `bin`'s library (or none), and apply's
     `python -I -S -m venv` ran nobody's line as uid 0."""
-    base = outside / "base"
-    base.mkdir()
-    python = _standalone_python(base, outside / "pth-ran-as")
-    copied = outside / "copied"
-    subprocess.run([python, "-I", "-S", "-m", "venv", "--copies", "--without-pip", copied], check=True)
-    marker = outside / "ran-as"
-    init = _nobodys_venv_module(python, marker)
+    python, copied, marker, init = copied_venv(outside)
     line = f"HOME = {python.parent}"
     if form == "linked-bin":
         front = outside / "front"
@@ -279,11 +244,5 @@ def test_a_module_of_nobodys_where_getpath_reads_a_copied_venvs_home_never_runs_
     cfg.write_text(
         "".join(f"{line}\n" if x.startswith("home") else x for x in cfg.read_text().splitlines(True))
     )
-
-    def edit(doc: Any) -> None:
-        doc["venv"]["python"] = str(copied / "bin" / "python3")
-
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
-    ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's venv module ran ({ran!r}): {run.output}"
-    assert f"{init} is owned by nobody" in run.output and "Traceback" not in run.output, run.output
+    output = applied_with_python(demo, copied / "bin" / "python3", marker)
+    assert f"{init} is owned by nobody" in output, output
