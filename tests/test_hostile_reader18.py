@@ -157,6 +157,18 @@ def test_an_interpreter_whose_shared_library_is_roots_alone_passes(outside: Path
 # --- the interpreter's standard library, where its pyvenv.cfg's `home` puts it ---------------------------
 
 
+def copied_venv(outside: Path) -> tuple[Path, Path, Path, Path]:
+    """(standalone python, venv, marker, init): a venv made with `--copies` from round 17's standalone
+    install (root's), whose `venv/__init__.py` is nobody's and records who ran it in `marker`."""
+    base = outside / "base"
+    base.mkdir()
+    python = _standalone_python(base, outside / "pth-ran-as")
+    copied = outside / "copied"
+    subprocess.run([python, "-I", "-S", "-m", "venv", "--copies", "--without-pip", copied], check=True)
+    marker = outside / "ran-as"
+    return python, copied, marker, _nobodys_venv_module(python, marker)
+
+
 def test_a_module_of_nobodys_in_the_library_a_copied_venvs_home_names_never_runs_when_root_makes_the_venv(
     demo: Demo, outside: Path
 ) -> None:
@@ -165,13 +177,7 @@ def test_a_module_of_nobodys_in_the_library_a_copied_venvs_home_names_never_runs
     its prefix holds no standard library; python reads its pyvenv.cfg's `home` and takes the library
     from the install there, which nothing judged. That install unpacked with its archive's owners kept,
     its `venv/__init__.py` nobody's. main: apply's `python -I -S -m venv` ran nobody's line as uid 0."""
-    base = outside / "base"
-    base.mkdir()
-    python = _standalone_python(base, outside / "pth-ran-as")
-    copied = outside / "copied"
-    subprocess.run([python, "-I", "-S", "-m", "venv", "--copies", "--without-pip", copied], check=True)
-    marker = outside / "ran-as"
-    init = _nobodys_venv_module(python, marker)
+    _, copied, marker, init = copied_venv(outside)
 
     def edit(doc: Any) -> None:
         doc["venv"]["python"] = str(copied / "bin" / "python3")

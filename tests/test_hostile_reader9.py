@@ -319,15 +319,21 @@ def test_a_pth_of_nobodys_beside_the_specs_interpreter_never_runs_when_root_make
     has root's program and a file of nobody's beside it. main: apply's `python -m venv` ran nobody's
     line as uid 0."""
     marker = outside / "ran-as"
-    python = _standalone_python(outside, marker)
+    applied_with_python(demo, _standalone_python(outside, marker), marker)
+
+
+def applied_with_python(demo: Demo, python: Path, marker: Path) -> str:
+    """apply with `[venv] python` `python`: nothing of nobody's ran (`marker` stays empty), no traceback;
+    its output."""
 
     def edit(doc: Any) -> None:
         doc["venv"]["python"] = str(python)
 
     run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
     ran = marker.read_text() if marker.exists() else ""
-    assert not ran, f"nobody's .pth ran ({ran!r}): {run.output}"
+    assert not ran, f"nobody's code ran ({ran!r}): {run.output}"
     assert "Traceback" not in run.output, run.output
+    return run.output
 
 
 def test_a_pth_of_nobodys_in_the_base_site_packages_a_venv_shares_fails_the_plan(

@@ -458,18 +458,22 @@ def pyvenv_cfg(bindir: str) -> str | None:
 
 
 def pyvenv_home(cfg: str) -> str | None:
-    """The real path of the absolute `home` a pyvenv.cfg at `cfg` names (the directory of the python
-    whose install a venv's python takes its library from); None when there is none or it cannot be read."""
+    """The `home` a pyvenv.cfg at `cfg` names (the directory of the python whose install a venv's python
+    takes its library from), as getpath reads it: the first line whose key is `home` in any case, its
+    value as written (getpath walks up from it by name, links unresolved), from "/" (the working
+    directory of everything root runs) when relative (nineteenth round: `HOME =`, and a `home` whose
+    `bin` is a link, each moved python to a library that was not judged); None when there is none or it
+    cannot be read."""
     from reconcile.safety.untrusted import read_regular
 
     try:
         text = read_regular(cfg, 1 << 16).decode("utf-8", "replace")
     except OSError:
         return None
-    for line in text.splitlines():
+    for line in text.split("\n"):
         key, sep, value = line.partition("=")
-        if sep and key.strip() == "home" and value.strip().startswith("/"):
-            return os.path.realpath(value.strip())
+        if sep and key.strip().lower() == "home":
+            return os.path.join("/", value.strip())
     return None
 
 
@@ -1024,7 +1028,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
 # directory itself (`ld.so --help`: glibc-hwcaps/x86-64-v3/, and the legacy tls/, haswell/, avx512_1/,
 # x86_64/ and their nestings, as AT_PLATFORM and the CPU's capabilities name them).
 _HWCAP_DIRS = ("glibc-hwcaps", "tls", "haswell", "xeon_phi", "avx512_1", "x86_64", "i686", "i586", "aarch64")
-_LOADS_DEPTH = 8  # libraries that name libraries (the loader's own limit is memory)
+_LOADS_MAX = 64  # libraries read in turn; more is refused, not skipped (the loader's own limit is memory)
 
 
 _DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")  # ld.so's
@@ -1054,6 +1058,19 @@ def _search_dirs(entries: list[str], origin: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _library_copies(directory: str, name: str) -> list[str]:
+    """Where the loader may find the library `name` in a search directory: in the hardware-capability
+    subdirectories it tries first (glibc-hwcaps/x86-64-v3/, haswell/x86_64/: nineteenth round, a copy
+    there whose own RUNPATH was nobody's directory loaded unread), then in the directory itself."""
+    found = []
+    for top in (os.path.join(directory, d) for d in _HWCAP_DIRS):
+        for root, subdirs, files in os.walk(top, followlinks=True):
+            found += [os.path.join(root, name)] if name in files else []
+            if root.count("/") - top.count("/") >= 4:  # the loader's nestings are shallower
+                subdirs.clear()
+    return [*found, os.path.join(directory, name)]
+
+
 def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
     """What the kernel and the dynamic loader read for the ELF program at `path` (a program's real path,
     /proc/self/exe; a library's name as the loader found it: each is its $ORIGIN) before its first
@@ -1061,8 +1078,12 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
     nobody's, found through its RUNPATH `$ORIGIN/../lib`, ran as root): its program interpreter, a
     library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
     hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
-    found there loads. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
+    found there loads; an ELF file whose headers do not read as one answer (elf.Loads.unreadable) is
+    refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
     seen.add(os.path.realpath(path))
+    if loads.unreadable is not None:
+        why, fix = loads.unreadable, "use a build whose ELF headers are as a linker writes them"
+        return f"reconcile cannot read what the kernel and the dynamic loader load for {path} ({why}): {fix}"
     dirs = _search_dirs(loads.search, os.path.dirname(path))
     for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
         if (problem := read_problem(os.path.join("/", path), ok)) is not None:
@@ -1073,10 +1094,12 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
         if problem is not None:
             return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
     libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
-    libraries += [os.path.join(d, n) for d in dirs for n in loads.needed if "/" not in n]
+    libraries += [p for d in dirs for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
     for library in libraries:
-        if len(seen) >= _LOADS_DEPTH or os.path.realpath(library) in seen or not os.path.isfile(library):
+        if os.path.realpath(library) in seen or not os.path.isfile(library):
             continue
+        if len(seen) >= _LOADS_MAX:  # nineteenth round: the 9th of 8 was skipped unread, and loaded
+            return f"it loads more than {_LOADS_MAX} libraries from its RPATH/RUNPATH: too many to read"
         try:
             fd = os.open(library, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
