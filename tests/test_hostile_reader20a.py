@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,6 +19,9 @@ from reconcile.errors import ActionError
 from reconcile.spec.loader import load_spec
 from tests.ownership_support import as_nobody
 from tests.test_hostile_reader13 import ROOT_ONLY
+
+if TYPE_CHECKING:
+    from reconcile.spec.models import Spec
 
 # --- class 2 and 6: what a color's former server user left in its socket directory --------------------
 
@@ -41,7 +45,7 @@ while True:
 """
 
 
-def _color(tmp_path: Path, user: str | None) -> object:
+def _color(tmp_path: Path, user: str | None) -> Spec:
     """Blue of a one-deployment fronted spec whose state dir is `tmp_path`'s (its own socket directory);
     under `supervisor = "systemd"` and `user` when one is given."""
     from reconcile.identity import color_spec
@@ -71,12 +75,12 @@ def test_what_a_former_server_user_left_never_stays_the_colors_socket(
     from reconcile.identity import server_socket
 
     as_nobodys, as_roots = _color(tmp_path, "nobody"), _color(tmp_path, None)
-    uds = server_socket(as_nobodys)  # type: ignore[arg-type]
-    assert uds is not None and uds == server_socket(as_roots)  # type: ignore[arg-type]
+    uds = server_socket(as_nobodys)
+    assert uds is not None and uds == server_socket(as_roots)
     try:
-        prepare_socket(as_nobodys)  # type: ignore[arg-type]
+        prepare_socket(as_nobodys)
         as_nobody(["/usr/bin/python3", "-c", NOBODYS_LEFTOVER, os.path.dirname(uds), left], {}, strangers)
-        prepare_socket(as_roots)  # type: ignore[arg-type]
+        prepare_socket(as_roots)
         st = os.stat(os.path.dirname(uds))
         assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
@@ -111,13 +115,13 @@ def test_a_directory_a_former_server_user_left_at_the_colors_socket_is_named(
     from reconcile.identity import server_socket
 
     as_nobodys, as_roots = _color(tmp_path, "nobody"), _color(tmp_path, None)
-    uds = server_socket(as_nobodys)  # type: ignore[arg-type]
+    uds = server_socket(as_nobodys)
     assert uds is not None
     try:
-        prepare_socket(as_nobodys)  # type: ignore[arg-type]
+        prepare_socket(as_nobodys)
         as_nobody(["/usr/bin/python3", "-c", NOBODYS_LEFTOVER, os.path.dirname(uds), "dir"], {}, strangers)
         with pytest.raises(ActionError) as refused:
-            prepare_socket(as_roots)  # type: ignore[arg-type]
+            prepare_socket(as_roots)
         assert f"{uds} is a directory" in str(refused.value) and f"rm -r {uds}" in str(refused.value)
     finally:
         shutil.rmtree(os.path.dirname(uds), ignore_errors=True)
@@ -157,3 +161,28 @@ def test_a_read_only_run_is_named_whole_with_what_the_start_needs(tmp_path: Path
     assert done.stdout.startswith("ActionError cannot prepare /run/reconcile/"), done.stdout
     assert "socket directory of d-blue: Read-only file system" in done.stdout
     assert "/run must be writable by root" in done.stdout
+
+
+# --- class 3: a spec value that moves the server off the socket reconcile guards -----------------------
+
+
+@pytest.mark.parametrize("flag", ["uds", "ud"])
+def test_a_uds_in_the_servers_args_is_refused_at_load(tmp_path: Path, flag: str) -> None:
+    """Not an attack of another user's: a careless value. `[server] args = { uds = "/tmp/vllm.sock" }`
+    (or `ud`, which vLLM's argparse reads as --uds) loaded on main: behind [front] vLLM took the last
+    `--uds`, in /tmp where anyone may make the name first, while readiness, the key guard and HAProxy
+    spoke to the color's own socket (the color never became ready, the cause only in vLLM's log);
+    without [front] vLLM left the port it was probed on free to anyone. Now the load names the key and
+    what to set instead."""
+    from reconcile.errors import SpecError
+
+    path = tmp_path / "box.toml"
+    path.write_text(
+        f'[machine]\nstate_dir = "{tmp_path / "state"}"\n\n[server]\nname = "d"\nexecutable = "/bin/true"\n'
+        f'model = "/m"\nport = 8000\nlog = "{tmp_path / "d.log"}"\nargs = {{ {flag} = "/tmp/vllm.sock" }}\n\n'
+        "[front]\n"
+    )
+    with pytest.raises(SpecError) as refused:
+        load_spec(str(path))
+    assert f"{path}:10: server.args.{flag}: is vLLM's --uds, which moves the server off" in str(refused.value)
+    assert "set [server] host and port" in str(refused.value)
