@@ -319,10 +319,12 @@ def prepare_socket(spec: Spec) -> None:
     """A color's socket directory (reconcile.identity.color_socket), before its server starts: made by
     root in root's /run/reconcile (0711: others may pass, not list or write), 0700 and the server's
     user's, so that only root and that user can bind there (the key guard's premise:
-    ownership.sockets.socket_holder_check). A socket left by the last run is removed: vLLM binds the
-    path and fails on one that exists. Nothing else there is touched."""
+    ownership.sockets.socket_holder_check). Whatever is at the socket's name is removed, a link as a
+    link: a socket left by the last run (vLLM binds the path and fails on one that exists), or what a
+    former server user left while the directory was theirs (a link to a listener of theirs is what
+    HAProxy's connect would follow: round 20). A directory there is refused, named. Nothing else in
+    the directory is touched: nothing reaches it but by the socket's name."""
     import contextlib
-    import stat
 
     from reconcile.identity import SOCKETS_DIR
     from reconcile.ownership.sockets import serving_uid
@@ -332,25 +334,32 @@ def prepare_socket(spec: Spec) -> None:
     if uds is None:
         return
     directory, name = os.path.split(uds)
-    ensure_dir(SOCKETS_DIR, 0o711)
-    parent = open_dir(SOCKETS_DIR)
     try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(os.path.basename(directory), 0o700, dir_fd=parent)
-        fd = os.open(os.path.basename(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-    finally:
-        os.close(parent)
-    try:  # only root can make a name in SOCKETS_DIR: whatever is there is ours to set
-        os.fchown(fd, serving_uid(spec), -1)
-        os.fchmod(fd, 0o700)
+        ensure_dir(SOCKETS_DIR, 0o711)
+        parent = open_dir(SOCKETS_DIR)
         try:
-            found = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat.S_ISSOCK(found.st_mode):
-            os.unlink(name, dir_fd=fd)
-    finally:
-        os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.basename(directory), 0o700, dir_fd=parent)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            fd = os.open(os.path.basename(directory), flags, dir_fd=parent)
+        finally:
+            os.close(parent)
+        try:  # only root can make a name in SOCKETS_DIR: whatever is there is ours to set
+            os.fchown(fd, serving_uid(spec), -1)  # first: a former owner can write there no more
+            os.fchmod(fd, 0o700)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except IsADirectoryError:
+        raise ActionError(
+            f"{uds} is a directory, where the server binds its socket: remove it (rm -r {uds}) and re-run"
+        ) from None
+    except OSError as exc:  # a name relative to a descriptor: the whole path, and what the start needs
+        raise ActionError(
+            f"cannot prepare {directory}, the socket directory of {_server(spec).name}: {exc.strerror} "
+            f"(reconcile makes it under {SOCKETS_DIR}: /run must be writable by root, as a tmpfs is)"
+        ) from None
 
 
 class ReadinessFailure(Record):

@@ -445,6 +445,14 @@ class Server(_Model):
     def _no_key_flag(self) -> Server:
         if "api-key" in self.args:
             raise _at("args.api-key", "puts the key on the command line (use [api_key] file = ... instead)")
+        for flag in self.args:  # as vLLM's argparse reads it: `_` as `-`, a prefix as the flag (`ud`)
+            if flag and "uds".startswith(flag.replace("_", "-")):  # vLLM would serve there (round 20)
+                raise _at(
+                    f"args.{flag}",
+                    "is vLLM's --uds, which moves the server off the address reconcile reaches, guards and "
+                    "routes to: set [server] host and port (behind [front], each color serves on its own "
+                    "socket under /run/reconcile)",
+                )
         for path in secret_args(self.args):
             raise _at_parts(
                 ("args", *path),
