@@ -984,7 +984,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
         loads = elf.loads(fd)
     finally:
         os.close(fd)
-    if (problem := _loader_problem(real, loads, ok, set())) is not None:
+    if (problem := _loader_problem(real, loads, ok, set(), [])) is not None:
         raise UnsafePath(f"{what} {path}: {problem}")
     if head.startswith(b"#!"):
         if depth >= SHEBANG_DEPTH:
@@ -1071,7 +1071,9 @@ def _library_copies(directory: str, name: str) -> list[str]:
     return [*found, os.path.join(directory, name)]
 
 
-def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
+def _loader_problem(
+    path: str, loads: elf.Loads, ok: frozenset[int], seen: set[tuple[str, frozenset[str]]], above: list[str]
+) -> str | None:
     """What the kernel and the dynamic loader read for the ELF program at `path` (a program's real path,
     /proc/self/exe; a library's name as the loader found it: each is its $ORIGIN) before its first
     instruction, held to the read role (eighteenth round: a shared python's libpython3.X.so.1.0 of
@@ -1079,12 +1081,16 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
     library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
     hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
     found there loads; an ELF file whose headers do not read as one answer (elf.Loads.unreadable) is
-    refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
-    seen.add(os.path.realpath(path))
+    refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's. `above`: the
+    DT_RPATH directories of the objects it is loaded under, which the loader searches for its libraries
+    too (twentieth round: a program's DT_RPATH found a library of a library that named no directory, and
+    that library's RUNPATH was nobody's); an object is read once for each set of them."""
+    seen.add((os.path.realpath(path), frozenset(above)))
     if loads.unreadable is not None:
         why, fix = loads.unreadable, "use a build whose ELF headers are as a linker writes them"
         return f"reconcile cannot read what the kernel and the dynamic loader load for {path} ({why}): {fix}"
     dirs = _search_dirs(loads.search, os.path.dirname(path))
+    below = list(dict.fromkeys([*_search_dirs(loads.rpath, os.path.dirname(path)), *above]))
     for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
         if (problem := read_problem(os.path.join("/", path), ok)) is not None:
             return f"the dynamic loader reads {path} for it: {problem}"
@@ -1094,9 +1100,10 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
         if problem is not None:
             return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
     libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
-    libraries += [p for d in dirs for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
+    searched = dict.fromkeys([*dirs, *above])  # `above`'s directories were judged where they were named
+    libraries += [p for d in searched for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
     for library in libraries:
-        if os.path.realpath(library) in seen or not os.path.isfile(library):
+        if (os.path.realpath(library), frozenset(below)) in seen or not os.path.isfile(library):
             continue
         if len(seen) >= _LOADS_MAX:  # nineteenth round: the 9th of 8 was skipped unread, and loaded
             return f"it loads more than {_LOADS_MAX} libraries from its RPATH/RUNPATH: too many to read"
@@ -1108,7 +1115,7 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
             inner = elf.loads(fd)
         finally:
             os.close(fd)
-        if (problem := _loader_problem(library, inner, ok, seen)) is not None:
+        if (problem := _loader_problem(library, inner, ok, seen, below)) is not None:
             return problem
     return None
 
