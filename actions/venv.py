@@ -114,8 +114,27 @@ def library_problem(python: str) -> str | None:
             for part in parts if os.path.isdir(lib) else [lib]:
                 if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
                     return problem
+            if (problem := _extensions_problem(lib)) is not None:
+                return problem
         if libs:
             break
+    return None
+
+
+def _extensions_problem(lib: str) -> str | None:
+    """What the loader loads for each extension module (`*.so`) of the standard library `lib`, which
+    python dlopens as it imports it (twentieth round: `_posixsubprocess`'s RUNPATH, nobody's directory,
+    loaded nobody's library as uid 0 at `-m venv`)."""
+    from reconcile.safety.filesafety import dlopen_problem
+
+    walked = set()
+    for root, dirs, files in os.walk(lib, followlinks=True):  # python imports through links too
+        walked.add(os.path.realpath(root))
+        skip = walked.union(_SITE_DIRS if root == lib else ())
+        dirs[:] = [d for d in dirs if d not in skip and os.path.realpath(os.path.join(root, d)) not in skip]
+        for module in (os.path.join(root, f) for f in sorted(files) if f.endswith(".so")):
+            if (problem := dlopen_problem(module)) is not None:
+                return f"its extension module {module}: {problem}"
     return None
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from tests.apply_support import Demo
+from tests.test_hostile_reader9 import _standalone_python
 from tests.test_hostile_reader19 import _library, _loads_then_refused, _nobodys_library, _program, _runpath
 
 pytestmark = [
@@ -53,4 +55,29 @@ def test_a_library_of_nobodys_found_through_an_inherited_rpath_never_loads(
         _library(top / "libtop.so", *_rpath(libs, "ra"))  # its DT_RPATH serves libra.so's needs too
         program = _program(outside, *_runpath(top, "top"))
     output = _loads_then_refused(demo, program, marker)
+    assert "owned by nobody" in output, output
+
+
+def test_a_library_of_nobodys_an_extension_module_of_the_standard_library_loads_never_loads(
+    demo: Demo, outside: Path
+) -> None:
+    """The exec role reads what the loader loads for the program; round 17 holds the standard library's
+    files to the read role, each as a file. But python's extension modules (`lib-dynload/*.so`) are
+    shared objects it dlopens as it imports them, and the loader loads what each needs, through its own
+    RUNPATH: `-m venv` imports `subprocess`, whose `_posixsubprocess` is one. A standalone install
+    (round 9's) whose `lib-dynload/_posixsubprocess.cpython-3X-....so` is root's, its RUNPATH a directory
+    of nobody's, where the library it needs is (a vendor's build whose RUNPATH names a directory of the
+    machine it was built on). main: apply's `python -I -S -m venv` loaded nobody's library as uid 0."""
+    theirs, marker = _nobodys_library(outside)
+    python = _standalone_python(outside, outside / "pth-ran-as")
+    dynload = python.parent.parent / "lib" / Path(sysconfig.get_paths()["stdlib"]).name / "lib-dynload"
+    real = dynload.readlink()
+    dynload.unlink()
+    dynload.mkdir()
+    for entry in os.listdir(real):
+        (dynload / entry).symlink_to(real / entry)
+    module = dynload / f"_posixsubprocess{sysconfig.get_config_var('EXT_SUFFIX')}"
+    module.unlink()
+    _library(module, *_runpath(theirs, "z9"))
+    output = _loads_then_refused(demo, python, marker, "-I", "-S", "-c", "import _posixsubprocess")
     assert "owned by nobody" in output, output

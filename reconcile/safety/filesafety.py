@@ -1107,17 +1107,32 @@ def _loader_problem(
             continue
         if len(seen) >= _LOADS_MAX:  # nineteenth round: the 9th of 8 was skipped unread, and loaded
             return f"it loads more than {_LOADS_MAX} libraries from its RPATH/RUNPATH: too many to read"
-        try:
-            fd = os.open(library, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            inner = elf.loads(fd)
-        finally:
-            os.close(fd)
-        if (problem := _loader_problem(library, inner, ok, seen, below)) is not None:
+        inner = _elf_loads(library)
+        if inner is not None and (problem := _loader_problem(library, inner, ok, seen, below)) is not None:
             return problem
     return None
+
+
+def _elf_loads(path: str) -> elf.Loads | None:
+    """What the ELF file at `path` has the loader load; None when it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return elf.loads(fd)
+    finally:
+        os.close(fd)
+
+
+def dlopen_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
+    """What the loader loads for a shared object of root's or ours that a program dlopens as it runs (a
+    python extension module, `lib-dynload/*.so`: twentieth round, one whose RUNPATH was nobody's
+    directory loaded nobody's library as uid 0 at `-m venv`), held as the exec role holds a program's
+    libraries (_loader_problem); None for a file that is not ELF."""
+    loads = _elf_loads(path)
+    ok = owners() if allowed is None else frozenset(allowed)
+    return None if loads is None else _loader_problem(path, loads, ok, set(), [])
 
 
 _BINPRM_BUF = 256  # how much of a script the kernel reads for its `#!` line (BINPRM_BUF_SIZE)
