@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
 from tests.apply_support import Demo
-from tests.test_hostile_reader9 import _standalone_python
+from tests.test_hostile_reader9 import _standalone_python, applied_with_python
+from tests.test_hostile_reader18 import copied_venv
 from tests.test_hostile_reader19 import _library, _loads_then_refused, _nobodys_library, _program, _runpath
 
 pytestmark = [
@@ -81,3 +83,33 @@ def test_a_library_of_nobodys_an_extension_module_of_the_standard_library_loads_
     _library(module, *_runpath(theirs, "z9"))
     output = _loads_then_refused(demo, python, marker, "-I", "-S", "-c", "import _posixsubprocess")
     assert "owned by nobody" in output, output
+
+
+@pytest.mark.parametrize("form", ["not-utf8", "nul"])
+def test_a_module_of_nobodys_where_getpath_reads_a_copied_venvs_cfg_never_runs_when_root_makes_the_venv(
+    demo: Demo, outside: Path, form: str
+) -> None:
+    """getpath reads pyvenv.cfg as a C string decoded as UTF-8 with surrogateescape: a byte that is not
+    UTF-8 is that byte in every path python opens (seen: `sys._base_executable` `/opt\\udcffx/bin/python3`),
+    and the file ends at its first NUL (seen: `\\0\\nhome = /usr/bin` read as no `home`). pyvenv_home
+    read U+FFFD for the byte (a path that is not there, and library_problem walked up from it to
+    another library, `/usr/lib/python3.11`, root's) and read past the NUL. A venv's python made with
+    `--copies` (root's) from round 17's standalone install (root's, its `venv/__init__.py` nobody's):
+    its pyvenv.cfg's `home` that install's `bin` after it moved to a directory named `base\\xff`; or the
+    venv moved into that install, its pyvenv.cfg (root's) starting with a NUL and naming this machine's
+    python as `home` after it (getpath walks up from the venv and finds the install's library). main:
+    apply's `python -I -S -m venv` ran nobody's line as uid 0 (each case)."""
+    python, copied, marker, _ = copied_venv(outside)
+    install = python.parents[1]
+    if form == "not-utf8":
+        odd = os.fsencode(python.parents[2]) + b"\xff"
+        os.rename(os.fsencode(python.parents[2]), odd)
+        home, head = odd + b"/" + os.fsencode(python.parent.relative_to(python.parents[2])), b""
+    else:
+        copied = copied.rename(install / "copied")
+        home, head = os.fsencode(os.path.dirname(os.path.realpath(sys._base_executable))), b"\0\n"  # type: ignore[attr-defined]
+    cfg = copied / "pyvenv.cfg"
+    lines = cfg.read_bytes().splitlines(True)
+    cfg.write_bytes(head + b"".join(b"home = " + home + b"\n" if x.startswith(b"home") else x for x in lines))
+    output = applied_with_python(demo, copied / "bin" / "python3", marker)
+    assert "venv/__init__.py is owned by nobody" in output, output

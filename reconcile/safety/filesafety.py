@@ -462,14 +462,17 @@ def pyvenv_home(cfg: str) -> str | None:
     takes its library from), as getpath reads it: the first line whose key is `home` in any case, its
     value as written (getpath walks up from it by name, links unresolved), from "/" (the working
     directory of everything root runs) when relative (nineteenth round: `HOME =`, and a `home` whose
-    `bin` is a link, each moved python to a library that was not judged); None when there is none or it
-    cannot be read."""
+    `bin` is a link, each moved python to a library that was not judged), a byte that is not UTF-8 kept
+    as that byte, the file ending at a NUL (twentieth: read as U+FFFD, the byte named a path that is not
+    there; a `home` after a NUL was read where getpath read none); None when there is none or it cannot
+    be read."""
     from reconcile.safety.untrusted import read_regular
 
     try:
-        text = read_regular(cfg, 1 << 16).decode("utf-8", "replace")
+        data = read_regular(cfg, 1 << 16).split(b"\0")[0]  # getpath reads a C string: it ends at a NUL
     except OSError:
         return None
+    text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8 is that byte in each path
     for line in text.split("\n"):
         key, sep, value = line.partition("=")
         if sep and key.strip().lower() == "home":
