@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -113,3 +114,27 @@ def test_a_module_of_nobodys_where_getpath_reads_a_copied_venvs_cfg_never_runs_w
     cfg.write_bytes(head + b"".join(b"home = " + home + b"\n" if x.startswith(b"home") else x for x in lines))
     output = applied_with_python(demo, copied / "bin" / "python3", marker)
     assert "venv/__init__.py is owned by nobody" in output, output
+
+
+def test_a_library_of_nobodys_behind_a_library_root_finds_through_ld_library_path_never_loads(
+    demo: Demo, outside: Path
+) -> None:
+    """The loader searches LD_LIBRARY_PATH (after a program's DT_RPATH, before its RUNPATH) for what a
+    program and each of its libraries need; the environment rule holds the directory it names to the
+    write-dir role and its files to the read role, but the reader never looked there for libraries, so
+    what a library found there loads in turn was not read. Root's environment with
+    `LD_LIBRARY_PATH=<libs>` (a vendor's directory, as CUDA's install guide sets for its own), root's,
+    holding `librl.so`, root's, whose RUNPATH is nobody's directory, where the library it needs is; the
+    spec's python (root's) needs `librl.so` and names no directory. main: apply's `python -I -S -m venv`
+    loaded nobody's library as uid 0."""
+    theirs, marker = _nobodys_library(outside)
+    libs = outside / "libs"
+    libs.mkdir()
+    _library(libs / "librl.so", *_runpath(theirs, "z9"))
+    program = _program(outside, "-Wl,--no-as-needed", f"-L{libs}", "-lrl")
+    env = {"LD_LIBRARY_PATH": str(libs)}
+    subprocess.run([program], check=False, env={**os.environ, **env})
+    assert marker.read_text() == "uid=0\n"  # the loader loads it
+    marker.unlink()
+    output = applied_with_python(demo, program, marker, env)
+    assert "owned by nobody" in output, output

@@ -987,7 +987,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
         loads = elf.loads(fd)
     finally:
         os.close(fd)
-    if (problem := _loader_problem(real, loads, ok, set(), [])) is not None:
+    if (problem := _loader_problem(real, loads, ok, set(), _library_path(real))) is not None:
         raise UnsafePath(f"{what} {path}: {problem}")
     if head.startswith(b"#!"):
         if depth >= SHEBANG_DEPTH:
@@ -1061,6 +1061,15 @@ def _search_dirs(entries: list[str], origin: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _library_path(program: str) -> list[str]:
+    """The directories LD_LIBRARY_PATH names in our environment, which what root runs inherits: the
+    loader searches them for the libraries of the program and of each library (twentieth round: a
+    library of root's found there, its RUNPATH nobody's directory, loaded nobody's library as uid 0).
+    The directories themselves are held to the environment rule (env_dir_problem)."""
+    value = os.environ.get("LD_LIBRARY_PATH")
+    return [] if value is None else _search_dirs(re.split("[:;]", value), os.path.dirname(program))
+
+
 def _library_copies(directory: str, name: str) -> list[str]:
     """Where the loader may find the library `name` in a search directory: in the hardware-capability
     subdirectories it tries first (glibc-hwcaps/x86-64-v3/, haswell/x86_64/: nineteenth round, a copy
@@ -1085,9 +1094,10 @@ def _loader_problem(
     hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
     found there loads; an ELF file whose headers do not read as one answer (elf.Loads.unreadable) is
     refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's. `above`: the
-    DT_RPATH directories of the objects it is loaded under, which the loader searches for its libraries
-    too (twentieth round: a program's DT_RPATH found a library of a library that named no directory, and
-    that library's RUNPATH was nobody's); an object is read once for each set of them."""
+    DT_RPATH directories of the objects it is loaded under (and LD_LIBRARY_PATH's: _library_path), which
+    the loader searches for its libraries too (twentieth round: a program's DT_RPATH found a library of
+    a library that named no directory, and that library's RUNPATH was nobody's); an object is read once
+    for each set of them."""
     seen.add((os.path.realpath(path), frozenset(above)))
     if loads.unreadable is not None:
         why, fix = loads.unreadable, "use a build whose ELF headers are as a linker writes them"
