@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.apply_support import Demo
+from tests.ownership_support import nobodys_dir
 from tests.test_hostile_reader9 import _standalone_python, applied_with_python
-from tests.test_hostile_reader18 import copied_venv
+from tests.test_hostile_reader18 import _theirs, copied_venv
 from tests.test_hostile_reader19 import _library, _loads_then_refused, _nobodys_library, _program, _runpath
 
 pytestmark = [
@@ -138,3 +139,19 @@ def test_a_library_of_nobodys_behind_a_library_root_finds_through_ld_library_pat
     marker.unlink()
     output = applied_with_python(demo, program, marker, env)
     assert "owned by nobody" in output, output
+
+
+def test_a_library_of_nobodys_a_program_names_by_origin_never_loads(demo: Demo, outside: Path) -> None:
+    """The loader expands $ORIGIN, $LIB and $PLATFORM in a needed name with a `/` as in a RUNPATH; the
+    reader judged the name as a path from "/" (`/$ORIGIN/theirs/libz9.so`: not there, nothing judged). A
+    program of root's whose DT_NEEDED (the SONAME of the library it was linked with) is
+    `$ORIGIN/theirs/libz9.so`, `theirs` beside it a directory of nobody's. main: the exec role passed
+    it, and apply's `python -I -S -m venv` loaded nobody's library as uid 0."""
+    stub = outside / "stub" / "libz9.so"
+    stub.parent.mkdir()
+    _library(stub, "-Wl,-soname,$ORIGIN/theirs/libz9.so")
+    program = _program(outside, "-Wl,--no-as-needed", str(stub))
+    marker = outside / "ran-as"
+    _theirs(nobodys_dir(program.parent, "theirs") / "libz9.so", marker)
+    output = _loads_then_refused(demo, program, marker)
+    assert f"{program.parent / 'theirs'} is owned by nobody" in output, output

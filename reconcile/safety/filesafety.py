@@ -1038,27 +1038,32 @@ _DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za
 
 
 def _search_dirs(entries: list[str], origin: str) -> list[str]:
-    """A program's RPATH/RUNPATH entries as the loader reads them: $ORIGIN (${ORIGIN}) is the directory
-    of its real path; $LIB and $PLATFORM each of what glibc may make of them; an empty or relative entry
+    """A program's RPATH/RUNPATH entries as the loader reads them (_expand); an empty or relative entry
     is from the working directory ("/" for everything root runs)."""
+    found = [
+        os.path.normpath(os.path.join("/", form)) for entry in entries for form in _expand(entry, origin)
+    ]
+    return list(dict.fromkeys(found))
+
+
+def _expand(text: str, origin: str) -> list[str]:
+    """What the loader may make of `text` (an RPATH/RUNPATH entry, or a library's name with a `/`:
+    twentieth round, a DT_NEEDED `$ORIGIN/theirs/libz9.so` was judged as the path `/$ORIGIN/...`, which
+    is not there): $ORIGIN (${ORIGIN}) is the directory of the object's real path; $LIB and $PLATFORM
+    each of what glibc may make of them."""
     import sysconfig
 
+    m = _DST.search(text)
+    if m is None:
+        return [text]
     machine = os.uname().machine
     tokens = {
         "ORIGIN": [origin],
         "LIB": ["lib", "lib64", f"lib/{sysconfig.get_config_var('MULTIARCH') or machine + '-linux-gnu'}"],
         "PLATFORM": [machine, "haswell", "xeon_phi"],
     }
-
-    def expand(text: str) -> list[str]:
-        m = _DST.search(text)
-        if m is None:
-            return [text]
-        values = tokens[m.group(1) or m.group(2)]
-        return [text[: m.start()] + v + rest for v in values for rest in expand(text[m.end() :])]
-
-    found = [os.path.normpath(os.path.join("/", form)) for entry in entries for form in expand(entry)]
-    return list(dict.fromkeys(found))
+    values = tokens[m.group(1) or m.group(2)]
+    return [text[: m.start()] + v + rest for v in values for rest in _expand(text[m.end() :], origin)]
 
 
 def _library_path(program: str) -> list[str]:
@@ -1102,17 +1107,19 @@ def _loader_problem(
     if loads.unreadable is not None:
         why, fix = loads.unreadable, "use a build whose ELF headers are as a linker writes them"
         return f"reconcile cannot read what the kernel and the dynamic loader load for {path} ({why}): {fix}"
-    dirs = _search_dirs(loads.search, os.path.dirname(path))
-    below = list(dict.fromkeys([*_search_dirs(loads.rpath, os.path.dirname(path)), *above]))
-    for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
-        if (problem := read_problem(os.path.join("/", path), ok)) is not None:
-            return f"the dynamic loader reads {path} for it: {problem}"
+    origin = os.path.dirname(path)
+    dirs = _search_dirs(loads.search, origin)
+    below = list(dict.fromkeys([*_search_dirs(loads.rpath, origin), *above]))
+    named = [os.path.join("/", p) for n in loads.needed if "/" in n for p in _expand(n, origin)]
+    for opened in filter(None, [loads.interpreter, *named]):
+        if (problem := read_problem(os.path.join("/", opened), ok)) is not None:
+            return f"the dynamic loader reads {opened} for it: {problem}"
     for directory in dirs:
         tried = [(directory, 1), *((os.path.join(directory, d), -1) for d in _HWCAP_DIRS)]
         problem = next(filter(None, (read_problem(p, ok, entries=n) for p, n in tried)), None)
         if problem is not None:
             return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
-    libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
+    libraries = list(named)
     searched = dict.fromkeys([*dirs, *above])  # `above`'s directories were judged where they were named
     libraries += [p for d in searched for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
     for library in libraries:
