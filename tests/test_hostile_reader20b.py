@@ -155,3 +155,33 @@ def test_a_library_of_nobodys_a_program_names_by_origin_never_loads(demo: Demo, 
     _theirs(nobodys_dir(program.parent, "theirs") / "libz9.so", marker)
     output = _loads_then_refused(demo, program, marker)
     assert f"{program.parent / 'theirs'} is owned by nobody" in output, output
+
+
+def test_an_extension_module_of_nobodys_where_getpath_finds_the_exec_prefix_never_loads(
+    demo: Demo, outside: Path
+) -> None:
+    """getpath finds two prefixes, each walking up from the program's directory on its own: `prefix`, the
+    first with `lib/python3.X/os.py`, and `exec_prefix`, the first with `lib/python3.X/lib-dynload` (a
+    directory), where the extension modules are imported from (seen: `sys.exec_prefix` `<base>/inner`,
+    `sys.prefix` `<base>`). library_problem judged the first only. Round 9's standalone install at
+    `<base>` (root's), and in it `inner/bin/python3` (a copy of its program) beside
+    `inner/lib/python3.X/lib-dynload`, whose `_posixsubprocess` is nobody's. main: apply's `python -I
+    -S -m venv` loaded nobody's module as uid 0."""
+    base = _standalone_python(outside, outside / "pth-ran-as").parent.parent
+    inner = base / "inner"
+    (inner / "bin").mkdir(parents=True)
+    shutil.copy2(base / "bin" / "python3", inner / "bin" / "python3")
+    name = Path(sysconfig.get_paths()["stdlib"]).name
+    real = (base / "lib" / name / "lib-dynload").resolve()
+    dynload = inner / "lib" / name / "lib-dynload"
+    dynload.mkdir(parents=True)
+    for entry in os.listdir(real):
+        (dynload / entry).symlink_to(real / entry)
+    module = dynload / f"_posixsubprocess{sysconfig.get_config_var('EXT_SUFFIX')}"
+    module.unlink()
+    marker = outside / "ran-as"
+    _theirs(module, marker)
+    output = _loads_then_refused(
+        demo, inner / "bin" / "python3", marker, "-I", "-S", "-c", "import _posixsubprocess"
+    )
+    assert f"{module} is owned by nobody" in output, output
