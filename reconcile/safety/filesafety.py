@@ -1152,7 +1152,7 @@ def dlopen_problem(path: str, allowed: Collection[int] | None = None) -> str | N
     libraries (_loader_problem); None for a file that is not ELF."""
     loads = _elf_loads(path)
     ok = owners() if allowed is None else frozenset(allowed)
-    return None if loads is None else _loader_problem(path, loads, ok, set(), [])
+    return None if loads is None else _loader_problem(path, loads, ok, set(), _library_path(path))
 
 
 _BINPRM_BUF = 256  # how much of a script the kernel reads for its `#!` line (BINPRM_BUF_SIZE)
