@@ -96,8 +96,6 @@ def library_problem(python: str) -> str | None:
     redirect it (seventeenth round: a standalone install whose `venv/__init__.py` is nobody's ran as
     uid 0 at `python -I -S -m venv`; eighteenth: the same install named by a copied venv python's
     pyvenv.cfg `home`, whose own prefix has no library)."""
-    import glob
-
     from reconcile.safety.filesafety import pyvenv_cfg, pyvenv_home, read_problem
 
     bindir = os.path.dirname(python)
@@ -106,16 +104,53 @@ def library_problem(python: str) -> str | None:
             return problem
     read = pyvenv_cfg(bindir)
     start = (pyvenv_home(read) if read is not None else None) or bindir
-    for prefix in _ancestors(start):
-        libs = sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*")))
-        libs = [lib for lib in libs if lib.endswith(".zip") or os.path.isfile(os.path.join(lib, "os.py"))]
-        for lib in libs:
-            parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
-            for part in parts if os.path.isdir(lib) else [lib]:
-                if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
-                    return problem
-        if libs:
-            break
+    for lib in _prefix_libraries(start):
+        parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
+        for part in parts if os.path.isdir(lib) else [lib]:
+            if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
+                return problem
+        if (problem := _extensions_problem(lib)) is not None:
+            return problem
+    return None
+
+
+def _prefix_libraries(start: str) -> list[str]:
+    """The `lib/python3.X` (or `lib64/`) trees python takes from `start` up, as getpath finds its two
+    prefixes, each on its own walk: the first with `os.py` (or a `python3X.zip`) for `prefix`, the first
+    with a `lib-dynload` directory for `exec_prefix`, whose extension modules it imports (twentieth
+    round: an `inner/lib/python3.X/lib-dynload` below the judged library loaded a module of nobody's)."""
+    import glob
+
+    found = []
+    for landmark in ("os.py", "lib-dynload"):  # a python3X.zip stands for os.py (prefix only)
+        for prefix in _ancestors(start):
+            libs = sorted(glob.glob(os.path.join(glob.escape(prefix), "lib*", "python3*")))
+            zipped = landmark == "os.py"
+            libs = [
+                lib
+                for lib in libs
+                if os.path.exists(os.path.join(lib, landmark)) or (zipped and lib.endswith(".zip"))
+            ]
+            if libs:
+                found += libs
+                break
+    return list(dict.fromkeys(found))
+
+
+def _extensions_problem(lib: str) -> str | None:
+    """What the loader loads for each extension module (`*.so`) of the standard library `lib`, which
+    python dlopens as it imports it (twentieth round: `_posixsubprocess`'s RUNPATH, nobody's directory,
+    loaded nobody's library as uid 0 at `-m venv`)."""
+    from reconcile.safety.filesafety import dlopen_problem
+
+    walked = set()
+    for root, dirs, files in os.walk(lib, followlinks=True):  # python imports through links too
+        walked.add(os.path.realpath(root))
+        skip = walked.union(_SITE_DIRS if root == lib else ())
+        dirs[:] = [d for d in dirs if d not in skip and os.path.realpath(os.path.join(root, d)) not in skip]
+        for module in (os.path.join(root, f) for f in sorted(files) if f.endswith(".so")):
+            if (problem := dlopen_problem(module)) is not None:
+                return f"its extension module {module}: {problem}"
     return None
 
 

@@ -15,7 +15,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -322,14 +322,14 @@ def test_a_pth_of_nobodys_beside_the_specs_interpreter_never_runs_when_root_make
     applied_with_python(demo, _standalone_python(outside, marker), marker)
 
 
-def applied_with_python(demo: Demo, python: Path, marker: Path) -> str:
-    """apply with `[venv] python` `python`: nothing of nobody's ran (`marker` stays empty), no traceback;
-    its output."""
+def applied_with_python(demo: Demo, python: Path, marker: Path, env: Mapping[str, str] | None = None) -> str:
+    """apply with `[venv] python` `python` (and `env` in reconcile's environment): nothing of nobody's ran
+    (`marker` stays empty), no traceback; its output."""
 
     def edit(doc: Any) -> None:
         doc["venv"]["python"] = str(python)
 
-    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300)
+    run = demo.cli("apply", spec=demo.write_spec(edit), timeout=300, env=env)
     ran = marker.read_text() if marker.exists() else ""
     assert not ran, f"nobody's code ran ({ran!r}): {run.output}"
     assert "Traceback" not in run.output, run.output

@@ -33,6 +33,7 @@ class Loads(Record):
     interpreter: str | None  # PT_INTERP: the loader the kernel maps (/lib64/ld-linux-x86-64.so.2)
     needed: list[str]  # DT_NEEDED (and the audit and filter objects): a name with `/` is opened as that path
     search: list[str]  # DT_RPATH and DT_RUNPATH entries, as written ($ORIGIN unexpanded)
+    rpath: list[str]  # DT_RPATH's: the loader searches them for the objects loaded under this one too
     unreadable: str | None = None  # why the headers do not read as one answer (see the module's doc)
 
 
@@ -77,11 +78,11 @@ def loads(fd: int) -> Loads:
     """What the ELF file open at `fd` has the kernel and the loader read (see the module's doc)."""
     ident = os.pread(fd, 16, 0)
     if len(ident) < 16 or ident[:4] != b"\x7fELF":
-        return Loads(None, [], [])
+        return Loads(None, [], [], [])
     try:
         return _loads(fd, ident)
     except (ValueError, struct.error, OSError) as e:
-        return Loads(None, [], [], str(e) or type(e).__name__)
+        return Loads(None, [], [], [], str(e) or type(e).__name__)
 
 
 def _loads(fd: int, ident: bytes) -> Loads:
@@ -112,7 +113,7 @@ def _loads(fd: int, ident: bytes) -> Loads:
         interp = os.fsdecode(data.split(b"\0", 1)[0])
     dynamics = [s for s in segments if s.kind == _PT_DYNAMIC]
     if not dynamics:
-        return Loads(interp, [], [])
+        return Loads(interp, [], [], [])
     if len(dynamics) > 1:
         raise ValueError("it has several PT_DYNAMIC headers")
     step = struct.calcsize(dyn)
@@ -133,4 +134,4 @@ def _loads(fd: int, ident: bytes) -> Loads:
     needed = [s for t, s in strings if t in _DT_OPENS]
     needed += [n for t, s in strings if t in _DT_AUDITS for n in s.split(":") if n]
     search = [d for t, s in strings if t in (_DT_RPATH, _DT_RUNPATH) for d in s.split(":")]
-    return Loads(interp, needed, search)
+    return Loads(interp, needed, search, [d for t, s in strings if t == _DT_RPATH for d in s.split(":")])

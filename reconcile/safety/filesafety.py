@@ -462,14 +462,17 @@ def pyvenv_home(cfg: str) -> str | None:
     takes its library from), as getpath reads it: the first line whose key is `home` in any case, its
     value as written (getpath walks up from it by name, links unresolved), from "/" (the working
     directory of everything root runs) when relative (nineteenth round: `HOME =`, and a `home` whose
-    `bin` is a link, each moved python to a library that was not judged); None when there is none or it
-    cannot be read."""
+    `bin` is a link, each moved python to a library that was not judged), a byte that is not UTF-8 kept
+    as that byte, the file ending at a NUL (twentieth: read as U+FFFD, the byte named a path that is not
+    there; a `home` after a NUL was read where getpath read none); None when there is none or it cannot
+    be read."""
     from reconcile.safety.untrusted import read_regular
 
     try:
-        text = read_regular(cfg, 1 << 16).decode("utf-8", "replace")
+        data = read_regular(cfg, 1 << 16).split(b"\0")[0]  # getpath reads a C string: it ends at a NUL
     except OSError:
         return None
+    text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8 is that byte in each path
     for line in text.split("\n"):
         key, sep, value = line.partition("=")
         if sep and key.strip().lower() == "home":
@@ -984,7 +987,7 @@ def _resolve_exec(path: str, ok: frozenset[int], what: str, depth: int, search: 
         loads = elf.loads(fd)
     finally:
         os.close(fd)
-    if (problem := _loader_problem(real, loads, ok, set())) is not None:
+    if (problem := _loader_problem(real, loads, ok, set(), _library_path(real))) is not None:
         raise UnsafePath(f"{what} {path}: {problem}")
     if head.startswith(b"#!"):
         if depth >= SHEBANG_DEPTH:
@@ -1035,27 +1038,41 @@ _DST = re.compile(r"\$(?:\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za
 
 
 def _search_dirs(entries: list[str], origin: str) -> list[str]:
-    """A program's RPATH/RUNPATH entries as the loader reads them: $ORIGIN (${ORIGIN}) is the directory
-    of its real path; $LIB and $PLATFORM each of what glibc may make of them; an empty or relative entry
+    """A program's RPATH/RUNPATH entries as the loader reads them (_expand); an empty or relative entry
     is from the working directory ("/" for everything root runs)."""
+    found = [
+        os.path.normpath(os.path.join("/", form)) for entry in entries for form in _expand(entry, origin)
+    ]
+    return list(dict.fromkeys(found))
+
+
+def _expand(text: str, origin: str) -> list[str]:
+    """What the loader may make of `text` (an RPATH/RUNPATH entry, or a library's name with a `/`:
+    twentieth round, a DT_NEEDED `$ORIGIN/theirs/libz9.so` was judged as the path `/$ORIGIN/...`, which
+    is not there): $ORIGIN (${ORIGIN}) is the directory of the object's real path; $LIB and $PLATFORM
+    each of what glibc may make of them."""
     import sysconfig
 
+    m = _DST.search(text)
+    if m is None:
+        return [text]
     machine = os.uname().machine
     tokens = {
         "ORIGIN": [origin],
         "LIB": ["lib", "lib64", f"lib/{sysconfig.get_config_var('MULTIARCH') or machine + '-linux-gnu'}"],
         "PLATFORM": [machine, "haswell", "xeon_phi"],
     }
+    values = tokens[m.group(1) or m.group(2)]
+    return [text[: m.start()] + v + rest for v in values for rest in _expand(text[m.end() :], origin)]
 
-    def expand(text: str) -> list[str]:
-        m = _DST.search(text)
-        if m is None:
-            return [text]
-        values = tokens[m.group(1) or m.group(2)]
-        return [text[: m.start()] + v + rest for v in values for rest in expand(text[m.end() :])]
 
-    found = [os.path.normpath(os.path.join("/", form)) for entry in entries for form in expand(entry)]
-    return list(dict.fromkeys(found))
+def _library_path(program: str) -> list[str]:
+    """The directories LD_LIBRARY_PATH names in our environment, which what root runs inherits: the
+    loader searches them for the libraries of the program and of each library (twentieth round: a
+    library of root's found there, its RUNPATH nobody's directory, loaded nobody's library as uid 0).
+    The directories themselves are held to the environment rule (env_dir_problem)."""
+    value = os.environ.get("LD_LIBRARY_PATH")
+    return [] if value is None else _search_dirs(re.split("[:;]", value), os.path.dirname(program))
 
 
 def _library_copies(directory: str, name: str) -> list[str]:
@@ -1071,7 +1088,9 @@ def _library_copies(directory: str, name: str) -> list[str]:
     return [*found, os.path.join(directory, name)]
 
 
-def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[str]) -> str | None:
+def _loader_problem(
+    path: str, loads: elf.Loads, ok: frozenset[int], seen: set[tuple[str, frozenset[str]]], above: list[str]
+) -> str | None:
     """What the kernel and the dynamic loader read for the ELF program at `path` (a program's real path,
     /proc/self/exe; a library's name as the loader found it: each is its $ORIGIN) before its first
     instruction, held to the read role (eighteenth round: a shared python's libpython3.X.so.1.0 of
@@ -1079,38 +1098,61 @@ def _loader_problem(path: str, loads: elf.Loads, ok: frozenset[int], seen: set[s
     library it names by path, each directory its RPATH or RUNPATH names (its top level, and the
     hardware-capability subdirectories the loader tries first, whole), and, in turn, what each library
     found there loads; an ELF file whose headers do not read as one answer (elf.Loads.unreadable) is
-    refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's."""
-    seen.add(os.path.realpath(path))
+    refused. The system's directories (/etc/ld.so.cache, /lib, /usr/lib) are root's. `above`: the
+    DT_RPATH directories of the objects it is loaded under (and LD_LIBRARY_PATH's: _library_path), which
+    the loader searches for its libraries too (twentieth round: a program's DT_RPATH found a library of
+    a library that named no directory, and that library's RUNPATH was nobody's); an object is read once
+    for each set of them."""
+    seen.add((os.path.realpath(path), frozenset(above)))
     if loads.unreadable is not None:
         why, fix = loads.unreadable, "use a build whose ELF headers are as a linker writes them"
         return f"reconcile cannot read what the kernel and the dynamic loader load for {path} ({why}): {fix}"
-    dirs = _search_dirs(loads.search, os.path.dirname(path))
-    for path in filter(None, [loads.interpreter, *(n for n in loads.needed if "/" in n)]):
-        if (problem := read_problem(os.path.join("/", path), ok)) is not None:
-            return f"the dynamic loader reads {path} for it: {problem}"
+    origin = os.path.dirname(path)
+    dirs = _search_dirs(loads.search, origin)
+    below = list(dict.fromkeys([*_search_dirs(loads.rpath, origin), *above]))
+    named = [os.path.join("/", p) for n in loads.needed if "/" in n for p in _expand(n, origin)]
+    for opened in filter(None, [loads.interpreter, *named]):
+        if (problem := read_problem(os.path.join("/", opened), ok)) is not None:
+            return f"the dynamic loader reads {opened} for it: {problem}"
     for directory in dirs:
         tried = [(directory, 1), *((os.path.join(directory, d), -1) for d in _HWCAP_DIRS)]
         problem = next(filter(None, (read_problem(p, ok, entries=n) for p, n in tried)), None)
         if problem is not None:
             return f"the dynamic loader looks for its libraries in {directory} (its RPATH/RUNPATH): {problem}"
-    libraries = [os.path.join("/", n) for n in loads.needed if "/" in n]
-    libraries += [p for d in dirs for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
+    libraries = list(named)
+    searched = dict.fromkeys([*dirs, *above])  # `above`'s directories were judged where they were named
+    libraries += [p for d in searched for n in loads.needed if "/" not in n for p in _library_copies(d, n)]
     for library in libraries:
-        if os.path.realpath(library) in seen or not os.path.isfile(library):
+        if (os.path.realpath(library), frozenset(below)) in seen or not os.path.isfile(library):
             continue
         if len(seen) >= _LOADS_MAX:  # nineteenth round: the 9th of 8 was skipped unread, and loaded
             return f"it loads more than {_LOADS_MAX} libraries from its RPATH/RUNPATH: too many to read"
-        try:
-            fd = os.open(library, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            inner = elf.loads(fd)
-        finally:
-            os.close(fd)
-        if (problem := _loader_problem(library, inner, ok, seen)) is not None:
+        inner = _elf_loads(library)
+        if inner is not None and (problem := _loader_problem(library, inner, ok, seen, below)) is not None:
             return problem
     return None
+
+
+def _elf_loads(path: str) -> elf.Loads | None:
+    """What the ELF file at `path` has the loader load; None when it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return elf.loads(fd)
+    finally:
+        os.close(fd)
+
+
+def dlopen_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
+    """What the loader loads for a shared object of root's or ours that a program dlopens as it runs (a
+    python extension module, `lib-dynload/*.so`: twentieth round, one whose RUNPATH was nobody's
+    directory loaded nobody's library as uid 0 at `-m venv`), held as the exec role holds a program's
+    libraries (_loader_problem); None for a file that is not ELF."""
+    loads = _elf_loads(path)
+    ok = owners() if allowed is None else frozenset(allowed)
+    return None if loads is None else _loader_problem(path, loads, ok, set(), _library_path(path))
 
 
 _BINPRM_BUF = 256  # how much of a script the kernel reads for its `#!` line (BINPRM_BUF_SIZE)
