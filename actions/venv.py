@@ -104,7 +104,11 @@ def library_problem(python: str) -> str | None:
             return problem
     read = pyvenv_cfg(bindir)
     start = (pyvenv_home(read) if read is not None else None) or bindir
-    for lib in _prefix_libraries(start):
+    libs = _prefix_libraries(start)
+    for found in _getpath_files(bindir, start, libs):
+        if (problem := read_problem(found)) is not None:
+            return problem
+    for lib in libs:
         parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
         for part in parts if os.path.isdir(lib) else [lib]:
             if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
@@ -112,6 +116,22 @@ def library_problem(python: str) -> str | None:
         if (problem := _extensions_problem(lib)) is not None:
             return problem
     return None
+
+
+def _getpath_files(bindir: str, start: str, libs: list[str]) -> list[str]:
+    """The files besides pyvenv.cfg that getpath reads to move the search path, in the directories it
+    looks in: a `._pth` beside the program, its base (`start`) and its libpython (`<prefix>/lib`), whose
+    lines are sys.path whole, -I -S or not (twenty-first round: a standalone install's `python3._pth` of
+    nobody's named their `venv` first at `-m venv`), and a build directory's `pybuilddir.txt`, which
+    names lib-dynload."""
+    dirs = dict.fromkeys([bindir, start, *(os.path.dirname(lib) for lib in libs)])
+    return [
+        os.path.join(d, f)
+        for d in dirs
+        if os.path.isdir(d)
+        for f in sorted(os.listdir(d))
+        if f.endswith("._pth") or f == "pybuilddir.txt"
+    ]
 
 
 def _prefix_libraries(start: str) -> list[str]:
