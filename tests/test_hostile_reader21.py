@@ -9,6 +9,7 @@ before its fix unless its docstring says otherwise.
 from __future__ import annotations
 
 import os
+import subprocess
 import sysconfig
 from pathlib import Path
 
@@ -21,18 +22,26 @@ from tests.test_hostile_reader9 import _standalone_python, applied_with_python
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
 
+@pytest.mark.parametrize("beside", ["program", "home"])
 def test_a_pth_file_of_nobodys_beside_the_specs_interpreter_never_runs_their_module_when_root_makes_the_venv(
-    demo: Demo, outside: Path
+    demo: Demo, outside: Path, beside: str
 ) -> None:
-    """getpath (3.11+, Linux too) reads `<program>._pth` beside the program (as run, and its real path)
-    and beside its shared libpython: its lines replace sys.path whole, -I -S or not (seen: a copied
-    /usr/bin/python3.11 with `python3.11._pth` naming `../evil` first imported `../evil/venv` at `-I -S
-    -m venv`). library_problem judged pyvenv.cfg and the prefix's library, not this file. Round 9's
-    standalone install (root's program and library), its `bin/python3._pth` nobody's (the archive's
-    owners kept), naming nobody's directory before the real library. main: apply's `python -I -S -m
-    venv` imported nobody's `venv` as uid 0."""
+    """getpath (3.11+, Linux too) reads `<program>._pth` beside the program, beside the base program a
+    pyvenv.cfg's `home` names, and beside its shared libpython: its lines replace sys.path whole, -I -S
+    or not (seen: a copied /usr/bin/python3.11 with `python3.11._pth` naming `../evil` first imported
+    `../evil/venv` at `-I -S -m venv`; a copy in a venv whose `home` was that `bin` did the same).
+    library_problem judged pyvenv.cfg and the prefixes' trees, not this file. Round 9's standalone
+    install (root's program and library), its `bin/python3._pth` nobody's (the archive's owners kept),
+    naming nobody's directory before the real library; `[venv] python` that install's program, or a venv's
+    made from it with `--copies` (root's). main: apply's `python -I -S -m venv` imported nobody's `venv`
+    as uid 0 (each case)."""
     marker = outside / "ran-as"
     python = _standalone_python(outside, outside / "pth-ran-as")
+    named = python
+    if beside == "home":
+        named = outside / "copied" / "bin" / "python3"
+        made = [python, "-I", "-S", "-m", "venv", "--copies", "--without-pip", named.parents[1]]
+        subprocess.run(made, check=True)
     theirs = nobodys_dir(outside, "theirs")
     (theirs / "venv").mkdir()
     line = f"import os; open({str(marker)!r}, 'a').write('uid=%d\\n' % os.getuid())\n"
@@ -42,5 +51,5 @@ def test_a_pth_file_of_nobodys_beside_the_specs_interpreter_never_runs_their_mod
     pth = python.parent / "python3._pth"
     pth.write_text(f"{theirs}\n{stdlib}\n{stdlib / 'lib-dynload'}\n")
     os.chown(pth, NOBODY, NOGROUP)
-    output = applied_with_python(demo, python, marker)
+    output = applied_with_python(demo, named, marker)
     assert f"{pth} is owned by nobody" in output, output
