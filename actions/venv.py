@@ -108,6 +108,9 @@ def library_problem(python: str) -> str | None:
     for found in _getpath_files(bindir, start, libs):
         if (problem := read_problem(found)) is not None:
             return problem
+        for named in _pth_paths(found) if found.endswith("._pth") else []:
+            if (problem := read_problem(named, entries=-1)) is not None:
+                return f"{problem} (its {found} puts it on the path)"
     for lib in libs:
         parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
         for part in parts if os.path.isdir(lib) else [lib]:
@@ -132,6 +135,17 @@ def _getpath_files(bindir: str, start: str, libs: list[str]) -> list[str]:
         for f in sorted(os.listdir(d))
         if f.endswith("._pth") or f == "pybuilddir.txt"
     ]
+
+
+def _pth_paths(pth: str) -> list[str]:
+    """The directories (or zips) a `._pth` puts on sys.path, as getpath reads its lines: up to a `#`,
+    stripped, from the file's directory; `import` lines and empty ones are not paths (twenty-first round:
+    a `._pth` of root's naming nobody's directory imported their `venv` at `-m venv`)."""
+    from reconcile.safety.filesafety import getpath_lines
+
+    lines = (line.partition("#")[0].strip() for line in getpath_lines(pth) or [])
+    paths = [line for line in lines if line and not line.startswith("import ")]
+    return [os.path.join(os.path.dirname(pth), line) for line in paths]
 
 
 def _prefix_libraries(start: str) -> list[str]:

@@ -22,7 +22,7 @@ from tests.test_hostile_reader9 import _standalone_python, applied_with_python
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another user)")
 
 
-@pytest.mark.parametrize("beside", ["program", "home"])
+@pytest.mark.parametrize("beside", ["program", "home", "named"])
 def test_a_pth_file_of_nobodys_beside_the_specs_interpreter_never_runs_their_module_when_root_makes_the_venv(
     demo: Demo, outside: Path, beside: str
 ) -> None:
@@ -33,8 +33,10 @@ def test_a_pth_file_of_nobodys_beside_the_specs_interpreter_never_runs_their_mod
     library_problem judged pyvenv.cfg and the prefixes' trees, not this file. Round 9's standalone
     install (root's program and library), its `bin/python3._pth` nobody's (the archive's owners kept),
     naming nobody's directory before the real library; `[venv] python` that install's program, or a venv's
-    made from it with `--copies` (root's). main: apply's `python -I -S -m venv` imported nobody's `venv`
-    as uid 0 (each case)."""
+    made from it with `--copies` (root's). Or (`named`) the `._pth` root's, and the directory its line
+    names nobody's: the file was then judged, not what it puts on the path (as round 6 reads a `.pth`'s
+    lines). main, and the branch with the file's rule only: apply's `python -I -S -m venv` imported
+    nobody's `venv` as uid 0 (each case)."""
     marker = outside / "ran-as"
     python = _standalone_python(outside, outside / "pth-ran-as")
     named = python
@@ -50,6 +52,7 @@ def test_a_pth_file_of_nobodys_beside_the_specs_interpreter_never_runs_their_mod
     stdlib = python.parents[1] / "lib" / Path(sysconfig.get_paths()["stdlib"]).name
     pth = python.parent / "python3._pth"
     pth.write_text(f"{theirs}\n{stdlib}\n{stdlib / 'lib-dynload'}\n")
-    os.chown(pth, NOBODY, NOGROUP)
+    if beside != "named":
+        os.chown(pth, NOBODY, NOGROUP)
     output = applied_with_python(demo, named, marker)
-    assert f"{pth} is owned by nobody" in output, output
+    assert f"{theirs if beside == 'named' else pth} is owned by nobody" in output, output
