@@ -104,7 +104,14 @@ def library_problem(python: str) -> str | None:
             return problem
     read = pyvenv_cfg(bindir)
     start = (pyvenv_home(read) if read is not None else None) or bindir
-    for lib in _prefix_libraries(start):
+    libs = _prefix_libraries(start)
+    for found in _getpath_files(bindir, start, libs):
+        if (problem := read_problem(found)) is not None:
+            return problem
+        for named in _pth_paths(found) if found.endswith("._pth") else []:
+            if (problem := read_problem(named, entries=-1)) is not None:
+                return f"{problem} (its {found} puts it on the path)"
+    for lib in libs:
         parts = [lib] + [os.path.join(lib, e) for e in sorted(os.listdir(lib)) if e not in _SITE_DIRS]
         for part in parts if os.path.isdir(lib) else [lib]:
             if (problem := read_problem(part, entries=1 if part == lib else -1)) is not None:
@@ -112,6 +119,33 @@ def library_problem(python: str) -> str | None:
         if (problem := _extensions_problem(lib)) is not None:
             return problem
     return None
+
+
+def _getpath_files(bindir: str, start: str, libs: list[str]) -> list[str]:
+    """The files besides pyvenv.cfg that getpath reads to move the search path, in the directories it
+    looks in: a `._pth` beside the program, its base (`start`) and its libpython (`<prefix>/lib`), whose
+    lines are sys.path whole, -I -S or not (twenty-first round: a standalone install's `python3._pth` of
+    nobody's named their `venv` first at `-m venv`), and a build directory's `pybuilddir.txt`, which
+    names lib-dynload."""
+    dirs = dict.fromkeys([bindir, start, *(os.path.dirname(lib) for lib in libs)])
+    return [
+        os.path.join(d, f)
+        for d in dirs
+        if os.path.isdir(d)
+        for f in sorted(os.listdir(d))
+        if f.endswith("._pth") or f == "pybuilddir.txt"
+    ]
+
+
+def _pth_paths(pth: str) -> list[str]:
+    """The directories (or zips) a `._pth` puts on sys.path, as getpath reads its lines: up to a `#`,
+    stripped, from the file's directory; `import` lines and empty ones are not paths (twenty-first round:
+    a `._pth` of root's naming nobody's directory imported their `venv` at `-m venv`)."""
+    from reconcile.safety.filesafety import getpath_lines
+
+    lines = (line.partition("#")[0].strip() for line in getpath_lines(pth) or [])
+    paths = [line for line in lines if line and not line.startswith("import ")]
+    return [os.path.join(os.path.dirname(pth), line) for line in paths]
 
 
 def _prefix_libraries(start: str) -> list[str]:

@@ -54,9 +54,10 @@ ALLOWED: dict[str, tuple[int, str]] = {
     "actions/supervising.py": (4, PROC),
     "actions/systemd_unit.py": (1, SYSTEM),
     "actions/venv.py": (
-        7,
+        8,
         BELOW + "; library_problem lists, and dlopen_problem walks, a standard library the read role "
-        "judged first",
+        "judged first; _getpath_files lists the program's, its home's and each prefix's `lib` directory "
+        "for the `._pth` and `pybuilddir.txt` getpath reads there, each held to the read role",
     ),
     "actions/venv_index.py": (1, TEMP),
     "probes/apt.py": (2, SYSTEM),

@@ -466,18 +466,24 @@ def pyvenv_home(cfg: str) -> str | None:
     as that byte, the file ending at a NUL (twentieth: read as U+FFFD, the byte named a path that is not
     there; a `home` after a NUL was read where getpath read none); None when there is none or it cannot
     be read."""
-    from reconcile.safety.untrusted import read_regular
-
-    try:
-        data = read_regular(cfg, 1 << 16).split(b"\0")[0]  # getpath reads a C string: it ends at a NUL
-    except OSError:
-        return None
-    text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8 is that byte in each path
-    for line in text.split("\n"):
+    for line in getpath_lines(cfg) or []:
         key, sep, value = line.partition("=")
         if sep and key.strip().lower() == "home":
             return os.path.join("/", value.strip())
     return None
+
+
+def getpath_lines(path: str) -> list[str] | None:
+    """The lines of a file python's getpath reads (pyvenv.cfg, a `._pth`), as it reads them: a C string
+    (it ends at a NUL), split at each `\\n` only, a byte that is not UTF-8 kept as that byte (each path
+    names it); None when it cannot be read."""
+    from reconcile.safety.untrusted import read_regular
+
+    try:
+        data = read_regular(path, 1 << 16).split(b"\0")[0]
+    except OSError:
+        return None
+    return data.decode("utf-8", "surrogateescape").split("\n")
 
 
 def tool_dir_problem(path: str, allowed: Collection[int] | None = None) -> str | None:
