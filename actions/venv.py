@@ -104,7 +104,7 @@ def library_problem(python: str) -> str | None:
             return problem
     read = pyvenv_cfg(bindir)
     start = (pyvenv_home(read) if read is not None else None) or bindir
-    libs = _prefix_libraries(start)
+    libs = list(dict.fromkeys(_prefix_libraries(start) + _build_libraries([bindir, start])))
     for found in _getpath_files(bindir, start, libs):
         if (problem := read_problem(found)) is not None:
             return problem
@@ -169,6 +169,27 @@ def _prefix_libraries(start: str) -> list[str]:
                 found += libs
                 break
     return list(dict.fromkeys(found))
+
+
+def _build_libraries(dirs: list[str]) -> list[str]:
+    """The directories getpath takes the library from when the program runs in its build tree, which it
+    sees by a `pybuilddir.txt` or `Modules/Setup.local` beside the program: a `Lib` with `os.py` up from
+    there (each such, a superset of the one it takes), and the directory `pybuilddir.txt`'s first line
+    names from there (lib-dynload; the program's own directory when the line is empty) (twenty-second
+    round: `Modules/Setup.local` beside a standalone install's program made its `../Lib`, never judged,
+    the library: nobody's `venv` ran as uid 0 at `-m venv`)."""
+    from reconcile.safety.filesafety import getpath_lines
+
+    found = []
+    for d in dirs:
+        txt = os.path.join(d, "pybuilddir.txt")
+        if not (os.path.lexists(txt) or os.path.lexists(os.path.join(d, "Modules", "Setup.local"))):
+            continue
+        found += [
+            os.path.join(p, "Lib") for p in _ancestors(d) if os.path.exists(os.path.join(p, "Lib", "os.py"))
+        ]
+        found += [os.path.join(d, line) for line in (getpath_lines(txt) or [""])[:1]]
+    return [path for path in found if os.path.isdir(path)]
 
 
 def _extensions_problem(lib: str) -> str | None:
