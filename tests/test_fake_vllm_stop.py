@@ -74,6 +74,9 @@ def test_sigterm_without_shutdown_timeout_aborts_streams_with_a_clean_done(deplo
     d = deployment
     proc = serve(d, FAKE_VLLM_TOKEN_S="0.05")  # 150 tokens: 7.5 s each
     streams = load(d)
+    # Running is counted before the first token reaches the client: a stream aborted before it has
+    # none (seen once in the full suite on a busy machine), and this test is about aborting mid-stream.
+    wait_for(lambda: all(s.tokens for s in streams), 10, "a first token on each stream")
     proc.send_signal(signal.SIGTERM)
     for s in streams:
         s.join(30)
